@@ -1,0 +1,32 @@
+# Two commands: `make run` (the main job) and `make test` (the whole suite). Both create or reuse
+# .venv and install what they need, so a fresh clone needs nothing installed by hand.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SYSTEM_PACKAGES := qemu-user-static
+
+.PHONY: run test system-deps lint
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Debian packages the suite runs generated code with; installed only when missing (CI runs as root).
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+run: $(STAMP)
+	$(PY) -m compiler.cli demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) system-deps lint
+	$(PY) -m pytest -q

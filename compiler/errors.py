@@ -1,0 +1,26 @@
+"""Errors a user can cause. Each carries one message that names the thing and what to do; the CLI
+prints it and exits 2, the server turns it into a 4xx JSON body. Every stage may raise these."""
+
+
+class TesselError(Exception):
+    """Base of all user-facing errors."""
+
+
+class ModelError(TesselError):
+    """The model file is not ONNX, is truncated, or is malformed."""
+
+
+class UnsupportedOpError(TesselError):
+    """One or more ops have no implementation; `ops` maps op type -> node names."""
+
+    def __init__(self, message: str, ops: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.ops = ops or {}
+
+
+class ShapeError(TesselError):
+    """A symbolic or wrong input shape, or shapes that do not agree."""
+
+
+class TargetError(TesselError):
+    """An unknown target string or a missing toolchain."""

@@ -1,0 +1,184 @@
+"""The graph IR: typed values, op nodes in topological order, params as numpy arrays.
+
+The frontend writes it, the passes rewrite it, and the kernel builder reads it; `print(graph)` gives
+the text form that pass tests compare.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+
+
+class GraphError(ValueError):
+    """A graph that breaks an invariant (dangling value, type mismatch, cycle...)."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.dtype not in DTYPES:
+            raise GraphError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if any(d < 0 for d in self.shape):
+            raise GraphError(f"negative dimension in shape {self.shape}")
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+class Value:
+    """A tensor flowing through the graph; compared by identity, named for printing."""
+
+    __slots__ = ("name", "type")
+
+    def __init__(self, name: str, type: TensorType):
+        self.name = name
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+@dataclass(eq=False)
+class Node:
+    """One op applied to values. `inputs` may hold None for an omitted optional input."""
+
+    op: str
+    inputs: list[Value | None]
+    outputs: list[Value]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+
+@dataclass(eq=False)
+class Graph:
+    inputs: list[Value] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    params: dict[Value, np.ndarray] = field(default_factory=dict)
+    name: str = "graph"
+
+    # -- building -------------------------------------------------------------------------------
+    def fresh_name(self, hint: str) -> str:
+        taken = {v.name for v in self.values()}
+        if hint not in taken:
+            return hint
+        for i in itertools.count(1):
+            if f"{hint}_{i}" not in taken:
+                return f"{hint}_{i}"
+        raise AssertionError("unreachable")
+
+    def add_input(self, name: str, type: TensorType) -> Value:
+        value = Value(self.fresh_name(name), type)
+        self.inputs.append(value)
+        return value
+
+    def add_param(self, name: str, array: np.ndarray) -> Value:
+        array = np.asarray(array)
+        value = Value(self.fresh_name(name), TensorType(array.shape, str(array.dtype)))
+        self.params[value] = array
+        return value
+
+    def add_node(
+        self,
+        op: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any] | None = None,
+        name: str = "",
+        output_names: list[str] | None = None,
+    ) -> list[Value]:
+        """Append a node, inferring its output types from the op registry; returns the outputs."""
+        from compiler.graph.registry import get_op
+
+        attrs = dict(attrs or {})
+        op_def = get_op(op)
+        types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
+        hints = output_names or [
+            f"{name or op.lower()}_out{i}" if len(types) > 1 else (name or op.lower()) for i in range(len(types))
+        ]
+        outputs = [Value(self.fresh_name(h), t) for h, t in zip(hints, types, strict=True)]
+        self.nodes.append(Node(op, list(inputs), outputs, attrs, name or outputs[0].name))
+        return outputs
+
+    # -- queries --------------------------------------------------------------------------------
+    def values(self) -> list[Value]:
+        seen: dict[int, Value] = {}
+        for v in [*self.inputs, *self.params]:
+            seen.setdefault(id(v), v)
+        for node in self.nodes:
+            for v in [*node.inputs, *node.outputs]:
+                if v is not None:
+                    seen.setdefault(id(v), v)
+        return list(seen.values())
+
+    def producers(self) -> dict[Value, Node]:
+        return {v: node for node in self.nodes for v in node.outputs}
+
+    def consumers(self) -> dict[Value, list[Node]]:
+        result: dict[Value, list[Node]] = {}
+        for node in self.nodes:
+            for v in node.inputs:
+                if v is not None and node not in result.setdefault(v, []):
+                    result[v].append(node)
+        return result
+
+    def copy(self) -> Graph:
+        """A shallow structural copy: new lists and node objects, same Values and arrays."""
+        nodes = [Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name) for n in self.nodes]
+        return Graph(list(self.inputs), list(self.outputs), nodes, dict(self.params), self.name)
+
+    # -- checking and printing --------------------------------------------------------------------
+    def verify(self) -> None:
+        """Raise GraphError unless every value is defined once before use and types agree."""
+        from compiler.graph.registry import get_op
+
+        defined: set[Value] = set()
+        for v in [*self.inputs, *self.params]:
+            if v in defined:
+                raise GraphError(f"value %{v.name} is defined twice")
+            defined.add(v)
+        for value, array in self.params.items():
+            if tuple(array.shape) != value.type.shape or str(array.dtype) != value.type.dtype:
+                raise GraphError(f"param %{value.name} holds {array.dtype}{list(array.shape)}, typed {value.type}")
+        for node in self.nodes:
+            for v in node.inputs:
+                if v is not None and v not in defined:
+                    raise GraphError(
+                        f"node {node.name} ({node.op}) uses %{v.name} before it is defined (dangling value or cycle)"
+                    )
+            if node.op != "fused":
+                expected = get_op(node.op).infer([v.type if v is not None else None for v in node.inputs], node.attrs)
+                got = [v.type for v in node.outputs]
+                if expected != got:
+                    raise GraphError(
+                        f"node {node.name} ({node.op}) outputs {[str(t) for t in got]}, inference says {[str(t) for t in expected]}"
+                    )
+            for v in node.outputs:
+                if v in defined:
+                    raise GraphError(f"value %{v.name} is defined twice (second time by node {node.name})")
+                defined.add(v)
+        for v in self.outputs:
+            if v not in defined:
+                raise GraphError(f"graph output %{v.name} is never defined")
+
+    def __str__(self) -> str:
+        from compiler.graph.printer import format_graph
+
+        return format_graph(self)

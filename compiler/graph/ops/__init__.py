@@ -1,0 +1,1 @@
+"""Op families: each module registers its ops (shape rule, pattern, numpy reference)."""

@@ -1,0 +1,84 @@
+"""The op registry: one entry per op with its shape rule, pattern kind, numpy reference and (filled
+by `compiler/ops/`, issue 4) its tensor-expression compute.
+
+Graph-level semantics live in `compiler/graph/ops/`; the kernel stage attaches `compute` later with
+`set_compute`, so the graph never imports the tensor-expression layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from compiler.errors import UnsupportedOpError
+from compiler.graph.ir import TensorType
+
+
+class Pattern(IntEnum):
+    """Fusion pattern kinds, ordered as TVM orders them: a group's pattern is the max of its ops'."""
+
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    REDUCE = 3
+    OUT_EWISE_FUSABLE = 4
+    OPAQUE = 8
+
+
+InferFn = Callable[[list[TensorType | None], dict[str, Any]], list[TensorType]]
+
+
+@dataclass
+class OpDef:
+    name: str
+    infer: InferFn
+    pattern: Pattern | Callable[[dict[str, Any]], Pattern]
+    reference: Callable[..., Any]  # reference(*arrays, **attrs) -> array or list of arrays
+    # ONNX inputs that must be constant, moved by the frontend into attrs: ((index, attr_name), ...)
+    const_inputs: tuple[tuple[int, str], ...] = ()
+    compute: Callable[..., Any] | None = None
+
+    def pattern_of(self, attrs: dict[str, Any]) -> Pattern:
+        return self.pattern(attrs) if callable(self.pattern) else self.pattern
+
+    def run_reference(self, arrays: list, attrs: dict[str, Any]) -> list:
+        result = self.reference(*arrays, **attrs)
+        return list(result) if isinstance(result, list | tuple) else [result]
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register_op(name: str, *, infer: InferFn, pattern, reference, const_inputs=()) -> OpDef:
+    if name in _REGISTRY:
+        raise ValueError(f"op {name} registered twice")
+    _REGISTRY[name] = OpDef(name, infer, pattern, reference, tuple(const_inputs))
+    return _REGISTRY[name]
+
+
+def get_op(name: str) -> OpDef:
+    _load_ops()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnsupportedOpError(f"op {name!r} is not supported by Tessel", {name: []}) from None
+
+
+def is_registered(name: str) -> bool:
+    _load_ops()
+    return name in _REGISTRY
+
+
+def registered_ops() -> list[str]:
+    _load_ops()
+    return sorted(_REGISTRY)
+
+
+def set_compute(name: str, compute: Callable[..., Any]) -> None:
+    get_op(name).compute = compute
+
+
+def _load_ops() -> None:
+    import compiler.graph.ops  # noqa: F401  (registers every op on first import)

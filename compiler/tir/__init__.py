@@ -1,0 +1,47 @@
+"""Loop IR: nodes, lowering from TE, simplifier, printer."""
+
+from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var
+from compiler.tir.nodes import (
+    SCOPES,
+    THREAD_TAGS,
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    ForKind,
+    IfThen,
+    LetStmt,
+    Load,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+)
+
+__all__ = [
+    "SCOPES",
+    "THREAD_TAGS",
+    "Allocate",
+    "Barrier",
+    "Binary",
+    "Buffer",
+    "Call",
+    "Cast",
+    "Compare",
+    "Const",
+    "Expr",
+    "For",
+    "ForKind",
+    "IfThen",
+    "IfThenElse",
+    "Let",
+    "LetStmt",
+    "Load",
+    "Logical",
+    "PrimFunc",
+    "Select",
+    "Seq",
+    "Stmt",
+    "Store",
+    "Var",
+]
