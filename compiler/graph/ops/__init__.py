@@ -1,1 +1,3 @@
-"""Op families: each module registers its ops (shape rule, pattern, numpy reference)."""
+"""Op families: importing this package registers every op (shape rule, pattern, numpy reference)."""
+
+from compiler.graph.ops import elementwise, nn, reduce, transform  # noqa: F401

@@ -1,0 +1,129 @@
+"""Reductions (ReduceX, ArgMax/ArgMin): their shape rules, REDUCE pattern and numpy references.
+
+Axes arrive as the `axes` attribute (the frontend moves the constant input there); the fusion pass
+lets a reduction absorb its injective producers, and the kernel stage attaches each compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.errors import ShapeError
+from compiler.graph.ir import TensorType
+from compiler.graph.ops.common import normalize_axes, normalize_axis
+from compiler.graph.registry import Pattern, register_op
+
+
+def reduced_axes(rank: int, axes=None, noop_with_empty_axes: int = 0) -> tuple[int, ...]:
+    """The axes a ReduceX node reduces: all of them when `axes` is absent or empty, unless
+    `noop_with_empty_axes` makes that a no-op (an empty tuple)."""
+    if axes is None:
+        axes = ()
+    elif np.ndim(axes) == 0:
+        axes = (int(axes),)
+    axes = tuple(int(axis) for axis in axes)
+    if not axes:
+        return () if noop_with_empty_axes else tuple(range(rank))
+    return tuple(sorted(normalize_axes(axes, rank)))
+
+
+def _reduced_shape(shape, axes, keepdims) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if axis in axes else dim for axis, dim in enumerate(shape))
+    return tuple(dim for axis, dim in enumerate(shape) if axis not in axes)
+
+
+def _lowest(dtype: np.dtype):
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype.kind == "b":
+        return False
+    return np.iinfo(dtype).min
+
+
+def _highest(dtype: np.dtype):
+    if dtype.kind == "f":
+        return np.inf
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).max
+
+
+def _accumulator(dtype: np.dtype):
+    """float16 sums lose precision in float16 itself, so they accumulate in float32."""
+    return np.float32 if dtype == np.float16 else None
+
+
+def _sum(x, axes):
+    return np.sum(x, axis=axes, keepdims=True, dtype=_accumulator(x.dtype))
+
+
+def _log_sum_exp(x, axes):
+    wide = x.astype(np.float64)
+    peak = np.max(wide, axis=axes, keepdims=True, initial=-np.inf)
+    # shift by the max so exp never overflows; an all -inf (or empty) slice keeps shift 0
+    shift = np.where(np.isfinite(peak), peak, 0)
+    return np.log(np.sum(np.exp(wide - shift), axis=axes, keepdims=True)) + shift
+
+
+_REDUCTIONS = {
+    "ReduceSum": _sum,
+    "ReduceMean": lambda x, axes: np.mean(
+        x, axis=axes, keepdims=True, dtype=np.float64 if x.dtype.kind != "f" else None
+    ),
+    "ReduceMax": lambda x, axes: np.max(x, axis=axes, keepdims=True, initial=_lowest(x.dtype)),
+    "ReduceMin": lambda x, axes: np.min(x, axis=axes, keepdims=True, initial=_highest(x.dtype)),
+    "ReduceProd": lambda x, axes: np.prod(x, axis=axes, keepdims=True, dtype=_accumulator(x.dtype)),
+    "ReduceL1": lambda x, axes: _sum(np.abs(x), axes),
+    "ReduceL2": lambda x, axes: np.sqrt(np.sum(np.square(x.astype(np.float64)), axis=axes, keepdims=True)),
+    "ReduceSumSquare": lambda x, axes: _sum(np.square(x), axes),
+    "ReduceLogSum": lambda x, axes: np.log(_sum(x, axes)),
+    "ReduceLogSumExp": _log_sum_exp,
+}
+
+
+def _register_reduction(name: str, function) -> None:
+    """`function(x, axes)` reduces over a tuple of axes, keeping them as size-1 dims."""
+
+    def infer(types, attrs):
+        (data,) = types
+        axes = reduced_axes(len(data.shape), attrs.get("axes"), attrs.get("noop_with_empty_axes", 0))
+        return [TensorType(_reduced_shape(data.shape, axes, attrs.get("keepdims", 1)), data.dtype)]
+
+    def reference(x, axes=None, keepdims=1, noop_with_empty_axes=0, **_):
+        # no axes (noop_with_empty_axes) still applies the elementwise part: ReduceSumSquare squares
+        axes = reduced_axes(x.ndim, axes, noop_with_empty_axes)
+        with np.errstate(all="ignore"):
+            result = function(x, axes)
+        return np.asarray(result).astype(x.dtype, copy=False).reshape(_reduced_shape(x.shape, axes, keepdims))
+
+    register_op(name, infer=infer, pattern=Pattern.REDUCE, reference=reference, const_inputs=((1, "axes"),))
+
+
+for _name, _function in _REDUCTIONS.items():
+    _register_reduction(_name, _function)
+
+
+def _register_arg(name: str, function) -> None:
+    def infer(types, attrs):
+        (data,) = types
+        rank = len(data.shape)
+        axis = normalize_axis(attrs.get("axis", 0), rank, f"{name} axis")
+        if data.shape[axis] == 0:
+            raise ShapeError(f"{name} over an empty axis {axis} of shape {list(data.shape)} has no answer")
+        return [TensorType(_reduced_shape(data.shape, (axis,), attrs.get("keepdims", 1)), "int64")]
+
+    def reference(x, axis=0, keepdims=1, select_last_index=0, **_):
+        axis = normalize_axis(axis, x.ndim, f"{name} axis")
+        if select_last_index:
+            # the first hit in the reversed axis is the last hit in the original
+            index = x.shape[axis] - 1 - function(np.flip(x, axis), axis=axis, keepdims=True)
+        else:
+            index = function(x, axis=axis, keepdims=True)
+        return np.asarray(index, dtype=np.int64).reshape(_reduced_shape(x.shape, (axis,), keepdims))
+
+    register_op(name, infer=infer, pattern=Pattern.REDUCE, reference=reference)
+
+
+_register_arg("ArgMax", np.argmax)
+_register_arg("ArgMin", np.argmin)

@@ -1,0 +1,467 @@
+"""Data-movement ops (reshape, transpose, slice, pad, gather...) and shape producers (Shape, Size,
+ConstantOfShape, Range): their shape rules, INJECTIVE pattern and numpy references.
+
+Shape-deciding inputs arrive as attributes (the frontend moves the constants there), so every output
+shape here is known statically; the fusion pass fuses these ops with their neighbours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.errors import ModelError, ShapeError, UnsupportedOpError
+from compiler.graph.ir import DTYPES, TensorType
+from compiler.graph.ops.common import broadcast_shapes, normalize_axes, normalize_axis
+from compiler.graph.registry import Pattern, register_op
+
+
+def _ints(values, what: str) -> tuple[int, ...]:
+    """A const input or attribute as a tuple of ints (a lone scalar counts as one)."""
+    if values is None:
+        raise ModelError(f"{what} is missing; give it as a constant input or attribute")
+    if np.ndim(values) == 0:
+        return (int(values),)
+    return tuple(int(value) for value in np.asarray(values).reshape(-1))
+
+
+def _register(name: str, infer, reference, const_inputs=()) -> None:
+    """Register an INJECTIVE op whose `infer(types, **attrs)` takes its attributes as keywords."""
+
+    def infer_types(types, attrs):
+        return infer(types, **attrs)
+
+    register_op(name, infer=infer_types, pattern=Pattern.INJECTIVE, reference=reference, const_inputs=const_inputs)
+
+
+def _register_same_dtype(name: str, shape_of, reference=None, const_inputs=()) -> None:
+    """Register an op with one tensor input whose output keeps its dtype and has the shape
+    `shape_of(input_shape, **attrs)`; the reference defaults to a reshape to that shape."""
+
+    def infer(types, **attrs):
+        return [TensorType(shape_of(types[0].shape, **attrs), types[0].dtype)]
+
+    def reshape(x, **attrs):
+        return x.reshape(shape_of(x.shape, **attrs)).copy()
+
+    _register(name, infer, reference or reshape, const_inputs)
+
+
+# -- Flatten, Reshape, Transpose, Squeeze, Unsqueeze ------------------------------------------------
+
+
+def _flatten_shape(shape, axis=1, **_):
+    # axis may equal the rank (everything in the first dimension), so only negatives are shifted
+    axis = normalize_axis(axis, len(shape) + 1, "Flatten axis") if axis >= 0 else normalize_axis(axis, len(shape))
+    return (int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64)))
+
+
+_register_same_dtype("Flatten", _flatten_shape)
+
+
+def _reshape_shape(input_shape, shape=None, allowzero=0, **_):
+    target = list(_ints(shape, "Reshape shape"))
+    for position, dim in enumerate(target):
+        if dim == 0 and not allowzero:
+            if position >= len(input_shape):
+                raise ShapeError(
+                    f"Reshape shape {target} copies dimension {position} that the input {list(input_shape)} lacks"
+                )
+            target[position] = input_shape[position]
+    size = int(np.prod(input_shape, dtype=np.int64))
+    unknown = [position for position, dim in enumerate(target) if dim == -1]
+    known = int(np.prod([dim for dim in target if dim != -1], dtype=np.int64))
+    if len(unknown) > 1 or any(dim < -1 for dim in target):
+        raise ShapeError(f"Reshape shape {target} may hold one -1 and no other negative dimension")
+    if unknown:
+        if known == 0 or size % known:
+            raise ShapeError(f"Reshape cannot infer the -1 in {target} for an input of shape {list(input_shape)}")
+        target[unknown[0]] = size // known
+    elif known != size:
+        raise ShapeError(
+            f"Reshape to {target} needs {known} elements, the input of shape {list(input_shape)} has {size}"
+        )
+    return tuple(target)
+
+
+_register_same_dtype("Reshape", _reshape_shape, const_inputs=((1, "shape"),))
+
+
+def _permutation(rank, perm=None, **_) -> tuple[int, ...]:
+    if perm is None:
+        return tuple(reversed(range(rank)))
+    perm = normalize_axes(perm, rank)
+    if len(perm) != rank:
+        raise ShapeError(f"Transpose perm {list(perm)} must name each of the {rank} axes once")
+    return perm
+
+
+_register_same_dtype(
+    "Transpose",
+    lambda shape, **attrs: tuple(shape[axis] for axis in _permutation(len(shape), **attrs)),
+    lambda x, **attrs: np.ascontiguousarray(np.transpose(x, _permutation(x.ndim, **attrs))),
+)
+
+
+def _squeeze_shape(shape, axes=None, **_):
+    if axes is None or not _ints(axes, "Squeeze axes"):
+        return tuple(dim for dim in shape if dim != 1)
+    axes = normalize_axes(_ints(axes, "Squeeze axes"), len(shape))
+    for axis in axes:
+        if shape[axis] != 1:
+            raise ShapeError(f"Squeeze axis {axis} of shape {list(shape)} has size {shape[axis]}, not 1")
+    return tuple(dim for axis, dim in enumerate(shape) if axis not in axes)
+
+
+_register_same_dtype("Squeeze", _squeeze_shape, const_inputs=((1, "axes"),))
+
+
+def _unsqueeze_shape(shape, axes=None, **_):
+    axes = _ints(axes, "Unsqueeze axes")
+    rank = len(shape) + len(axes)
+    axes = normalize_axes(axes, rank)
+    rest = iter(shape)
+    return tuple(1 if axis in axes else next(rest) for axis in range(rank))
+
+
+_register_same_dtype("Unsqueeze", _unsqueeze_shape, const_inputs=((1, "axes"),))
+
+
+# -- Concat, Split -----------------------------------------------------------------------------
+
+
+def _infer_concat(types, axis=None, **_):
+    if axis is None:
+        raise ModelError("Concat needs an axis attribute")
+    first = types[0]
+    axis = normalize_axis(axis, len(first.shape), "Concat axis")
+    for other in types[1:]:
+        if other.dtype != first.dtype:
+            raise ModelError(f"Concat inputs differ in dtype ({first.dtype}, {other.dtype}); insert a Cast")
+        if len(other.shape) != len(first.shape) or any(
+            a != b for position, (a, b) in enumerate(zip(first.shape, other.shape)) if position != axis
+        ):
+            raise ShapeError(
+                f"Concat along axis {axis} needs inputs that agree elsewhere, got {list(first.shape)} and "
+                f"{list(other.shape)}"
+            )
+    total = sum(t.shape[axis] for t in types)
+    return [TensorType(first.shape[:axis] + (total,) + first.shape[axis + 1 :], first.dtype)]
+
+
+_register(
+    "Concat",
+    _infer_concat,
+    lambda *arrays, axis, **_: np.concatenate(arrays, axis=normalize_axis(axis, arrays[0].ndim, "Concat axis")),
+)
+
+
+def _split_sizes(shape, axis=0, split=None, num_outputs=None, _outputs=1, **_):
+    axis = normalize_axis(axis, len(shape), "Split axis")
+    dim = shape[axis]
+    if split is not None and np.size(split):
+        sizes = _ints(split, "Split split")
+        if sum(sizes) != dim or any(size < 0 for size in sizes):
+            raise ShapeError(f"Split sizes {list(sizes)} do not add up to dimension {axis} of shape {list(shape)}")
+        return axis, sizes
+    parts = num_outputs if num_outputs is not None else _outputs
+    # opset 18: every part but the last has ceil(dim / parts); before it, parts must divide evenly
+    chunk = -(-dim // parts)
+    if num_outputs is None and dim % parts:
+        raise ShapeError(f"Split cannot cut dimension {axis} of shape {list(shape)} into {parts} equal parts")
+    if chunk * (parts - 1) > dim:
+        raise ShapeError(f"Split cannot cut dimension {axis} of shape {list(shape)} into {parts} parts")
+    return axis, (chunk,) * (parts - 1) + (dim - chunk * (parts - 1),)
+
+
+def _infer_split(types, **attrs):
+    shape = types[0].shape
+    axis, sizes = _split_sizes(shape, **attrs)
+    return [TensorType(shape[:axis] + (size,) + shape[axis + 1 :], types[0].dtype) for size in sizes]
+
+
+def _split(x, **attrs):
+    axis, sizes = _split_sizes(x.shape, **attrs)
+    return [part.copy() for part in np.split(x, np.cumsum(sizes)[:-1], axis=axis)]
+
+
+_register("Split", _infer_split, _split, const_inputs=((1, "split"),))
+
+
+# -- Slice -------------------------------------------------------------------------------------
+
+
+def _slices(shape, starts=None, ends=None, axes=None, steps=None, **_) -> tuple[tuple[slice, ...], tuple[int, ...]]:
+    """Python slices and the resulting shape for an ONNX Slice (clamped starts/ends, any step sign)."""
+    starts, ends = _ints(starts, "Slice starts"), _ints(ends, "Slice ends")
+    rank = len(shape)
+    axes = normalize_axes(_ints(axes, "Slice axes"), rank) if axes is not None else tuple(range(len(starts)))
+    steps = _ints(steps, "Slice steps") if steps is not None else (1,) * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError("Slice starts, ends, axes and steps must have the same length")
+    slices = [slice(None)] * rank
+    out_shape = list(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        dim = shape[axis]
+        if step == 0:
+            raise ShapeError(f"Slice step on axis {axis} is 0; use a non-zero step")
+        start = start + dim if start < 0 else start
+        end = end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+            length = max(0, -(-(end - start) // step))
+        else:
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+            length = max(0, -(-(start - end) // -step))
+        # a negative-step end of -1 means "through index 0", which a Python slice spells None
+        slices[axis] = slice(start, None if end < 0 else end, step)
+        out_shape[axis] = length
+    return tuple(slices), tuple(out_shape)
+
+
+_register_same_dtype(
+    "Slice",
+    lambda shape, **attrs: _slices(shape, **attrs)[1],
+    lambda x, **attrs: x[_slices(x.shape, **attrs)[0]].copy(),
+    const_inputs=((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")),
+)
+
+
+# -- Pad ---------------------------------------------------------------------------------------
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+
+
+def _pad_widths(shape, pads=None, axes=None, **_) -> list[tuple[int, int]]:
+    pads = _ints(pads, "Pad pads")
+    rank = len(shape)
+    axes = normalize_axes(_ints(axes, "Pad axes"), rank) if axes is not None else tuple(range(rank))
+    if len(pads) != 2 * len(axes):
+        raise ShapeError(f"Pad pads {list(pads)} must hold a begin and an end for each of {len(axes)} axes")
+    widths = [(0, 0)] * rank
+    for position, axis in enumerate(axes):
+        widths[axis] = (pads[position], pads[position + len(axes)])
+    for axis, (begin, end) in enumerate(widths):
+        if shape[axis] + begin + end < 0:
+            raise ShapeError(f"Pad pads {list(pads)} remove more than dimension {axis} of shape {list(shape)} holds")
+    return widths
+
+
+def _infer_pad(types, mode="constant", **attrs):
+    if mode not in _PAD_MODES:
+        raise UnsupportedOpError(f"Pad mode {mode!r} is not supported; use one of {', '.join(_PAD_MODES)}")
+    shape = types[0].shape
+    widths = _pad_widths(shape, **attrs)
+    return [TensorType(tuple(dim + begin + end for dim, (begin, end) in zip(shape, widths)), types[0].dtype)]
+
+
+def _pad(x, mode="constant", constant_value=None, value=None, **attrs):
+    widths = _pad_widths(x.shape, **attrs)
+    # negative pads crop first; the positive ones then pad what is left
+    crop = tuple(slice(-min(begin, 0), x.shape[axis] + min(end, 0)) for axis, (begin, end) in enumerate(widths))
+    cropped = x[crop]
+    grow = [(max(begin, 0), max(end, 0)) for begin, end in widths]
+    if mode == "constant":
+        fill = constant_value if constant_value is not None else value if value is not None else 0
+        return np.pad(cropped, grow, mode="constant", constant_values=np.asarray(fill).astype(x.dtype))
+    return np.pad(cropped, grow, mode=_PAD_MODES[mode])
+
+
+_register("Pad", _infer_pad, _pad, const_inputs=((1, "pads"), (2, "constant_value"), (3, "axes")))
+
+
+# -- Gather, GatherElements ----------------------------------------------------------------------
+
+
+def _infer_gather(types, axis=0, **_):
+    data, indices = types
+    axis = normalize_axis(axis, len(data.shape), "Gather axis")
+    return [TensorType(data.shape[:axis] + indices.shape + data.shape[axis + 1 :], data.dtype)]
+
+
+def _gather(data, indices, axis=0, **_):
+    axis = normalize_axis(axis, data.ndim, "Gather axis")
+    return np.take(data, indices.astype(np.int64), axis=axis)
+
+
+_register("Gather", _infer_gather, _gather)
+
+
+def _infer_gather_elements(types, axis=0, **_):
+    data, indices = types
+    normalize_axis(axis, len(data.shape), "GatherElements axis")
+    if len(indices.shape) != len(data.shape):
+        raise ShapeError(f"GatherElements indices of shape {list(indices.shape)} must have the rank of the data")
+    return [TensorType(indices.shape, data.dtype)]
+
+
+def _gather_elements(data, indices, axis=0, **_):
+    axis = normalize_axis(axis, data.ndim, "GatherElements axis")
+    indices = indices.astype(np.int64)
+    indices = np.where(indices < 0, indices + data.shape[axis], indices)
+    return np.take_along_axis(data, indices, axis=axis)
+
+
+_register("GatherElements", _infer_gather_elements, _gather_elements)
+
+
+# -- Expand, Tile ------------------------------------------------------------------------------
+
+
+def _expand_shape(input_shape, shape=None, **_):
+    return broadcast_shapes(input_shape, _ints(shape, "Expand shape"))
+
+
+_register_same_dtype(
+    "Expand",
+    _expand_shape,
+    lambda x, **attrs: np.broadcast_to(x, _expand_shape(x.shape, **attrs)).copy(),
+    const_inputs=((1, "shape"),),
+)
+
+
+def _repeats(rank, repeats=None, **_):
+    repeats = _ints(repeats, "Tile repeats")
+    if len(repeats) != rank or any(count < 0 for count in repeats):
+        raise ShapeError(f"Tile repeats {list(repeats)} must give a non-negative count for each of {rank} axes")
+    return repeats
+
+
+_register_same_dtype(
+    "Tile",
+    lambda shape, **attrs: tuple(dim * count for dim, count in zip(shape, _repeats(len(shape), **attrs))),
+    lambda x, **attrs: np.tile(x, _repeats(x.ndim, **attrs)),
+    const_inputs=((1, "repeats"),),
+)
+
+
+# -- DepthToSpace, SpaceToDepth ------------------------------------------------------------------
+
+
+def _depth_to_space_shape(shape, blocksize=None, mode="DCR", **_):
+    if len(shape) != 4 or blocksize is None or shape[1] % (blocksize * blocksize):
+        raise ShapeError(f"DepthToSpace needs an NCHW input with channels divisible by blocksize², got {list(shape)}")
+    if mode not in ("DCR", "CRD"):
+        raise UnsupportedOpError(f"DepthToSpace mode {mode!r} is not supported; use 'DCR' or 'CRD'")
+    batch, channels, height, width = shape
+    return (batch, channels // blocksize**2, height * blocksize, width * blocksize)
+
+
+def _depth_to_space(x, blocksize, mode="DCR", **_):
+    batch, channels, height, width = _depth_to_space_shape(x.shape, blocksize, mode)
+    if mode == "DCR":
+        blocks = x.reshape(batch, blocksize, blocksize, channels, x.shape[2], x.shape[3]).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        blocks = x.reshape(batch, channels, blocksize, blocksize, x.shape[2], x.shape[3]).transpose(0, 1, 4, 2, 5, 3)
+    return blocks.reshape(batch, channels, height, width)
+
+
+_register_same_dtype("DepthToSpace", _depth_to_space_shape, _depth_to_space)
+
+
+def _space_to_depth_shape(shape, blocksize=None, mode="DCR", **_):
+    if len(shape) != 4 or blocksize is None or shape[2] % blocksize or shape[3] % blocksize:
+        raise ShapeError(f"SpaceToDepth needs an NCHW input with H and W divisible by blocksize, got {list(shape)}")
+    if mode not in ("DCR", "CRD"):
+        raise UnsupportedOpError(f"SpaceToDepth mode {mode!r} is not supported; use 'DCR' or 'CRD'")
+    batch, channels, height, width = shape
+    return (batch, channels * blocksize**2, height // blocksize, width // blocksize)
+
+
+def _space_to_depth(x, blocksize, mode="DCR", **_):
+    shape = _space_to_depth_shape(x.shape, blocksize, mode)
+    batch, channels, height, width = x.shape
+    blocks = x.reshape(batch, channels, height // blocksize, blocksize, width // blocksize, blocksize)
+    order = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    return blocks.transpose(order).reshape(shape)
+
+
+_register_same_dtype("SpaceToDepth", _space_to_depth_shape, _space_to_depth)
+
+
+# -- Shape, Size, ConstantOfShape, Range ---------------------------------------------------------
+
+
+def _shape_range(rank, start=0, end=None, **_) -> slice:
+    end = rank if end is None else end
+    start, end = (min(max(bound + rank if bound < 0 else bound, 0), rank) for bound in (start, end))
+    return slice(start, max(start, end))
+
+
+_register(
+    "Shape",
+    lambda types, **attrs: [TensorType((len(types[0].shape[_shape_range(len(types[0].shape), **attrs)]),), "int64")],
+    lambda x, **attrs: np.array(x.shape[_shape_range(x.ndim, **attrs)], dtype=np.int64),
+)
+_register(
+    "Size",
+    lambda types, **_: [TensorType((), "int64")],
+    lambda x, **_: np.array(x.size, dtype=np.int64),
+)
+
+
+def _fill_value(value=None) -> np.ndarray:
+    if value is None:
+        return np.zeros((), np.float32)
+    value = np.asarray(value)
+    if value.size != 1 or str(value.dtype) not in DTYPES:
+        raise UnsupportedOpError(f"ConstantOfShape value must be one element of a dtype in {', '.join(DTYPES)}")
+    return value.reshape(())
+
+
+def _constant_shape(input=None, **_):
+    shape = _ints(input, "ConstantOfShape input") if input is not None and np.size(input) else ()
+    if any(dim < 0 for dim in shape):
+        raise ShapeError(f"ConstantOfShape shape {list(shape)} has a negative dimension")
+    return shape
+
+
+_register(
+    "ConstantOfShape",
+    lambda types, value=None, **attrs: [TensorType(_constant_shape(**attrs), str(_fill_value(value).dtype))],
+    lambda value=None, **attrs: np.full(_constant_shape(**attrs), _fill_value(value)),
+    const_inputs=((0, "input"),),
+)
+
+
+def _range_dtype(*bounds) -> np.dtype:
+    """The dtype of Range's bounds: numpy scalars keep theirs; plain Python numbers (how the frontend
+    hands over 0-d constants) read as int64 or float32, the dtypes exporters emit for Range."""
+    for bound in bounds:
+        if isinstance(bound, np.generic | np.ndarray):
+            return np.asarray(bound).dtype
+    return np.dtype(np.float32 if any(isinstance(bound, float) for bound in bounds) else np.int64)
+
+
+def _range_length(start, limit, delta) -> int:
+    if delta == 0:
+        raise ShapeError("Range delta is 0; use a non-zero step")
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _infer_range(types, start=None, limit=None, delta=None, **_):
+    dtype = str(_range_dtype(start, limit, delta))
+    return [TensorType((_range_length(start, limit, delta),), dtype)]
+
+
+def _range(start=None, limit=None, delta=None, **_):
+    dtype = _range_dtype(start, limit, delta)
+    start, delta = np.asarray(start).astype(dtype), np.asarray(delta).astype(dtype)
+    # ONNX defines element i as start + i * delta, computed in the output dtype
+    return (start + np.arange(_range_length(start, limit, delta)).astype(dtype) * delta).astype(dtype)
+
+
+_register("Range", _infer_range, _range, const_inputs=((0, "start"), (1, "limit"), (2, "delta")))
+
+
+def _trilu_shape(shape, **_):
+    if len(shape) < 2:
+        raise ShapeError(f"Trilu needs a tensor of rank 2 or more, got shape {list(shape)}")
+    return shape
+
+
+def _trilu(x, k=0, upper=1, **_):
+    # numpy's triu/tril keep the triangle of the last two axes, as ONNX's Trilu does
+    return np.triu(x, int(k)) if upper else np.tril(x, int(k))
+
+
+_register_same_dtype("Trilu", _trilu_shape, _trilu, const_inputs=((1, "k"),))
