@@ -1,0 +1,458 @@
+"""ONNX → Graph: the first stage. Parses a model, checks that every op is supported, fixes every shape,
+rewrites older-opset semantics into opset 21's, moves shape-deciding inputs into attributes and folds
+whatever is constant at import, handing the passes a typed Graph with static shapes and params.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, TensorProto, numpy_helper
+
+from compiler.errors import ModelError, ShapeError, TesselError, UnsupportedOpError
+from compiler.graph.ir import DTYPES, Graph, Node, TensorType, Value
+from compiler.graph.ops.common import normalize_axis
+from compiler.graph.registry import get_op, is_registered
+
+OPSET_RANGE = (11, 21)
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+# The ONNX element types Tessel reads, as numpy dtype names.
+TENSOR_DTYPES = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.DOUBLE: "float64",
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.INT16: "int16",
+    TensorProto.INT32: "int32",
+    TensorProto.INT64: "int64",
+    TensorProto.BOOL: "bool",
+}
+
+# Attributes that hold a TensorProto.DataType enum rather than a number.
+_DTYPE_ATTRIBUTES = {
+    ("Cast", "to"),
+    ("EyeLike", "dtype"),
+    ("RandomNormal", "dtype"),
+    ("RandomUniform", "dtype"),
+    ("RandomNormalLike", "dtype"),
+    ("RandomUniformLike", "dtype"),
+    ("Multinomial", "dtype"),
+    ("Bernoulli", "dtype"),
+    ("QuantizeLinear", "output_dtype"),
+    ("DequantizeLinear", "output_dtype"),
+}
+
+# Before opset 13 these ops coerced their input to 2-D around `axis` (default 1).
+_COERCED_TO_2D = ("Softmax", "LogSoftmax", "Hardmax")
+
+# GridSample before opset 20 named its interpolation modes differently.
+_GRID_SAMPLE_MODES = {"bilinear": "linear", "bicubic": "cubic"}
+
+
+def load_onnx(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
+    """Import an ONNX model (a path, the serialized bytes, or a ModelProto) as a Graph with static shapes.
+
+    `input_shapes` gives or overrides the shape of named graph inputs, which is how a model with a
+    symbolic batch dimension is compiled for one concrete size.
+    """
+    proto = _parse(model)
+    _check_supported(proto.graph)
+    opset = _default_opset(proto)
+    return _Importer(proto.graph, opset, dict(input_shapes or {})).run()
+
+
+# -- reading the file -----------------------------------------------------------------------------
+
+
+def _parse(model: Any) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        proto, source, base_dir = model, "the model", None
+    elif isinstance(model, bytes | bytearray | memoryview):
+        proto, source, base_dir = _decode(bytes(model), "the model data"), "the model data", None
+    elif isinstance(model, str | os.PathLike):
+        source = os.fspath(model)
+        try:
+            with open(source, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            raise ModelError(f"model file {source!r} does not exist; check the path") from None
+        except IsADirectoryError:
+            raise ModelError(f"{source!r} is a directory, not an ONNX model file") from None
+        except OSError as error:
+            raise ModelError(f"cannot read model file {source!r}: {error.strerror}") from None
+        proto, base_dir = _decode(data, f"file {source!r}"), os.path.dirname(os.path.abspath(source))
+        source = f"file {source!r}"
+    else:
+        raise ModelError(f"cannot load a model from a {type(model).__name__}; pass a path, bytes or an onnx.ModelProto")
+    if not proto.HasField("graph") or not proto.graph.output:
+        raise ModelError(f"{source} is not an ONNX model: it has no graph with outputs; export the model again")
+    if base_dir is not None and _uses_external_data(proto):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        except OSError as error:
+            raise ModelError(f"{source} keeps weights in an external file that cannot be read: {error}") from None
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    return proto
+
+
+def _decode(data: bytes, source: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelError(f"{source} is empty; give a complete .onnx model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as error:
+        raise ModelError(f"{source} is not an ONNX model or is truncated ({error}); export the model again") from None
+    return proto
+
+
+def _uses_external_data(proto: onnx.ModelProto) -> bool:
+    return any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"{node.op_type}_{index}"
+
+
+def _check_supported(graph: onnx.GraphProto) -> None:
+    """Raise one error naming every op type Tessel lacks, each with the nodes that use it."""
+    missing: dict[str, list[str]] = {}
+    for index, node in enumerate(graph.node):
+        if node.domain in _DEFAULT_DOMAINS:
+            # Constant is no op at all here: the importer turns it into a param
+            op_type = node.op_type
+            supported = op_type == "Constant" or is_registered(op_type)
+        else:
+            op_type, supported = f"{node.domain}.{node.op_type}", False
+        if not supported:
+            missing.setdefault(op_type, []).append(_node_label(node, index))
+    if missing:
+        listed = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(missing.items()))
+        raise UnsupportedOpError(
+            f"the model uses {len(missing)} op type(s) Tessel does not support: {listed}; "
+            "replace them in the model before compiling",
+            missing,
+        )
+
+
+def _default_opset(proto: onnx.ModelProto) -> int:
+    versions = [o.version for o in proto.opset_import if o.domain in _DEFAULT_DOMAINS]
+    if not versions:
+        raise ModelError("the model imports no opset of the default ONNX domain; export it with an opset in 11-21")
+    low, high = OPSET_RANGE
+    if not low <= versions[0] <= high:
+        raise ModelError(
+            f"the model uses ONNX opset {versions[0]}; Tessel supports opsets {low} to {high}: re-export it with "
+            f"one of those (torch.onnx.export(..., opset_version={high})) or convert it with onnx.version_converter"
+        )
+    return versions[0]
+
+
+# -- tensors and attributes -----------------------------------------------------------------------
+
+
+def _dtype_name(elem_type: int, what: str) -> str:
+    if elem_type not in TENSOR_DTYPES:
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
+        raise TesselError(f"{what} has dtype {name}, which Tessel does not support; use one of {', '.join(DTYPES)}")
+    return TENSOR_DTYPES[elem_type]
+
+
+def _tensor_array(tensor: TensorProto, what: str) -> np.ndarray:
+    _dtype_name(tensor.data_type, what)
+    if tensor.data_location == TensorProto.EXTERNAL:
+        raise ModelError(f"{what} keeps its data in an external file; load the model from its path, not from bytes")
+    return numpy_helper.to_array(tensor)
+
+
+def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
+    values = _tensor_array(sparse.values, what)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def _attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
+    kind = attribute.type
+    if (op_type, attribute.name) in _DTYPE_ATTRIBUTES and kind == AttributeProto.INT:
+        return _dtype_name(attribute.i, what)
+    if kind == AttributeProto.INT:
+        return int(attribute.i)
+    if kind == AttributeProto.FLOAT:
+        return float(attribute.f)
+    if kind == AttributeProto.STRING:
+        return attribute.s.decode("utf-8")
+    if kind == AttributeProto.TENSOR:
+        return _tensor_array(attribute.t, what)
+    if kind == AttributeProto.SPARSE_TENSOR:
+        return _sparse_array(attribute.sparse_tensor, what)
+    if kind == AttributeProto.INTS:
+        return tuple(int(i) for i in attribute.ints)
+    if kind == AttributeProto.FLOATS:
+        return tuple(float(f) for f in attribute.floats)
+    if kind == AttributeProto.STRINGS:
+        return tuple(s.decode("utf-8") for s in attribute.strings)
+    # graphs and type protos belong to control-flow and sequence ops, which are rejected before this
+    return onnx.helper.get_attribute_value(attribute)
+
+
+def _constant_array(attrs: dict[str, Any], what: str) -> np.ndarray:
+    if "value" in attrs or "sparse_value" in attrs:
+        return attrs.get("value", attrs.get("sparse_value"))
+    if "value_float" in attrs:
+        return np.array(attrs["value_float"], dtype=np.float32)
+    if "value_floats" in attrs:
+        return np.array(attrs["value_floats"], dtype=np.float32)
+    if "value_int" in attrs:
+        return np.array(attrs["value_int"], dtype=np.int64)
+    if "value_ints" in attrs:
+        return np.array(attrs["value_ints"], dtype=np.int64)
+    if "value_string" in attrs or "value_strings" in attrs:
+        raise TesselError(f"{what} holds strings, which Tessel does not support; remove it from the model")
+    raise ModelError(f"{what} has no value attribute; export the model again")
+
+
+def _as_attribute(array: np.ndarray, op: str) -> Any:
+    """A constant input as the contract hands it to ops: 0-d → scalar, 1-d → tuple, else the array."""
+    if array.ndim == 0:
+        # Range's output dtype is that of its bounds, which a Python scalar would lose
+        return array[()] if op == "Range" else array.item()
+    if array.ndim == 1:
+        return tuple(array.tolist())
+    return array
+
+
+# -- building the graph ---------------------------------------------------------------------------
+
+
+class _Importer:
+    def __init__(self, onnx_graph: onnx.GraphProto, opset: int, input_shapes: dict[str, tuple[int, ...]]):
+        self.onnx_graph = onnx_graph
+        self.opset = opset
+        self.input_shapes = input_shapes
+        self.graph = Graph(name=onnx_graph.name or "graph")
+        self.values: dict[str, Value] = {}
+        # every name the ONNX graph uses, so that names made up here never collide with a later one
+        self.taken = {name for node in onnx_graph.node for name in [*node.input, *node.output]}
+        self.taken.update(v.name for v in [*onnx_graph.input, *onnx_graph.output])
+        self.taken.update(t.name for t in onnx_graph.initializer)
+
+    def run(self) -> Graph:
+        for tensor in self.onnx_graph.initializer:
+            self._add_param(tensor.name, _tensor_array(tensor, f"initializer {tensor.name!r}"))
+        for tensor in self.onnx_graph.sparse_initializer:
+            self._add_param(tensor.values.name, _sparse_array(tensor, f"initializer {tensor.values.name!r}"))
+        self._add_inputs()
+        for index, node in enumerate(self.onnx_graph.node):
+            self._convert(node, _node_label(node, index))
+        for output in self.onnx_graph.output:
+            if output.name not in self.values:
+                raise ModelError(f"graph output {output.name!r} is produced by no node; export the model again")
+            self.graph.outputs.append(self.values[output.name])
+        self._drop_unused_params()
+        self.graph.verify()
+        return self.graph
+
+    # -- values
+
+    def _fresh(self, hint: str) -> str:
+        name, counter = hint, 0
+        while name in self.taken:
+            counter += 1
+            name = f"{hint}_{counter}"
+        self.taken.add(name)
+        return name
+
+    def _define(self, name: str, value: Value) -> None:
+        if name in self.values:
+            raise ModelError(f"value {name!r} is defined twice in the model; export the model again")
+        self.values[name] = value
+
+    def _add_param(self, name: str, array: np.ndarray) -> Value:
+        value = Value(name, TensorType(array.shape, str(array.dtype)))
+        self.graph.params[value] = array
+        self._define(name, value)
+        return value
+
+    def _add_inputs(self) -> None:
+        initialized = {t.name for t in self.onnx_graph.initializer}
+        initialized.update(t.values.name for t in self.onnx_graph.sparse_initializer)
+        inputs = [i for i in self.onnx_graph.input if i.name not in initialized]
+        names = [i.name for i in inputs]
+        unknown = sorted(set(self.input_shapes) - set(names))
+        if unknown:
+            raise ShapeError(
+                f"input_shapes names {', '.join(map(repr, unknown))}, which the model does not take as input; "
+                f"its inputs are {', '.join(map(repr, names)) or 'none'}"
+            )
+        for info in inputs:
+            dtype, shape = self._input_type(info)
+            value = Value(info.name, TensorType(shape, dtype))
+            self.graph.inputs.append(value)
+            self._define(info.name, value)
+
+    def _input_type(self, info: onnx.ValueInfoProto) -> tuple[str, tuple[int, ...]]:
+        name = info.name
+        if not info.type.HasField("tensor_type"):
+            kind = info.type.WhichOneof("value") or "untyped"
+            raise TesselError(
+                f"input {name!r} is a {kind.replace('_type', '')}, not a tensor; Tessel takes tensors only"
+            )
+        tensor_type = info.type.tensor_type
+        dtype = _dtype_name(tensor_type.elem_type, f"input {name!r}")
+        dims = list(tensor_type.shape.dim) if tensor_type.HasField("shape") else None
+        if name in self.input_shapes:
+            shape = tuple(int(d) for d in self.input_shapes[name])
+            if any(d < 0 for d in shape):
+                raise ShapeError(f"input_shapes gives input {name!r} the shape {shape}; dimensions must be >= 0")
+            if dims is not None and len(shape) != len(dims):
+                raise ShapeError(
+                    f"input_shapes gives input {name!r} the shape {shape} of rank {len(shape)}, "
+                    f"but the model declares rank {len(dims)}; give {len(dims)} dimensions"
+                )
+            return dtype, shape
+        if dims is None or any(not d.HasField("dim_value") for d in dims):
+            if dims is None:
+                described, example = "has no declared shape", (1, 3, 224, 224)
+            else:
+                unknown = [
+                    f"{d.dim_param or '?'} (axis {axis})" for axis, d in enumerate(dims) if not d.HasField("dim_value")
+                ]
+                described = f"has symbolic or unknown dimension(s) {', '.join(unknown)}"
+                example = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+            raise ShapeError(
+                f"input {name!r} {described}; Tessel compiles static shapes: pass input_shapes={{{name!r}: {example}}} "
+                f"(CLI: --input-shape {name}={','.join(map(str, example))})"
+            )
+        return dtype, tuple(int(d.dim_value) for d in dims)
+
+    # -- nodes
+
+    def _convert(self, node: onnx.NodeProto, label: str) -> None:
+        what = f"node {label} ({node.op_type})"
+        attrs = {a.name: _attribute_value(a, node.op_type, f"attribute {a.name!r} of {what}") for a in node.attribute}
+        if node.op_type == "Constant":
+            array = _constant_array(attrs, what)
+            if str(array.dtype) not in DTYPES:
+                raise TesselError(f"{what} holds {array.dtype} data, which Tessel does not support")
+            self._add_param(node.output[0], array)
+            return
+        inputs: list[Value | None] = []
+        for name in node.input:
+            if name and name not in self.values:
+                raise ModelError(
+                    f"{what} uses {name!r}, which no earlier node, input or initializer defines; "
+                    "the model is not in topological order or is incomplete"
+                )
+            inputs.append(self.values[name] if name else None)
+        inputs = self._take_const_inputs(node.op_type, inputs, attrs, node.input, what)
+        outputs = list(node.output)
+        while outputs and not outputs[-1]:  # trailing empty names are optional outputs nobody asked for
+            outputs.pop()
+        if len(outputs) > 1:
+            attrs["_outputs"] = len(outputs)
+        if node.op_type in _COERCED_TO_2D and self.opset < 13:
+            self._coerced_to_2d(node.op_type, inputs[0], attrs, label, outputs[0])
+            return
+        if node.op_type == "GridSample" and self.opset < 20 and "mode" in attrs:
+            attrs["mode"] = _GRID_SAMPLE_MODES.get(attrs["mode"], attrs["mode"])
+        self._emit(node.op_type, inputs, attrs, label, outputs)
+
+    def _take_const_inputs(
+        self, op: str, inputs: list[Value | None], attrs: dict[str, Any], names, what: str
+    ) -> list[Value | None]:
+        """Move the op's shape-deciding inputs into attrs; they must be constant at import."""
+        const_inputs = get_op(op).const_inputs
+        for index, attr in const_inputs:
+            if index >= len(inputs) or inputs[index] is None:
+                continue
+            value = inputs[index]
+            if value not in self.graph.params:
+                raise ShapeError(
+                    f"{what}: input {index} ({attr!r}, value {names[index]!r}) decides the output shape and must be "
+                    "a constant, but it is computed at run time; export the model with static shapes "
+                    "(fixed sizes, no dynamic axes) so that it folds to a constant"
+                )
+            array = self.graph.params[value]
+            # Resize before opset 13 required roi and scales, passing empty tensors to mean 'absent'
+            if op == "Resize" and array.size == 0:
+                continue
+            attrs[attr] = _as_attribute(array, op)
+        taken = {index for index, _ in const_inputs}
+        remaining = [v for index, v in enumerate(inputs) if index not in taken]
+        while remaining and remaining[-1] is None:
+            remaining.pop()
+        return remaining
+
+    def _coerced_to_2d(self, op: str, x: Value, attrs: dict[str, Any], label: str, output: str) -> None:
+        """Opset < 13 Softmax-like ops: flatten at `axis`, apply along the last axis, restore the shape."""
+        shape = x.type.shape
+        axis = normalize_axis(attrs.pop("axis", 1), len(shape), f"node {label} ({op}) axis")
+        if axis == len(shape) - 1:
+            self._emit(op, [x], {**attrs, "axis": -1}, label, [output])
+            return
+        (flat,) = self._emit("Flatten", [x], {"axis": axis}, f"{label}_flatten", [self._fresh(f"{output}_2d")])
+        (result,) = self._emit(op, [flat], {**attrs, "axis": -1}, label, [self._fresh(f"{output}_{op.lower()}_2d")])
+        self._emit("Reshape", [result], {"shape": shape}, f"{label}_reshape", [output])
+
+    def _emit(
+        self, op: str, inputs: list[Value | None], attrs: dict[str, Any], label: str, output_names: list[str]
+    ) -> list[Value]:
+        """Add one node, or fold it to params when its result is known at import."""
+        op_def = get_op(op)
+        try:
+            types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
+            folded = self._fold(op, op_def, inputs, attrs)
+        except UnsupportedOpError as error:
+            raise UnsupportedOpError(f"node {label} ({op}): {error}", error.ops or {op: [label]}) from error
+        except TesselError as error:
+            raise type(error)(f"node {label} ({op}): {error}") from error
+        if len(types) < len(output_names):
+            raise UnsupportedOpError(
+                f"node {label} ({op}) asks for {len(output_names)} outputs; Tessel computes only {len(types)} for {op}",
+                {op: [label]},
+            )
+        names = [name or self._fresh(f"{label}_out{position}") for position, name in enumerate(output_names)]
+        names += [self._fresh(f"{label}_out{position}") for position in range(len(names), len(types))]
+        if folded is not None:
+            for name, expected, array in zip(names, types, folded, strict=True):
+                if expected != TensorType(array.shape, str(array.dtype)):
+                    raise AssertionError(
+                        f"node {label} ({op}) folds to {array.dtype}{list(array.shape)}, typed {expected}"
+                    )
+                self._add_param(name, array)
+            return [self.values[name] for name in names]
+        outputs = [Value(name, expected) for name, expected in zip(names, types, strict=True)]
+        for name, value in zip(names, outputs, strict=True):
+            self._define(name, value)
+        self.graph.nodes.append(Node(op, list(inputs), outputs, attrs, label))
+        return outputs
+
+    def _fold(self, op: str, op_def, inputs: list[Value | None], attrs: dict[str, Any]) -> list[np.ndarray] | None:
+        if op in ("Shape", "Size"):
+            # every shape is static, so these are constants whatever their input holds
+            shape = inputs[0].type.shape
+            if op == "Size":
+                return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
+            return [np.array(shape[attrs.get("start", 0) : attrs.get("end", len(shape))], dtype=np.int64)]
+        if any(v is not None and v not in self.graph.params for v in inputs):
+            return None
+        arrays = [self.graph.params[v] if v is not None else None for v in inputs]
+        return [np.asarray(result) for result in op_def.run_reference(arrays, attrs)]
+
+    def _drop_unused_params(self) -> None:
+        used = {v for node in self.graph.nodes for v in node.inputs if v is not None}
+        used.update(self.graph.outputs)
+        self.graph.params = {value: array for value, array in self.graph.params.items() if value in used}
