@@ -1,0 +1,60 @@
+"""Constant folding, the first graph pass: it evaluates at compile time what depends only on params.
+
+Hands on a graph where such nodes are gone and their results are params (left for eliminate_dead to
+prune the params they read).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.graph.ir import Graph, Node
+from compiler.graph.registry import get_op
+
+# A folded result may grow past its inputs only up to this many elements: beyond it, an Expand, Tile
+# or ConstantOfShape is cheaper to compute at run time than to ship in the params.
+GROWTH_LIMIT_ELEMENTS = 1 << 20
+
+# Ops whose results are not a function of their inputs, so evaluating them once would change the model.
+NONDETERMINISTIC_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
+)
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Replace each node whose inputs are all params (or a Shape/Size of any value) by params holding its results."""
+    result = graph.copy()
+    kept: list[Node] = []
+    for node in result.nodes:
+        arrays = _evaluate(node, result)
+        if arrays is None:
+            kept.append(node)
+            continue
+        for value, array in zip(node.outputs, arrays, strict=True):
+            # contiguous, because references may hand back views (a transposed weight) that later stages copy raw
+            result.params[value] = np.asarray(array, dtype=value.type.dtype, order="C")
+    result.nodes = kept
+    return result
+
+
+def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
+    """The node's output arrays if it can be folded, else None."""
+    if node.op in ("Shape", "Size"):
+        return [_static_shape(node)]
+    tensors = [value for value in node.inputs if value is not None]
+    if node.op in NONDETERMINISTIC_OPS or any(value not in graph.params for value in tensors):
+        return None
+    grown = sum(value.type.size for value in node.outputs)
+    if grown > max(sum(value.type.size for value in tensors), GROWTH_LIMIT_ELEMENTS):
+        return None
+    arrays = [None if value is None else graph.params[value] for value in node.inputs]
+    return get_op(node.op).run_reference(arrays, node.attrs)
+
+
+def _static_shape(node: Node) -> np.ndarray:
+    shape = node.inputs[0].type.shape
+    if node.op == "Size":
+        return np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+    # ONNX clamps start and end after adding the rank to negatives, exactly as Python slicing does
+    start, end = node.attrs.get("start", 0), node.attrs.get("end", len(shape))
+    return np.array(shape[start:end], dtype=np.int64)

@@ -1,0 +1,184 @@
+"""Operator fusion, the last graph pass: groups ops by their pattern kind so that each group becomes
+one kernel and its intermediate values never reach memory.
+
+Hands the kernel stage a graph whose nodes are all op "fused", each carrying its members as a body graph.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from compiler.graph.ir import Graph, Node, Value
+from compiler.graph.registry import Pattern, get_op
+
+EPILOGUE_OWNERS = (Pattern.OUT_EWISE_FUSABLE, Pattern.REDUCE)
+
+
+def fuse_ops(graph: Graph) -> Graph:
+    """Group ops as TVM does: an out-elementwise-fusable op or a reduction absorbs the elementwise/broadcast chain
+    after it, elementwise/broadcast/injective ops fuse with each other, a reduction absorbs injective producers that
+    only it reads, two out-elementwise-fusable ops never share a group, and opaque ops stand alone."""
+    grouping = _Grouping(graph)
+    for index in range(len(graph.nodes)):
+        grouping.place(index)
+    return grouping.fused_graph()
+
+
+def group_summary(fused_graph: Graph) -> list[tuple[str, str, list[str]]]:
+    """(name, pattern, member op types) of each group of a graph that fuse_ops returned."""
+    return [
+        (node.name, node.attrs["pattern"], [member.op for member in node.attrs["body"].nodes])
+        for node in fused_graph.nodes
+    ]
+
+
+class _Grouping:
+    """Groups of node indices, grown as nodes are placed in topological order."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.nodes = graph.nodes
+        self.patterns = [get_op(node.op).pattern_of(node.attrs) for node in self.nodes]
+        self.producer = {value: index for index, node in enumerate(self.nodes) for value in node.outputs}
+        self.consumers: dict[Value, list[int]] = {}
+        for index, node in enumerate(self.nodes):
+            for value in node.inputs:
+                if value is not None and index not in self.consumers.setdefault(value, []):
+                    self.consumers[value].append(index)
+        self.group_of = list(range(len(self.nodes)))
+        self.members = {index: [index] for index in range(len(self.nodes))}
+
+    def pattern(self, group: int) -> Pattern:
+        return max(self.patterns[index] for index in self.members[group])
+
+    def place(self, index: int) -> None:
+        """Put node `index` into the group of one of its producers if a fusion rule allows, else leave it alone."""
+        if self.patterns[index] >= Pattern.OUT_EWISE_FUSABLE:
+            return
+        # an epilogue owner's group comes first, then the latest producer's: a residual Add joins the later of
+        # the two convolutions
+        producers = sorted({self.producer[v] for v in self.nodes[index].inputs if v in self.producer}, reverse=True)
+        sources = list(dict.fromkeys(self.group_of[producer] for producer in producers))
+        sources.sort(key=lambda group: self.pattern(group) not in EPILOGUE_OWNERS)
+        joined = next((group for group in sources if self._absorbs(group, index)), None)
+        if joined is None:
+            return
+        self._merge(joined, self.group_of[index])
+        if self.pattern(joined) > Pattern.INJECTIVE:
+            return
+        for group in sources:
+            if group != joined and self.pattern(group) <= Pattern.INJECTIVE:
+                if not self._creates_cycle(self.members[joined] + self.members[group], index):
+                    self._merge(joined, group)
+
+    def _absorbs(self, group: int, index: int) -> bool:
+        node, pattern, group_pattern = self.nodes[index], self.patterns[index], self.pattern(group)
+        links = [v for v in node.inputs if v in self.producer and self.group_of[self.producer[v]] == group]
+        if pattern <= Pattern.BROADCAST and group_pattern in EPILOGUE_OWNERS:
+            # the epilogue runs on the anchor's output in place: it must be the only reader and keep the shape
+            allowed = all(
+                self.consumers[v] == [index] and all(out.type.shape == v.type.shape for out in node.outputs)
+                for v in links
+            )
+        elif pattern <= Pattern.INJECTIVE:
+            allowed = group_pattern <= Pattern.INJECTIVE
+        elif pattern == Pattern.REDUCE:
+            allowed = group_pattern <= Pattern.INJECTIVE and all(
+                self.consumers[v] == [index] and v not in self.graph.outputs for v in links
+            )
+        else:
+            allowed = False
+        return allowed and not self._creates_cycle([*self.members[group], index], index)
+
+    def _creates_cycle(self, united: list[int], last: int) -> bool:
+        """Whether some path leaves the united nodes and comes back through other groups.
+
+        Nodes after `last` are still alone and only lead further on, so the search stops at `last`.
+        """
+        inside = set(united)
+        frontier = [self.group_of[c] for c in self._readers(united) if c not in inside and c <= last]
+        seen = set(frontier)
+        while frontier:
+            group = frontier.pop()
+            for reader in self._readers(self.members[group]):
+                if reader in inside:
+                    return True
+                if reader <= last and self.group_of[reader] not in seen:
+                    seen.add(self.group_of[reader])
+                    frontier.append(self.group_of[reader])
+        return False
+
+    def _readers(self, indices: list[int]) -> list[int]:
+        return [c for index in indices for v in self.nodes[index].outputs for c in self.consumers.get(v, [])]
+
+    def _merge(self, group: int, other: int) -> None:
+        if group == other:
+            return
+        for index in self.members[other]:
+            self.group_of[index] = group
+        self.members[group] = sorted(self.members[group] + self.members.pop(other))
+
+    def _ordered_groups(self) -> list[int]:
+        """Groups in a topological order of the group graph, earliest first node first among the ready ones."""
+        depends: dict[int, set[int]] = {group: set() for group in self.members}
+        for group, members in self.members.items():
+            for index in members:
+                for v in self.nodes[index].inputs:
+                    if v in self.producer and self.group_of[self.producer[v]] != group:
+                        depends[group].add(self.group_of[self.producer[v]])
+        dependents: dict[int, list[int]] = {group: [] for group in self.members}
+        for group, needed in depends.items():
+            for other in needed:
+                dependents[other].append(group)
+        ready = [(self.members[group][0], group) for group, needed in depends.items() if not needed]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, group = heapq.heappop(ready)
+            order.append(group)
+            for other in dependents[group]:
+                depends[other].discard(group)
+                if not depends[other]:
+                    heapq.heappush(ready, (self.members[other][0], other))
+        return order
+
+    def fused_graph(self) -> Graph:
+        outputs = set(self.graph.outputs)
+        nodes = []
+        for number, group in enumerate(self._ordered_groups()):
+            members = [self.nodes[index] for index in self.members[group]]
+            produced = {v for member in members for v in member.outputs}
+            external = list(dict.fromkeys(v for m in members for v in m.inputs if v is not None and v not in produced))
+            exported = [
+                v
+                for member in members
+                for v in member.outputs
+                if v in outputs or any(self.group_of[c] != group for c in self.consumers.get(v, []))
+            ]
+            name = "_".join(["fused", str(number), *(member.op.lower() for member in members)])
+            pattern = self.pattern(group)
+            anchor = next((self.nodes[i].op for i in self.members[group] if self.patterns[i] == pattern), "")
+            attrs = {
+                "body": _body(name, members, external, exported),
+                "pattern": pattern.name,
+                "anchor": anchor if pattern >= Pattern.REDUCE else "",
+            }
+            nodes.append(Node("fused", external, exported, attrs, name))
+        return Graph(list(self.graph.inputs), list(self.graph.outputs), nodes, dict(self.graph.params), self.graph.name)
+
+
+def _body(name: str, members: list[Node], external: list[Value], exported: list[Value]) -> Graph:
+    """The group's members as a graph of fresh Values, its inputs and outputs matching the fused node's."""
+    fresh = {v: Value(v.name, v.type) for v in external}
+    fresh.update({v: Value(v.name, v.type) for member in members for v in member.outputs})
+    nodes = [
+        Node(
+            m.op,
+            [None if v is None else fresh[v] for v in m.inputs],
+            [fresh[v] for v in m.outputs],
+            dict(m.attrs),
+            m.name,
+        )
+        for m in members
+    ]
+    return Graph([fresh[v] for v in external], [fresh[v] for v in exported], nodes, {}, name)
