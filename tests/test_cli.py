@@ -1,0 +1,175 @@
+"""The `tessel` command in-process: zoo, inspect and demo, and the one-line error (exit status 2) for every
+mistake a user can make with a model file or an --input-shape."""
+
+import re
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler import zoo
+from compiler.cli import COMMANDS, main, parse_input_shapes
+from compiler.errors import ShapeError
+from compiler.graph.registry import is_registered
+
+
+def _error_line(capsys) -> str:
+    """The single stderr line of a failed command (no traceback, no usage text)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("tessel: error: ")
+    return lines[0]
+
+
+def _relu_model(dims) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["input"], ["output"])],
+        "relu",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, dims)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_commands_are_a_table_later_issues_extend():
+    assert {"zoo", "inspect", "demo"} <= set(COMMANDS)
+
+
+def test_zoo_lists_every_model(capsys):
+    assert main(["zoo", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == list(zoo.MODELS)
+
+
+def test_zoo_writes_a_valid_model(tmp_path, capsys):
+    path = tmp_path / "mlp.onnx"
+    assert main(["zoo", "mlp", "-o", str(path)]) == 0
+    assert str(path) in capsys.readouterr().out
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    (output,) = ort.InferenceSession(str(path)).run(None, zoo.sample_input("mlp"))
+    assert output.shape == (1, 10)
+
+
+def test_zoo_rejects_unknown_names_and_missing_arguments(tmp_path, capsys):
+    assert main(["zoo", "alexnet"]) == 2
+    line = _error_line(capsys)
+    assert "unknown zoo model 'alexnet'" in line and "mobilenet_v2" in line
+    assert main(["zoo", "mlp", "-o", str(tmp_path / "missing" / "mlp.onnx")]) == 2
+    assert "cannot write" in _error_line(capsys)
+    assert main(["zoo"]) == 2
+    assert "--list" in _error_line(capsys)
+    assert main([]) == 2
+    assert "name a command" in _error_line(capsys)
+    assert main(["compile-everything"]) == 2
+    assert "invalid choice" in _error_line(capsys)
+
+
+def test_inspect_prints_graphs_groups_counts_and_bytes(tmp_path, capsys):
+    path = zoo.save_model("digits", tmp_path / "digits.onnx")
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    before, after = out.index("== graph before passes =="), out.index("== graph after passes ==")
+    assert before < after < out.index("== fused groups") < out.index("== op counts ==")
+    assert "= Conv(" in out[before:after] and "= Softmax(" in out[before:after]
+    assert re.search(r"== fused groups \(\d+\) ==", out)
+    assert "OUT_EWISE_FUSABLE" in out and "OPAQUE" in out
+    assert re.search(r"\n\s+Conv\s+2\s+2\n", out)
+    assert re.search(r"\n\s+Softmax\s+1\s+1\n", out)
+    model = onnx.load(str(path))
+    param_bytes = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    assert f"parameter bytes: {param_bytes:,} before passes, {param_bytes:,} after" in out
+
+
+def test_inspect_fuses_the_seeds_block_into_one_group(tmp_path, capsys):
+    path = zoo.save_model("dwconv_block", tmp_path / "block.onnx")
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "== fused groups (1) ==" in out
+    section = out[out.index("== fused groups") : out.index("== op counts")]
+    assert re.search(r"OUT_EWISE_FUSABLE\s+Conv -> Mul -> Add -> Relu\n", section)
+
+
+def test_inspect_counts_show_batch_norm_folded_away(tmp_path, capsys):
+    path = zoo.save_model("mobilenet_v2", tmp_path / "mobilenet_v2.onnx")
+    assert main(["inspect", str(path), "--input-shape", "input=1,3,224,224"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\n\s+BatchNormalization\s+52\s+0\n", out)
+    assert re.search(r"\n\s+Conv\s+52\s+52\n", out)
+
+
+def test_inspect_missing_file(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nowhere.onnx")]) == 2
+    line = _error_line(capsys)
+    assert "nowhere.onnx" in line and "no such file" in line
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "not a file" in _error_line(capsys)
+
+
+def test_inspect_not_onnx(tmp_path, capsys):
+    path = tmp_path / "notes.onnx"
+    path.write_text("these are not the weights you are looking for\n" * 20)
+    assert main(["inspect", str(path)]) == 2
+    assert "notes.onnx" in _error_line(capsys)
+
+
+def test_inspect_truncated_model(tmp_path, capsys):
+    whole = zoo.build_model("mlp").SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(whole[: len(whole) // 2])
+    assert main(["inspect", str(path)]) == 2
+    assert "cut.onnx" in _error_line(capsys)
+
+
+def test_inspect_unsupported_op_names_it(tmp_path, capsys):
+    assert not is_registered("Det"), "the test needs an op Tessel does not implement"
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["input"], ["positive"]), helper.make_node("Det", ["positive"], ["output"])],
+        "determinant",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 3, 3])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2])],
+    )
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["inspect", str(path)]) == 2
+    assert "Det" in _error_line(capsys)
+
+
+def test_inspect_symbolic_dimension_and_its_fix(tmp_path, capsys):
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(_relu_model(["batch", 16]), str(path))
+    assert main(["inspect", str(path)]) == 2
+    line = _error_line(capsys)
+    assert "batch" in line and "input" in line
+    assert main(["inspect", str(path), "--input-shape", "input=4,16"]) == 0
+    assert "float32[4,16]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("spec", "complaint"),
+    [("input", "NAME=D1,D2"), ("input=1,x", "NAME=D1,D2"), ("=1,2", "NAME=D1,D2"), ("input=1,0", "below 1")],
+)
+def test_bad_input_shape_spec(tmp_path, capsys, spec, complaint):
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(_relu_model(["batch", 16]), str(path))
+    assert main(["inspect", str(path), "--input-shape", spec]) == 2
+    assert complaint in _error_line(capsys)
+
+
+def test_parse_input_shapes():
+    assert parse_input_shapes(None) is None
+    assert parse_input_shapes(["input=1,3,224,224", " mask = 1,7"]) == {"input": (1, 3, 224, 224), "mask": (1, 7)}
+    with pytest.raises(ShapeError, match="twice"):
+        parse_input_shapes(["input=1", "input=2"])
+
+
+def test_demo_prints_predictions_and_accuracy(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    predictions = re.findall(r"digit\s+\d+: predicted (\d), true (\d)", out)
+    assert len(predictions) == 10
+    accuracy = float(re.search(r"held-out accuracy: ([\d.]+) \((\d+)/450 digits\)", out).group(1))
+    assert accuracy >= 0.95
+    assert np.mean([p == t for p, t in predictions]) >= 0.7
