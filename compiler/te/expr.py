@@ -9,12 +9,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from compiler.errors import TesselError
+
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 
 
-class TEError(ValueError):
+class TEError(TesselError, ValueError):
     """Misuse of the tensor-expression language or of a schedule; the message says where."""
 
 

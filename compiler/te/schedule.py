@@ -1,0 +1,453 @@
+"""Schedules: how the loops of each compute stage are split, ordered, annotated and placed.
+
+`create_schedule` makes one Stage per compute reachable from the outputs; the primitives only
+record relations and annotations, and `tir/lower.py` reads them to build the loop nests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.te.expr import Binary, Const, Expr, TEError, Var, as_expr
+from compiler.te.tensor import (
+    REDUCE,
+    THREAD,
+    ComputeOp,
+    IterVar,
+    Operation,
+    PlaceholderOp,
+    Reduce,
+    Tensor,
+    TensorLoad,
+    mutate,
+    substitute,
+)
+
+SCOPES = ("global", "shared", "local")
+ROOT, INLINE, SCOPE = "root", "inline", "scope"
+
+
+@dataclass(frozen=True, eq=False)
+class Split:
+    parent: IterVar
+    outer: IterVar
+    inner: IterVar
+    factor: int | None
+    nparts: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Fuse:
+    outer: IterVar
+    inner: IterVar
+    fused: IterVar
+
+
+def _ceil_div(extent, divisor: int):
+    if isinstance(extent, int):
+        return -(-extent // divisor)
+    return Binary("floordiv", Binary("add", extent, Const(divisor - 1, "int32")), Const(divisor, "int32"))
+
+
+def _mul(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    return Binary("mul", as_expr(a, "int32"), as_expr(b, "int32"))
+
+
+def _describe(extent) -> str:
+    return extent.name if isinstance(extent, Var) else "(a symbolic expression)"
+
+
+class Stage:
+    """The schedule of one operation. `op` is the operation computed (cache_read/cache_write may
+    swap in a rewritten copy); `leaf_iter_vars` are the loops, outermost first."""
+
+    def __init__(self, schedule: Schedule, op: Operation):
+        self.schedule = schedule
+        self.op = op
+        self.is_output = False
+        self.scope = "global"
+        root = list(op.axis) + list(op.reduce_axis) if isinstance(op, ComputeOp) else []
+        self.all_iter_vars: list[IterVar] = list(root)
+        self.leaf_iter_vars: list[IterVar] = list(root)
+        self.relations: list[Split | Fuse] = []
+        self.annotations: dict[IterVar, str] = {}
+        self.bindings: dict[IterVar, IterVar] = {}
+        self.attach_type = ROOT
+        self.attach_stage: Stage | None = None
+        self.attach_ivar: IterVar | None = None
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    def __repr__(self) -> str:
+        return f"Stage({self.name})"
+
+    def _where(self) -> str:
+        return f"stage {self.name}"
+
+    def _leaf(self, axis, primitive: str) -> IterVar:
+        if not isinstance(axis, IterVar):
+            raise TEError(f"{primitive} on {self._where()}: {axis!r} is not an axis (IterVar)")
+        if axis in self.leaf_iter_vars:
+            return axis
+        for relation in self.relations:
+            if isinstance(relation, Split) and relation.parent is axis:
+                raise TEError(
+                    f"{primitive} on {self._where()}: axis {axis.name} was already split into "
+                    f"{relation.outer.name} and {relation.inner.name}; use those instead"
+                )
+            if isinstance(relation, Fuse) and axis in (relation.outer, relation.inner):
+                raise TEError(
+                    f"{primitive} on {self._where()}: axis {axis.name} was already fused into "
+                    f"{relation.fused.name}; use that instead"
+                )
+        owner = next((stage for stage in self.schedule.stages if axis in stage.all_iter_vars), None)
+        if owner is not None:
+            raise TEError(
+                f"{primitive} on {self._where()}: axis {axis.name} belongs to stage {owner.name}, "
+                f"not to {self.name}; use s[{self.name}].op.axis"
+            )
+        raise TEError(
+            f"{primitive} on {self._where()}: axis {axis.name} is not an axis of this stage; "
+            f"its axes are {', '.join(iv.name for iv in self.leaf_iter_vars) or 'none'}"
+        )
+
+    def _new_axis(self, name: str, extent, kind: str) -> IterVar:
+        iv = IterVar(name, dom=(0, extent), kind=kind)
+        self.all_iter_vars.append(iv)
+        return iv
+
+    def split(self, parent: IterVar, factor: int | None = None, nparts: int | None = None):
+        """Split `parent` into (outer, inner); inner has `factor` iterations, or outer has `nparts`.
+        A factor that does not divide the extent is allowed: lowering guards the tail."""
+        parent = self._leaf(parent, "split")
+        self._check_plain(parent, "split")
+        if (factor is None) == (nparts is None):
+            raise TEError(f"split of axis {parent.name} in {self._where()}: give exactly one of factor or nparts")
+        amount = factor if factor is not None else nparts
+        if isinstance(amount, Const):
+            amount = amount.value
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+            what = "factor" if factor is not None else "nparts"
+            raise TEError(
+                f"split of axis {parent.name} in {self._where()}: {what} must be a positive int, got {amount!r}"
+            )
+        extent = parent.extent
+        if factor is not None:
+            outer_extent, inner_extent = _ceil_div(extent, amount), amount
+        else:
+            outer_extent, inner_extent = amount, _ceil_div(extent, amount)
+        outer = self._new_axis(f"{parent.name}.outer", outer_extent, parent.kind)
+        inner = self._new_axis(f"{parent.name}.inner", inner_extent, parent.kind)
+        self.relations.append(
+            Split(parent, outer, inner, amount if factor is not None else None, amount if nparts is not None else None)
+        )
+        position = self.leaf_iter_vars.index(parent)
+        self.leaf_iter_vars[position : position + 1] = [outer, inner]
+        return outer, inner
+
+    def _check_plain(self, iv: IterVar, primitive: str) -> None:
+        """Annotations belong to final loops; splitting or fusing one would leave it ambiguous."""
+        done = self.bindings[iv].thread_tag if iv in self.bindings else self.annotations.get(iv)
+        if done is not None:
+            raise TEError(
+                f"{primitive} of axis {iv.name} in {self._where()}: the axis is already {done}; "
+                f"{primitive} first, then annotate the resulting axes"
+            )
+
+    def tile(self, x_parent: IterVar, y_parent: IterVar, x_factor: int, y_factor: int):
+        """Split x and y, then order the loops x.outer, y.outer, x.inner, y.inner."""
+        x_outer, x_inner = self.split(x_parent, x_factor)
+        y_outer, y_inner = self.split(y_parent, y_factor)
+        self.reorder(x_outer, y_outer, x_inner, y_inner)
+        return x_outer, y_outer, x_inner, y_inner
+
+    def reorder(self, *axes: IterVar) -> None:
+        """Put `axes` in this order, in the positions they occupy now."""
+        if len(axes) == 1 and isinstance(axes[0], list | tuple):
+            axes = tuple(axes[0])
+        leaves = [self._leaf(axis, "reorder") for axis in axes]
+        if len(set(map(id, leaves))) != len(leaves):
+            names = [iv.name for iv in leaves]
+            duplicate = next(name for name in names if names.count(name) > 1)
+            raise TEError(f"reorder on {self._where()}: axis {duplicate} is given twice")
+        positions = sorted(self.leaf_iter_vars.index(iv) for iv in leaves)
+        for position, iv in zip(positions, leaves):
+            self.leaf_iter_vars[position] = iv
+
+    def fuse(self, *axes: IterVar) -> IterVar:
+        """Fuse adjacent axes (outermost first) into one loop."""
+        if len(axes) == 1 and isinstance(axes[0], list | tuple):
+            axes = tuple(axes[0])
+        if not axes:
+            raise TEError(f"fuse on {self._where()}: give at least one axis")
+        leaves = [self._leaf(axis, "fuse") for axis in axes]
+        for iv in leaves:
+            self._check_plain(iv, "fuse")
+        positions = [self.leaf_iter_vars.index(iv) for iv in leaves]
+        if positions != list(range(positions[0], positions[0] + len(positions))):
+            raise TEError(
+                f"fuse on {self._where()}: axes {', '.join(iv.name for iv in leaves)} are not adjacent loops in "
+                f"this order (the loops are {', '.join(iv.name for iv in self.leaf_iter_vars)}); reorder first"
+            )
+        if len({iv.kind for iv in leaves}) > 1:
+            raise TEError(
+                f"fuse on {self._where()}: cannot fuse a reduce axis with a data-parallel axis "
+                f"({', '.join(f'{iv.name}: {iv.kind}' for iv in leaves)})"
+            )
+        fused = leaves[0]
+        for inner in leaves[1:]:
+            new = self._new_axis(f"{fused.name}.{inner.name}.fused".replace(".fused.", "."), None, fused.kind)
+            new.dom = (0, _mul(fused.extent, inner.extent))
+            self.relations.append(Fuse(fused, inner, new))
+            position = self.leaf_iter_vars.index(fused)
+            self.leaf_iter_vars[position : position + 2] = [new]
+            fused = new
+        return fused
+
+    def _annotate(self, axis: IterVar, annotation: str, primitive: str) -> None:
+        iv = self._leaf(axis, primitive)
+        if annotation in ("vectorized", "unrolled") and not isinstance(iv.extent, int):
+            raise TEError(
+                f"cannot {primitive} axis {iv.name} of {self._where()}: its extent {_describe(iv.extent)} is not a "
+                "constant; "
+                "split it by a constant factor and annotate the inner axis"
+            )
+        if iv.kind == REDUCE and annotation in ("vectorized", "parallel"):
+            raise TEError(
+                f"cannot {primitive} axis {iv.name} of {self._where()}: it is a reduction axis, whose iterations "
+                "accumulate into the same element; annotate a data-parallel axis instead"
+            )
+        if iv in self.bindings:
+            raise TEError(
+                f"cannot {primitive} axis {iv.name} of {self._where()}: it is bound to {self.bindings[iv].thread_tag}"
+            )
+        self.annotations[iv] = annotation
+
+    def vectorize(self, axis: IterVar) -> None:
+        self._annotate(axis, "vectorized", "vectorize")
+
+    def unroll(self, axis: IterVar) -> None:
+        self._annotate(axis, "unrolled", "unroll")
+
+    def parallel(self, axis: IterVar) -> None:
+        self._annotate(axis, "parallel", "parallel")
+
+    def bind(self, axis: IterVar, thread: IterVar) -> None:
+        """Run `axis` on the GPU grid axis `thread` (from te.thread_axis)."""
+        iv = self._leaf(axis, "bind")
+        if not isinstance(thread, IterVar) or thread.kind != THREAD:
+            raise TEError(f"bind of axis {iv.name} in {self._where()}: {thread!r} is not a te.thread_axis(...)")
+        if iv.kind == REDUCE:
+            raise TEError(f"bind of axis {iv.name} in {self._where()}: a reduction axis cannot be bound to a thread")
+        if iv in self.bindings:
+            raise TEError(
+                f"bind of axis {iv.name} in {self._where()}: the axis is already bound to "
+                f"{self.bindings[iv].thread_tag}"
+            )
+        if iv in self.annotations:
+            raise TEError(f"bind of axis {iv.name} in {self._where()}: the axis is already {self.annotations[iv]}")
+        if thread.thread_tag != "vthread":
+            for other, bound in self.bindings.items():
+                if bound.thread_tag == thread.thread_tag:
+                    raise TEError(
+                        f"bind of axis {iv.name} in {self._where()}: {thread.thread_tag} is already bound to axis "
+                        f"{other.name} of this stage; fuse the axes first"
+                    )
+        self.bindings[iv] = thread
+
+    def compute_at(self, parent: Stage, axis: IterVar) -> None:
+        """Compute this stage inside loop `axis` of `parent`, only the region that loop needs."""
+        if isinstance(parent, Tensor | Operation):
+            parent = self.schedule[parent]
+        if not isinstance(parent, Stage):
+            raise TEError(f"compute_at of {self._where()}: {parent!r} is not a stage; pass s[tensor]")
+        if parent is self:
+            raise TEError(f"compute_at of {self._where()}: a stage cannot be computed at itself")
+        iv = parent._leaf(axis, f"compute_at of {self.name}")
+        if self.is_output:
+            raise TEError(f"compute_at of {self._where()}: it is an output of the schedule; only producers move")
+        if parent in self.schedule.producers_of(self, transitive=True):
+            raise TEError(
+                f"compute_at of {self._where()} at {parent.name}: {parent.name} is one of its inputs, so "
+                f"{self.name} cannot be computed inside {parent.name}'s loops"
+            )
+        chain = parent
+        while chain is not None:
+            if chain is self:
+                raise TEError(
+                    f"compute_at of {self._where()} at {parent.name}: {parent.name} is itself computed inside "
+                    f"{self.name}; that would be a cycle"
+                )
+            chain = chain.attach_stage if chain.attach_type == SCOPE else None
+        self.attach_type, self.attach_stage, self.attach_ivar = SCOPE, parent, iv
+
+    def compute_inline(self) -> None:
+        """Substitute this stage's body into every reader; no loops of its own remain."""
+        if self.is_output:
+            raise TEError(f"compute_inline of {self._where()}: it is an output of the schedule and must be stored")
+        if not isinstance(self.op, ComputeOp):
+            raise TEError(f"compute_inline of {self._where()}: only compute stages can be inlined")
+        if self.op.reduce_axis:
+            raise TEError(
+                f"compute_inline of {self._where()}: it is a reduction, which has to be computed in its own loops"
+            )
+        for other in self.schedule.stages:
+            if other.attach_type == SCOPE and other.attach_stage is self:
+                raise TEError(
+                    f"compute_inline of {self._where()}: stage {other.name} is computed at it; move that first"
+                )
+        self.attach_type, self.attach_stage, self.attach_ivar = INLINE, None, None
+
+    def set_scope(self, scope: str) -> None:
+        if scope not in SCOPES:
+            raise TEError(f"scope {scope!r} of {self._where()} is unknown; use one of {', '.join(SCOPES)}")
+        self.scope = scope
+
+
+class Schedule:
+    """All stages of a computation, producers before consumers."""
+
+    def __init__(self, outputs: list[Operation]):
+        self.outputs = outputs
+        self.stages: list[Stage] = []
+        self.stage_map: dict[Operation, Stage] = {}
+        for op in _post_order(outputs):
+            stage = Stage(self, op)
+            self.stages.append(stage)
+            self.stage_map[op] = stage
+        for op in outputs:
+            self.stage_map[op].is_output = True
+
+    def __getitem__(self, key) -> Stage:
+        op = key.op if isinstance(key, Tensor) else key
+        try:
+            return self.stage_map[op]
+        except (KeyError, TypeError):
+            name = getattr(op, "name", repr(key))
+            raise TEError(f"{name} has no stage in this schedule; is it reachable from the outputs?") from None
+
+    def producers_of(self, stage: Stage, transitive: bool = False) -> list[Stage]:
+        found: list[Stage] = []
+        pending = [stage]
+        while pending:
+            current = pending.pop()
+            for tensor in current.op.input_tensors:
+                producer = self[tensor]
+                if producer not in found:
+                    found.append(producer)
+                    if transitive:
+                        pending.append(producer)
+        return found
+
+    def readers_of(self, stage: Stage) -> list[Stage]:
+        return [other for other in self.stages if stage in self.producers_of(other)]
+
+    def _replace_op(self, stage: Stage, op: ComputeOp) -> None:
+        stage.op = op
+        self.stage_map[op] = stage
+
+    def _insert(self, stage: Stage, before: Stage) -> None:
+        self.stages.insert(self.stages.index(before), stage)
+        self.stage_map[stage.op] = stage
+
+    def cache_read(self, tensor: Tensor, scope: str, readers) -> Tensor:
+        """A stage copying `tensor` into a `scope` buffer; `readers` then read the copy."""
+        source = self[tensor]
+        if scope not in SCOPES:
+            raise TEError(f"cache_read of {tensor.name}: scope {scope!r} is unknown; use one of {', '.join(SCOPES)}")
+        readers = readers if isinstance(readers, list | tuple) else [readers]
+        reader_stages = [self[reader] for reader in readers]
+        if not reader_stages:
+            raise TEError(f"cache_read of {tensor.name}: give the stages that should read the cache")
+        for reader in reader_stages:
+            if source not in self.producers_of(reader):
+                raise TEError(f"cache_read of {tensor.name}: stage {reader.name} does not read {tensor.name}")
+        names = [f"ax{k}" for k in range(len(tensor.shape))]
+        axis = tuple(IterVar(name, dom=(0, extent)) for name, extent in zip(names, tensor.shape))
+        cache_op = ComputeOp(f"{tensor.name}.{scope}", "", axis, tensor[axis])
+        cache = cache_op.output(0)
+        for reader in reader_stages:
+            body = _replace_reads(reader.op.body, tensor.op, cache)
+            self._replace_op(reader, ComputeOp(reader.op.name, reader.op.tag, reader.op.axis, body))
+        stage = Stage(self, cache_op)
+        stage.scope = scope
+        first = min(reader_stages, key=self.stages.index)
+        self._insert(stage, first)
+        return cache
+
+    def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
+        """Compute `tensor` into a `scope` buffer first; the original stage then copies it out."""
+        stage = self[tensor]
+        if scope not in SCOPES:
+            raise TEError(f"cache_write of {tensor.name}: scope {scope!r} is unknown; use one of {', '.join(SCOPES)}")
+        if not isinstance(stage.op, ComputeOp):
+            raise TEError(f"cache_write of {tensor.name}: only compute stages can be cached")
+        if stage.relations or stage.annotations or stage.bindings or stage.leaf_iter_vars != stage.all_iter_vars:
+            raise TEError(f"cache_write of {tensor.name}: call cache_write before scheduling stage {stage.name}")
+        op = stage.op
+        mapping: dict[Var, Expr] = {}
+        axis = tuple(IterVar(f"{iv.name}.c", dom=iv.dom) for iv in op.axis)
+        mapping.update(zip(op.axis, axis))
+        body = op.body
+        if isinstance(body, Reduce):
+            reduce_axis = tuple(IterVar(iv.name, dom=iv.dom, kind=REDUCE) for iv in body.axis)
+            mapping.update(zip(body.axis, reduce_axis))
+            body = Reduce(body.combiner, substitute(body.source, mapping), reduce_axis, body.identity)
+        else:
+            body = substitute(body, mapping)
+        cache_op = ComputeOp(f"{op.name}.{scope}", op.tag, axis, body)
+        cache = cache_op.output(0)
+        self._replace_op(stage, ComputeOp(op.name, op.tag, op.axis, cache[op.axis]))
+        stage.all_iter_vars = list(op.axis)
+        stage.leaf_iter_vars = list(op.axis)
+        cache_stage = Stage(self, cache_op)
+        cache_stage.scope = scope
+        self._insert(cache_stage, stage)
+        return cache
+
+
+def _replace_reads(body: Expr, old: Operation, new: Tensor) -> Expr:
+    def visit(node):
+        if isinstance(node, TensorLoad) and node.tensor.op is old:
+            return TensorLoad(new, tuple(mutate(index, visit) for index in node.indices))
+        return None
+
+    return mutate(body, visit)
+
+
+def _post_order(outputs: list[Operation]) -> list[Operation]:
+    order: list[Operation] = []
+    seen: set[int] = set()
+
+    def visit(op: Operation) -> None:
+        if id(op) in seen:
+            return
+        seen.add(id(op))
+        for tensor in op.input_tensors:
+            visit(tensor.op)
+        order.append(op)
+
+    for op in outputs:
+        visit(op)
+    return order
+
+
+def create_schedule(ops) -> Schedule:
+    """A schedule for `ops` (an operation, a tensor, or a list of them) and everything they read."""
+    items = ops if isinstance(ops, list | tuple) else [ops]
+    outputs = []
+    for item in items:
+        op = item.op if isinstance(item, Tensor) else item
+        if not isinstance(op, Operation):
+            raise TEError(f"create_schedule: {item!r} is not an operation or a tensor")
+        if isinstance(op, PlaceholderOp):
+            raise TEError(f"create_schedule: {op.name} is a placeholder; schedule the compute that produces output")
+        outputs.append(op)
+    return Schedule(outputs)
+
+
+__all__ = ["Fuse", "Schedule", "Split", "Stage", "create_schedule"]

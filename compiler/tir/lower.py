@@ -1,0 +1,497 @@
+"""Lowering: a TE schedule becomes one PrimFunc of loop IR.
+
+It infers the region each attached stage must produce, builds every stage's loop nest from its
+split/fuse relations, places attached stages and their allocations, splits reductions into an init
+and an update nest, guards non-dividing splits, then simplifies. Codegen receives the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler.te.expr import Binary, Compare, Const, Expr, IfThenElse, Logical, Select, TEError, Var
+from compiler.te.schedule import INLINE, ROOT, SCOPE, Schedule, Split, Stage
+from compiler.te.tensor import (
+    REDUCE,
+    ComputeOp,
+    IterVar,
+    PlaceholderOp,
+    Reduce,
+    Tensor,
+    TensorLoad,
+    mutate,
+    substitute,
+    walk,
+)
+from compiler.tir.nodes import (
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    ForKind,
+    IfThen,
+    LetStmt,
+    Load,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+)
+from compiler.tir.simplify import Linear, bounds, simplify, structural_key, substitute_stmt
+
+_KINDS = {"parallel": ForKind.PARALLEL, "vectorized": ForKind.VECTORIZED, "unrolled": ForKind.UNROLLED}
+
+
+def _int(value: int) -> Const:
+    return Const(value, "int32")
+
+
+@dataclass
+class _Geometry:
+    """Where one stage's loops run: the region of its output it produces (`mins`, `extents`, one per
+    output axis), the extent of every iter var, each iter var's value in terms of the leaf loops,
+    and the conditions that guard non-dividing splits and clamped regions."""
+
+    mins: list[Expr]
+    extents: list[int]
+    iter_extents: dict[IterVar, int]
+    values: dict[IterVar, Expr]
+    data_conditions: list[Expr] = field(default_factory=list)
+    reduce_conditions: list[Expr] = field(default_factory=list)
+
+
+class _Lowering:
+    def __init__(self, schedule: Schedule, args: list[Tensor], name: str):
+        self.schedule = schedule
+        self.name = name
+        self.geometries: dict[Stage, _Geometry] = {}
+        self.bodies: dict[Stage, Expr] = {}
+        self.buffers: dict[Stage, Buffer] = {}
+        self.origins: dict[Stage, list[Expr]] = {}
+        self.params: list[Buffer] = []
+        self.allocated: list[Stage] = []
+        self.loop_vars: dict[IterVar, Var] = {}
+        for arg in args:
+            if not isinstance(arg, Tensor):
+                raise TEError(f"lower {name}: argument {arg!r} is not a tensor")
+            stage = self._stage_of(arg)
+            if stage in self.buffers:
+                raise TEError(f"lower {name}: tensor {arg.name} is given twice in the arguments")
+            buffer = Buffer(arg.name, self._static_shape(arg.op), arg.dtype, "global")
+            self.buffers[stage] = buffer
+            self.origins[stage] = [_int(0)] * len(buffer.shape)
+            self.params.append(buffer)
+        self.computes = [s for s in schedule.stages if isinstance(s.op, ComputeOp) and s.attach_type != INLINE]
+        for stage in schedule.stages:
+            if stage.is_output and stage not in self.buffers:
+                raise TEError(
+                    f"lower {name}: output {stage.name} is not in the arguments; pass it so results come back"
+                )
+        for stage in self.computes:
+            for tensor in self._reads(stage):
+                producer = self._stage_of(tensor)
+                if isinstance(producer.op, PlaceholderOp) and producer not in self.buffers:
+                    raise TEError(
+                        f"lower {name}: stage {stage.name} reads placeholder {tensor.name}, which is not in the "
+                        "arguments"
+                    )
+
+    def loop_var(self, iv: IterVar) -> Var:
+        """The plain Var a leaf IterVar becomes in the loop IR, which holds no TE nodes."""
+        if iv not in self.loop_vars:
+            self.loop_vars[iv] = Var(iv.name, "int32")
+        return self.loop_vars[iv]
+
+    def _stage_of(self, tensor: Tensor) -> Stage:
+        return self.schedule[tensor]
+
+    def _static_shape(self, op) -> tuple[int, ...]:
+        shape = []
+        for extent in op.shape:
+            if isinstance(extent, Const):
+                extent = extent.value
+            if not isinstance(extent, int):
+                name = extent.name if isinstance(extent, Var) else extent
+                raise TEError(
+                    f"lower {self.name}: tensor {op.name} has the symbolic dimension {name}; kernels are built for "
+                    "static shapes, so give an int"
+                )
+            shape.append(extent)
+        return tuple(shape)
+
+    def body(self, stage: Stage) -> Expr:
+        """The stage's compute body with every inlined producer substituted."""
+        if stage not in self.bodies:
+
+            def visit(node):
+                if isinstance(node, TensorLoad):
+                    producer = self._stage_of(node.tensor)
+                    indices = [mutate(index, visit) for index in node.indices]
+                    if producer.attach_type == INLINE:
+                        return substitute(self.body(producer), dict(zip(producer.op.axis, indices)))
+                    return TensorLoad(node.tensor, tuple(indices))
+                return None
+
+            self.bodies[stage] = mutate(stage.op.body, visit)
+        return self.bodies[stage]
+
+    def _reads(self, stage: Stage) -> list[Tensor]:
+        return [node.tensor for node in walk(self.body(stage)) if isinstance(node, TensorLoad)]
+
+    def outer_path(self, stage: Stage) -> list[IterVar]:
+        """The loops around the point where `stage` is computed, outermost first."""
+        if stage.attach_type != SCOPE:
+            return []
+        parent = stage.attach_stage
+        return self.outer_path(parent) + parent.leaf_iter_vars[: parent.leaf_iter_vars.index(stage.attach_ivar) + 1]
+
+    def path(self, stage: Stage) -> list[IterVar]:
+        return self.outer_path(stage) + stage.leaf_iter_vars
+
+    def geometry(self, stage: Stage) -> _Geometry:
+        if stage in self.geometries:
+            return self.geometries[stage]
+        op = stage.op
+        shape = self._static_shape(op)
+        if stage.attach_type == SCOPE:
+            mins, extents, clamp = self.infer_region(stage, shape)
+        else:
+            mins, extents, clamp = [_int(0)] * len(shape), list(shape), [False] * len(shape)
+        iter_extents: dict[IterVar, int] = dict(zip(op.axis, extents))
+        for iv in op.reduce_axis:
+            low, extent = iv.dom
+            if not isinstance(low, int) or not isinstance(extent, int):
+                raise TEError(f"lower {self.name}: reduce axis {iv.name} of stage {stage.name} has a symbolic range")
+            iter_extents[iv] = extent
+        geometry = _Geometry(mins, extents, iter_extents, {})
+        divides: dict[IterVar, bool] = {}
+        for relation in stage.relations:
+            if isinstance(relation, Split):
+                extent = iter_extents[relation.parent]
+                if relation.factor is not None:
+                    inner, outer = relation.factor, -(-extent // relation.factor)
+                else:
+                    outer, inner = relation.nparts, -(-extent // relation.nparts)
+                iter_extents[relation.outer], iter_extents[relation.inner] = outer, inner
+                divides[relation.parent] = outer * inner == extent
+            else:
+                iter_extents[relation.fused] = iter_extents[relation.outer] * iter_extents[relation.inner]
+        values: dict[IterVar, Expr] = {iv: self.loop_var(iv) for iv in stage.leaf_iter_vars}
+        for relation in reversed(stage.relations):
+            if isinstance(relation, Split):
+                inner_extent = _int(iter_extents[relation.inner])
+                values[relation.parent] = values[relation.outer] * inner_extent + values[relation.inner]
+            else:
+                inner_extent = _int(iter_extents[relation.inner])
+                values[relation.outer] = Binary("floordiv", values[relation.fused], inner_extent)
+                values[relation.inner] = Binary("floormod", values[relation.fused], inner_extent)
+        geometry.values = values
+        for parent, exact in divides.items():
+            if not exact:
+                condition = Compare("lt", values[parent], _int(iter_extents[parent]))
+                target = geometry.reduce_conditions if parent.kind == REDUCE else geometry.data_conditions
+                target.append(condition)
+        for axis, low, needs_clamp, extent in zip(op.axis, mins, clamp, shape):
+            if needs_clamp:
+                index = low + values[axis]
+                geometry.data_conditions += [Compare("ge", index, _int(0)), Compare("lt", index, _int(extent))]
+        self.geometries[stage] = geometry
+        return geometry
+
+    def root_index(self, stage: Stage, geometry: _Geometry) -> dict[Var, Expr]:
+        mapping: dict[Var, Expr] = {
+            axis: low + geometry.values[axis] for axis, low in zip(stage.op.axis, geometry.mins)
+        }
+        for iv in stage.op.reduce_axis:
+            mapping[iv] = _int(iv.dom[0]) + geometry.values[iv]
+        return mapping
+
+    def var_extents(self, stages) -> dict[Var, tuple[int, int]]:
+        env: dict[Var, tuple[int, int]] = {}
+        for stage in stages:
+            geometry = self.geometry(stage)
+            for iv in stage.leaf_iter_vars:
+                env[self.loop_var(iv)] = (0, geometry.iter_extents[iv] - 1)
+        return env
+
+    def infer_region(self, stage: Stage, shape: tuple[int, ...]):
+        """The box of `stage`'s output that its readers inside the attach loop touch, per axis:
+        (min expression over the outer loops, constant extent, whether it must be clamped)."""
+        outer = self.outer_path(stage)
+        outer_ids = {id(self.loop_var(iv)) for iv in outer}
+        if stage.scope == "shared":
+            # One shared buffer serves every thread of a block, so it holds what all of them read.
+            for owner in self._attach_chain(stage):
+                for iv, thread in owner.bindings.items():
+                    if thread.thread_tag.startswith("threadIdx") or thread.thread_tag == "vthread":
+                        outer_ids.discard(id(self.loop_var(iv)))
+        readers = [
+            s for s in self.computes if s is not stage and any(self._stage_of(t) is stage for t in self._reads(s))
+        ]
+        if not readers:
+            raise TEError(
+                f"lower {self.name}: stage {stage.name} is computed at {stage.attach_stage.name} but nothing reads it"
+            )
+        boxes: list[list[tuple[Linear, int, int] | None]] = [[] for _ in shape]
+        for reader in readers:
+            reader_path = self.path(reader)
+            if [id(iv) for iv in reader_path[: len(outer)]] != [id(iv) for iv in outer]:
+                raise TEError(
+                    f"lower {self.name}: stage {stage.name} is computed at axis {stage.attach_ivar.name} of "
+                    f"{stage.attach_stage.name}, but its reader {reader.name} runs outside that loop; compute "
+                    f"{stage.name} at {reader.name} instead"
+                )
+            owners = [reader] + self._attach_chain(reader)
+            env = self.var_extents(owners)
+            mapping = self.root_index(reader, self.geometry(reader))
+            for node in walk(self.body(reader)):
+                if not isinstance(node, TensorLoad) or self._stage_of(node.tensor) is not stage:
+                    continue
+                for dim, index in enumerate(node.indices):
+                    expr = simplify(substitute(index, mapping))
+                    boxes[dim].append(self._interval(expr, outer_ids, env))
+        mins, extents, clamp = [], [], []
+        for dim, extent in enumerate(shape):
+            low_expr, size, needs_clamp = self._merge(boxes[dim], extent, self.var_extents(self._attach_chain(stage)))
+            mins.append(low_expr)
+            extents.append(size)
+            clamp.append(needs_clamp)
+        return mins, extents, clamp
+
+    def _attach_chain(self, stage: Stage) -> list[Stage]:
+        chain = []
+        while stage.attach_type == SCOPE:
+            stage = stage.attach_stage
+            chain.append(stage)
+        return chain
+
+    @staticmethod
+    def _interval(expr: Expr, outer_ids: set[int], env) -> tuple[Linear, int, int] | None:
+        linear = Linear.of(expr)
+        fixed = Linear(linear.dtype)
+        low = high = linear.const
+        for key, (atom, coef) in linear.terms.items():
+            if all(id(node) in outer_ids for node in walk(atom) if isinstance(node, Var)):
+                fixed.terms[key] = [atom, coef]
+                continue
+            atom_low, atom_high = bounds(atom, env)
+            if atom_low is None or atom_high is None:
+                return None
+            atom_low, atom_high = (
+                (atom_low * coef, atom_high * coef) if coef > 0 else (atom_high * coef, atom_low * coef)
+            )
+            low, high = low + atom_low, high + atom_high
+        return fixed, low, high
+
+    @staticmethod
+    def _merge(intervals, extent: int, outer_env) -> tuple[Expr, int, bool]:
+        if any(interval is None for interval in intervals):
+            return _int(0), extent, False
+        keys = {structural_key(fixed.to_expr()) for fixed, _, _ in intervals}
+        if len(keys) == 1:
+            fixed = intervals[0][0]
+            low = min(interval[1] for interval in intervals)
+            high = max(interval[2] for interval in intervals)
+        else:
+            low, high = None, None
+            for fixed_part, part_low, part_high in intervals:
+                fixed_low, fixed_high = fixed_part.bounds(outer_env)
+                if fixed_low is None or fixed_high is None:
+                    return _int(0), extent, False
+                low = fixed_low + part_low if low is None else min(low, fixed_low + part_low)
+                high = fixed_high + part_high if high is None else max(high, fixed_high + part_high)
+            fixed = Linear("int32")
+        if high - low + 1 >= extent:
+            return _int(0), extent, False
+        if not fixed.terms:
+            low, high = max(low, 0), min(high, extent - 1)
+            return _int(low), high - low + 1, False
+        return simplify(fixed.plus(Linear("int32", const=low)).to_expr()), high - low + 1, True
+
+    def load(self, tensor: Tensor, indices: list[Expr]) -> Load:
+        stage = self._stage_of(tensor)
+        buffer = self.buffers[stage]
+        origin = self.origins[stage]
+        return Load(buffer, self.flat(buffer, [index - low for index, low in zip(indices, origin)]))
+
+    @staticmethod
+    def flat(buffer: Buffer, indices: list[Expr]) -> Expr:
+        result: Expr | None = None
+        for index, stride in zip(indices, buffer.strides):
+            term = index * _int(stride) if stride != 1 else index
+            result = term if result is None else result + term
+        return result if result is not None else _int(0)
+
+    def to_tir(self, expr: Expr, mapping: dict[Var, Expr]) -> Expr:
+        def visit(node):
+            if isinstance(node, Var):
+                return mapping.get(node)
+            if isinstance(node, TensorLoad):
+                return self.load(node.tensor, [mutate(index, visit) for index in node.indices])
+            if isinstance(node, Reduce):
+                raise TEError(f"lower {self.name}: a reduction appears inside an expression")
+            return None
+
+        return mutate(expr, visit)
+
+    def loop_kind(self, stage: Stage, iv: IterVar) -> tuple[ForKind, str | None]:
+        if iv in stage.bindings:
+            tag = stage.bindings[iv].thread_tag
+            return (ForKind.UNROLLED, None) if tag == "vthread" else (ForKind.THREAD_BINDING, tag)
+        return _KINDS.get(stage.annotations.get(iv), ForKind.SERIAL), None
+
+    def allocate(self, stage: Stage) -> None:
+        """The buffer a non-argument stage writes: its region, in the stage's scope."""
+        if stage in self.buffers:
+            return
+        geometry = self.geometry(stage)
+        self.buffers[stage] = Buffer(stage.name, tuple(geometry.extents), stage.op.dtype, stage.scope)
+        self.origins[stage] = geometry.mins
+        self.allocated.append(stage)
+
+    def attached(self, stage: Stage, iv: IterVar) -> list[Stage]:
+        return [s for s in self.computes if s.attach_type == SCOPE and s.attach_stage is stage and s.attach_ivar is iv]
+
+    def with_children(self, children: list[Stage], rest: Stmt) -> Stmt:
+        """`rest` preceded by the nests of the stages attached here, inside their allocations."""
+        parts: list[Stmt] = []
+        for child in children:
+            shared = child.scope == "shared"
+            if shared and child.attach_type == SCOPE and not (parts and isinstance(parts[-1], Barrier)):
+                parts.append(Barrier("shared"))
+            parts.append(self.emit(child))
+            if shared:
+                parts.append(Barrier("shared"))
+        body: Stmt = Seq((*parts, rest))
+        for child in reversed(children):
+            if child in self.allocated:
+                body = Allocate(self.buffers[child], body)
+        return body
+
+    def loops(self, stage: Stage, leaves: list[IterVar], body: Stmt, rename: dict | None = None) -> Stmt:
+        geometry = self.geometry(stage)
+        for iv in reversed(leaves):
+            if rename is None:
+                children = self.attached(stage, iv)
+                if children:
+                    body = self.with_children(children, body)
+            kind, tag = self.loop_kind(stage, iv)
+            var = self.loop_var(iv)
+            var = rename[var] if rename is not None else var
+            body = For(var, _int(0), _int(geometry.iter_extents[iv]), kind, body, tag)
+        return body
+
+    def emit(self, stage: Stage) -> Stmt:
+        geometry = self.geometry(stage)
+        buffer = self.buffers[stage]
+        mapping = self.root_index(stage, geometry)
+        origin = self.origins[stage]
+        index = self.flat(buffer, [mapping[axis] - low for axis, low in zip(stage.op.axis, origin)])
+        body = self.body(stage)
+        leaves = stage.leaf_iter_vars
+        if not isinstance(body, Reduce):
+            store = _guard(geometry.data_conditions, Store(buffer, index, self.to_tir(body, mapping)))
+            return self.loops(stage, leaves, store)
+        value = self.to_tir(body.source, mapping)
+        current = Load(buffer, index)
+        combined = {"sum": current + value, "max": Binary("max", current, value), "min": Binary("min", current, value)}
+        update = _guard(
+            geometry.data_conditions + geometry.reduce_conditions, Store(buffer, index, combined[body.combiner])
+        )
+        first = next(position for position, iv in enumerate(leaves) if iv.kind == REDUCE)
+        init_leaves = [iv for iv in leaves[first:] if iv.kind != REDUCE]
+        rename = {self.loop_var(iv): Var(f"{iv.name}.init", "int32") for iv in init_leaves}
+        init_store = _guard(geometry.data_conditions, Store(buffer, index, body.identity))
+        init_store = substitute_stmt(init_store, rename)
+        init = self.loops(stage, init_leaves, init_store, rename)
+        nest = Seq((init, self.loops(stage, leaves[first:], update)))
+        return self.loops(stage, leaves[:first], nest)
+
+    def run(self) -> PrimFunc:
+        for stage in self.computes:
+            self.allocate(stage)
+        roots = [stage for stage in self.computes if stage.attach_type == ROOT]
+        body = self.with_children(roots, Seq(()))
+        func = simplify(PrimFunc(self.name, self.params, body))
+        func = PrimFunc(func.name, func.params, _guard_selects(func.body, {}))
+        for stmt in _walk_stmts(func.body):
+            if isinstance(stmt, For) and stmt.kind in (ForKind.VECTORIZED, ForKind.UNROLLED):
+                if not isinstance(stmt.extent, Const):
+                    raise TEError(f"lower {self.name}: loop {stmt.var.name} is {stmt.kind.value} but not constant")
+        return func
+
+
+def _guard(conditions: list[Expr], stmt: Stmt) -> Stmt:
+    if not conditions:
+        return stmt
+    condition = conditions[0]
+    for other in conditions[1:]:
+        condition = Logical("and", (condition, other))
+    return IfThen(condition, stmt)
+
+
+def _walk_stmts(stmt: Stmt):
+    yield stmt
+    for child in _child_stmts(stmt):
+        yield from _walk_stmts(child)
+
+
+def _child_stmts(stmt: Stmt) -> list[Stmt]:
+    if isinstance(stmt, Seq):
+        return list(stmt.stmts)
+    if isinstance(stmt, For | Allocate | LetStmt):
+        return [stmt.body]
+    if isinstance(stmt, IfThen):
+        return [stmt.then_body] + ([stmt.else_body] if stmt.else_body is not None else [])
+    return []
+
+
+def _in_bounds(expr: Expr, env) -> bool:
+    for node in walk(expr):
+        if isinstance(node, Load):
+            low, high = bounds(node.index, env)
+            if low is None or high is None or low < 0 or high >= node.buffer.size:
+                return False
+    return True
+
+
+def _select_to_if(expr: Expr, env) -> Expr:
+    """Select evaluates both arms; an arm that may read out of bounds needs IfThenElse instead."""
+
+    def visit(node):
+        if isinstance(node, Select):
+            cond, true_value, false_value = (
+                _select_to_if(e, env) for e in (node.cond, node.true_value, node.false_value)
+            )
+            safe = _in_bounds(true_value, env) and _in_bounds(false_value, env)
+            return Select(cond, true_value, false_value) if safe else IfThenElse(cond, true_value, false_value)
+        return None
+
+    return mutate(expr, visit)
+
+
+def _guard_selects(stmt: Stmt, env) -> Stmt:
+    if isinstance(stmt, Store):
+        return Store(stmt.buffer, stmt.index, _select_to_if(stmt.value, env))
+    if isinstance(stmt, For):
+        low, high = bounds(stmt.min, env)[0], None
+        extent_high = bounds(stmt.extent, env)[1]
+        if bounds(stmt.min, env)[1] is not None and extent_high is not None:
+            high = bounds(stmt.min, env)[1] + extent_high - 1
+        inner = {**env, stmt.var: (low, high)}
+        return For(stmt.var, stmt.min, stmt.extent, stmt.kind, _guard_selects(stmt.body, inner), stmt.thread_tag)
+    if isinstance(stmt, Seq):
+        return Seq(tuple(_guard_selects(child, env) for child in stmt.stmts))
+    if isinstance(stmt, Allocate):
+        return Allocate(stmt.buffer, _guard_selects(stmt.body, env))
+    if isinstance(stmt, IfThen):
+        else_body = _guard_selects(stmt.else_body, env) if stmt.else_body is not None else None
+        return IfThen(stmt.cond, _guard_selects(stmt.then_body, env), else_body)
+    if isinstance(stmt, LetStmt):
+        return LetStmt(stmt.var, stmt.value, _guard_selects(stmt.body, {**env, stmt.var: bounds(stmt.value, env)}))
+    return stmt
+
+
+def lower(schedule: Schedule, args: list[Tensor], name: str) -> PrimFunc:
+    """The loop IR of `schedule`, with one global buffer parameter per tensor of `args`, in order."""
+    return _Lowering(schedule, list(args), name).run()

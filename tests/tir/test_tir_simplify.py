@@ -1,0 +1,158 @@
+"""Simplifier rules, each shown on the smallest expression or statement that needs it."""
+
+import math
+
+import pytest
+
+import compiler.te as te
+from compiler.te.expr import Binary, Compare, Const, Var
+from compiler.tir.nodes import Buffer, For, ForKind, IfThen, Seq, Store
+from compiler.tir.printer import format_expr, format_stmt
+from compiler.tir.simplify import bounds, simplify
+
+x, y = Var("x"), Var("y")
+RANGES = {x: (0, 15), y: (0, 3)}
+
+
+def text(expr, env=None):
+    return format_expr(simplify(expr, env))
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ((te.const(2) + 3) * 4, "20"),
+        (Binary("div", te.const(-7), te.const(2)), "-3"),
+        (te.const(-7) // 2, "-4"),
+        (te.const(-7) % 2, "1"),
+        (te.const(1.5) * 2.0, "3.0f"),
+        (te.const(200, "uint8") + te.const(100, "uint8"), "uint8(44)"),
+        (te.const(3).astype("float32"), "3.0f"),
+        (te.const(2.7).astype("int32"), "2"),
+    ],
+)
+def test_constant_folding(expr, expected):
+    assert text(expr) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        (x + 0, "x"),
+        (x * 1, "x"),
+        (x * 0, "0"),
+        (x - x, "0"),
+        ((x + 1) + 2, "x + 3"),
+        ((x * 2) * 3, "x*6"),
+        ((x + 2) * 3 - 6, "x*3"),
+        (7 - x, "7 - x"),
+        ((x + y) * 4 + x * 2, "(x*6) + (y*4)"),
+    ],
+)
+def test_identities_and_linear_combination(expr, expected):
+    assert text(expr) == expected
+
+
+def test_float_identities_do_not_touch_times_zero():
+    f = Var("f", "float32")
+    assert text(f * 1.0) == "f"
+    assert text(f + 0.0) == "f"
+    assert text(f * 0.0) == "f*0.0f"
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ((x * 4 + y) // 4, "x"),
+        ((x * 4 + y) % 4, "y"),
+        ((x * 4 + y + 4) // 4, "x + 1"),
+        ((x * 8 + y) // 4, "x*2"),
+        (x // 16, "0"),
+        (x % 16, "x"),
+        (x // 3, "x / 3"),
+        ((x * 6 + y * 2) % 3, "floormod(y*2, 3)"),
+        ((x // 4) * 4 + x % 4, "x"),
+    ],
+)
+def test_division_with_known_ranges(expr, expected):
+    assert text(expr, RANGES) == expected
+
+
+def test_division_of_possibly_negative_values_keeps_floor_semantics():
+    z = Var("z")
+    assert text(z // 4) == "floordiv(z, 4)"
+    assert text(z % 4) == "floormod(z, 4)"
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        (x < 16, "True"),
+        (x < 15, "x < 15"),
+        (x * 4 + y < 64, "True"),
+        (x * 4 + y >= 64, "False"),
+        (x + 1 > 0, "True"),
+        (x - 1 >= 0, "x >= 1"),
+        (te.all(x < 16, y < 2), "y < 2"),
+        (te.any(x < 16, y < 2), "True"),
+        (Compare("eq", x * 0, te.const(0)), "True"),
+    ],
+)
+def test_comparisons_decided_from_ranges(expr, expected):
+    assert text(expr, RANGES) == expected
+
+
+def test_min_max_and_select_with_known_ranges():
+    assert text(te.minimum(x, 20), RANGES) == "x"
+    assert text(te.maximum(x, -1), RANGES) == "x"
+    assert text(te.minimum(x, y), RANGES) == "min(x, y)"
+    assert text(te.select(x < 16, x, y), RANGES) == "x"
+
+
+def test_bounds_of_index_expressions():
+    assert bounds(x * 4 + y, RANGES) == (0, 63)
+    assert bounds(x % 5, RANGES) == (0, 4)
+    assert bounds(x // 4, RANGES) == (0, 3)
+    assert bounds(x - y, RANGES) == (-3, 15)
+    assert bounds(Var("free"), RANGES) == (None, None)
+
+
+def loop(var, extent, body, kind=ForKind.SERIAL):
+    return For(var, Const(0, "int32"), Const(extent, "int32"), kind, body)
+
+
+def test_guard_proven_by_loop_ranges_is_removed():
+    out = Buffer("out", (64,), "float32")
+    i, j = Var("i"), Var("j")
+    store = Store(out, i * 4 + j, te.const(1.0))
+    stmt = loop(i, 16, loop(j, 4, IfThen(i * 4 + j < 64, store)))
+    assert format_stmt(simplify(stmt)) == "\n".join(
+        [
+            "for (i: int32, 0, 16) {",
+            "  for (j: int32, 0, 4) {",
+            "    out[(i*4) + j] = 1.0f",
+            "  }",
+            "}",
+        ]
+    )
+
+
+def test_guard_that_may_fail_is_kept_and_constant_if_picks_a_branch():
+    out = Buffer("out", (10,), "float32")
+    i = Var("i")
+    kept = loop(i, 12, IfThen(i < 10, Store(out, i, te.const(1.0))))
+    assert "if (i < 10) {" in format_stmt(simplify(kept))
+    chosen = IfThen(te.const(1) > 2, Store(out, te.const(0), te.const(1.0)), Store(out, te.const(1), te.const(2.0)))
+    assert format_stmt(simplify(chosen)) == "out[1] = 2.0f"
+
+
+def test_loops_of_extent_one_disappear_and_empty_statements_vanish():
+    out = Buffer("out", (4,), "float32")
+    i, j = Var("i"), Var("j")
+    stmt = loop(i, 4, loop(j, 1, Store(out, i + j, te.const(0.0))))
+    assert format_stmt(simplify(stmt)) == "for (i: int32, 0, 4) {\n  out[i] = 0.0f\n}"
+    assert format_stmt(simplify(Seq((loop(i, 0, Store(out, i, te.const(0.0))),)))) == ""
+
+
+def test_infinity_constants_survive():
+    assert math.isinf(simplify(te.const(-math.inf) + 0.0).value)
