@@ -1,18 +1,9 @@
-"""Tessel: a deep-learning compiler. The public API is kept short and loaded lazily, so that
-importing one stage (say `compiler.graph`) does not pull in every later one."""
+"""Tessel: a deep-learning compiler. The public API is kept short here.
 
-_LAZY = {
-    "build": ("compiler.build", "build"),
-}
+`build` is imported eagerly on purpose: the submodule `compiler.build` and the function share a
+name, and only binding the function at package import keeps `compiler.build(...)` callable."""
 
+from compiler.build import build
+from compiler.errors import ModelError, ShapeError, TargetError, TesselError, UnsupportedOpError
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module 'compiler' has no attribute {name!r}")
-
-
-__all__ = list(_LAZY)
+__all__ = ["ModelError", "ShapeError", "TargetError", "TesselError", "UnsupportedOpError", "build"]

@@ -1,0 +1,208 @@
+"""Math intrinsics as straight-line LLVM IR for codegen/llvm.py: exp, log, tanh, sigmoid, erf, pow
+and half-precision conversions, built from selects, bit casts and polynomials so they work lane-wise
+on vectors and need no libm (wasm32 has none, and a libm call stops vectorization natively)."""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+_I32 = ir.IntType(32)
+_F32 = ir.FloatType()
+
+# Cephes-style minimax polynomials, highest degree first; accurate to about one float32 ulp.
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+_LOG_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
+_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+# ln 2 split so that n * _LN2_HIGH is exact for every exponent n a float32 can have.
+_LN2_HIGH = 0.693359375
+_LN2_LOW = -2.12194440e-4
+# Maclaurin series of erf in x^2 (ten terms: truncation below 2e-8 for |x| < 1).
+_ERF_SERIES = tuple((-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(10)))
+# Abramowitz & Stegun 7.1.26 for |x| >= 1: absolute error below 1.5e-7.
+_ERF_TAIL = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+_ERF_TAIL_P = 0.3275911
+_EXP_OVERFLOW = 88.72283935546875
+_EXP_UNDERFLOW = -103.97208404541016
+
+
+class FastMath:
+    """Emits float32 math (scalar or vector) with `builder`; `intrinsic(name, type)` declares llvm.* calls."""
+
+    def __init__(self, builder: ir.IRBuilder, intrinsic):
+        self.builder = builder
+        self.intrinsic = intrinsic
+
+    def const(self, value: float, like: ir.Type) -> ir.Constant:
+        if isinstance(like, ir.VectorType):
+            return ir.Constant(like, [ir.Constant(like.element, value)] * like.count)
+        return ir.Constant(like, value)
+
+    def int_type(self, like: ir.Type) -> ir.Type:
+        return ir.VectorType(_I32, like.count) if isinstance(like, ir.VectorType) else _I32
+
+    def call(self, name: str, *args: ir.Value) -> ir.Value:
+        return self.builder.call(self.intrinsic(name, args[0].type), list(args))
+
+    def poly(self, x: ir.Value, coefficients) -> ir.Value:
+        b = self.builder
+        result = self.const(coefficients[0], x.type)
+        for coefficient in coefficients[1:]:
+            result = b.fadd(b.fmul(result, x), self.const(coefficient, x.type))
+        return result
+
+    def clamp(self, x: ir.Value, low: float, high: float) -> ir.Value:
+        """Compare-and-select rather than llvm.minnum, which wasm32 lowers to a libm call."""
+        b = self.builder
+        x = b.select(b.fcmp_ordered("<", x, self.const(low, x.type)), self.const(low, x.type), x)
+        return b.select(b.fcmp_ordered(">", x, self.const(high, x.type)), self.const(high, x.type), x)
+
+    def round_even(self, x: ir.Value) -> ir.Value:
+        """Round half to even by adding and subtracting 2**23 (2**52 for double), which the FPU's
+        default rounding does exactly; unlike llvm.roundeven it needs no libm call on ARMv7."""
+        b = self.builder
+        element = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+        shift = self.const(2.0**52 if isinstance(element, ir.DoubleType) else 2.0**23, x.type)
+        magnitude = self.call("fabs", x)
+        rounded = self.call("copysign", b.fsub(b.fadd(magnitude, shift), shift), x)
+        return b.select(b.fcmp_ordered("<", magnitude, shift), rounded, x)
+
+    def exp2_int(self, n: ir.Value, like: ir.Type) -> ir.Value:
+        """2**n for n in [-126, 127], as float bits."""
+        b = self.builder
+        bits = b.shl(b.add(n, self.const(127, n.type)), self.const(23, n.type))
+        return b.bitcast(bits, like)
+
+    def exp(self, x: ir.Value) -> ir.Value:
+        b, ty = self.builder, x.type
+        clamped = self.clamp(x, -104.0, 88.8)
+        n = self.round_even(b.fmul(clamped, self.const(1 / math.log(2), ty)))
+        r = b.fsub(b.fsub(clamped, b.fmul(n, self.const(_LN2_HIGH, ty))), b.fmul(n, self.const(_LN2_LOW, ty)))
+        p = b.fadd(b.fadd(b.fmul(self.poly(r, _EXP_POLY), b.fmul(r, r)), r), self.const(1.0, ty))
+        # n spans [-150, 128]; two half-size scalings keep each power of two a normal float.
+        whole = b.fptosi(n, self.int_type(ty))
+        half = b.ashr(whole, self.const(1, whole.type))
+        result = b.fmul(b.fmul(p, self.exp2_int(half, ty)), self.exp2_int(b.sub(whole, half), ty))
+        result = b.select(b.fcmp_ordered(">", x, self.const(_EXP_OVERFLOW, ty)), self.const(math.inf, ty), result)
+        result = b.select(b.fcmp_ordered("<", x, self.const(_EXP_UNDERFLOW, ty)), self.const(0.0, ty), result)
+        return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    def log(self, x: ir.Value) -> ir.Value:
+        b, ty = self.builder, x.type
+        ity = self.int_type(ty)
+        # Subnormal inputs are scaled into the normal range first; their exponent is corrected below.
+        subnormal = b.fcmp_ordered("<", x, self.const(1.17549435e-38, ty))
+        scaled = b.select(subnormal, b.fmul(x, self.const(8388608.0, ty)), x)
+        bits = b.bitcast(scaled, ity)
+        exponent = b.sub(b.and_(b.lshr(bits, self.const(23, ity)), self.const(255, ity)), self.const(127, ity))
+        exponent = b.select(subnormal, b.sub(exponent, self.const(23, ity)), exponent)
+        mantissa_bits = b.or_(b.and_(bits, self.const(0x7FFFFF, ity)), self.const(0x3F800000, ity))
+        mantissa = b.bitcast(mantissa_bits, ty)
+        high = b.fcmp_ordered(">", mantissa, self.const(math.sqrt(2), ty))
+        mantissa = b.select(high, b.fmul(mantissa, self.const(0.5, ty)), mantissa)
+        exponent = b.select(high, b.add(exponent, self.const(1, ity)), exponent)
+        f = b.fsub(mantissa, self.const(1.0, ty))
+        e = b.sitofp(exponent, ty)
+        z = b.fmul(f, f)
+        y = b.fmul(b.fmul(self.poly(f, _LOG_POLY), f), z)
+        y = b.fadd(y, b.fmul(e, self.const(_LN2_LOW, ty)))
+        y = b.fsub(y, b.fmul(z, self.const(0.5, ty)))
+        result = b.fadd(b.fadd(f, y), b.fmul(e, self.const(_LN2_HIGH, ty)))
+        result = b.select(b.fcmp_ordered("==", x, self.const(math.inf, ty)), x, result)
+        result = b.select(b.fcmp_ordered("==", x, self.const(0.0, ty)), self.const(-math.inf, ty), result)
+        return b.select(b.fcmp_unordered("<", x, self.const(0.0, ty)), self.const(math.nan, ty), result)
+
+    def tanh(self, x: ir.Value) -> ir.Value:
+        b, ty = self.builder, x.type
+        magnitude = self.call("fabs", x)
+        z = b.fmul(x, x)
+        small = b.fadd(b.fmul(b.fmul(self.poly(z, _TANH_POLY), z), x), x)
+        e = self.exp(b.fmul(magnitude, self.const(2.0, ty)))
+        large = b.fsub(self.const(1.0, ty), b.fdiv(self.const(2.0, ty), b.fadd(e, self.const(1.0, ty))))
+        use_large = b.fcmp_ordered(">", magnitude, self.const(0.625, ty))
+        # tanh is odd; copysign also keeps the sign of -0.0, which the polynomial would lose.
+        return self.call("copysign", b.select(use_large, large, small), x)
+
+    def sigmoid(self, x: ir.Value) -> ir.Value:
+        """e^-|x| keeps both halves accurate: 1/(1+e) for x >= 0 and e/(1+e) for x < 0."""
+        b, ty = self.builder, x.type
+        e = self.exp(b.fneg(self.call("fabs", x)))
+        positive = b.fdiv(self.const(1.0, ty), b.fadd(e, self.const(1.0, ty)))
+        return b.select(b.fcmp_ordered(">=", x, self.const(0.0, ty)), positive, b.fmul(e, positive))
+
+    def erf(self, x: ir.Value) -> ir.Value:
+        b, ty = self.builder, x.type
+        magnitude = self.call("fabs", x)
+        series = b.fmul(self.poly(b.fmul(x, x), _ERF_SERIES), x)
+        t = b.fdiv(self.const(1.0, ty), b.fadd(b.fmul(magnitude, self.const(_ERF_TAIL_P, ty)), self.const(1.0, ty)))
+        tail = b.fmul(b.fmul(self.poly(t, _ERF_TAIL), t), self.exp(b.fneg(b.fmul(magnitude, magnitude))))
+        large = b.fsub(self.const(1.0, ty), tail)
+        return self.call("copysign", b.select(b.fcmp_ordered("<", magnitude, self.const(1.0, ty)), series, large), x)
+
+    def pow(self, base: ir.Value, exponent: ir.Value) -> ir.Value:
+        """exp(y log|x|), negated for x < 0 with odd integer y, NaN for x < 0 with fractional y."""
+        b, ty = self.builder, base.type
+        result = self.exp(b.fmul(exponent, self.log(self.call("fabs", base))))
+        is_integer = b.fcmp_ordered("==", self.call("floor", exponent), exponent)
+        half = b.fmul(exponent, self.const(0.5, ty))
+        is_odd = b.and_(is_integer, b.fcmp_ordered("!=", self.call("floor", half), half))
+        negative = b.fcmp_ordered("<", base, self.const(0.0, ty))
+        signed = b.select(is_odd, b.fneg(result), result)
+        negative_result = b.select(is_integer, signed, self.const(math.nan, ty))
+        result = b.select(negative, negative_result, result)
+        return b.select(b.fcmp_ordered("==", exponent, self.const(0.0, ty)), self.const(1.0, ty), result)
+
+    def half_to_float(self, bits: ir.Value) -> ir.Value:
+        """IEEE half bits (i16 lanes) to float32, for targets with no conversion instruction."""
+        b = self.builder
+        fty = ir.VectorType(_F32, bits.type.count) if isinstance(bits.type, ir.VectorType) else _F32
+        ity = self.int_type(fty)
+        h = b.zext(bits, ity)
+        shifted = b.shl(b.and_(h, self.const(0x7FFF, ity)), self.const(13, ity))
+        exponent = b.and_(shifted, self.const(0x7C00 << 13, ity))
+        normal = b.add(shifted, self.const((127 - 15) << 23, ity))
+        special = b.add(normal, self.const((128 - 16) << 23, ity))
+        subnormal = b.fsub(
+            b.bitcast(b.add(normal, self.const(1 << 23, ity)), fty), b.bitcast(self.const(113 << 23, ity), fty)
+        )
+        magnitude = b.select(b.icmp_unsigned("==", exponent, self.const(0x7C00 << 13, ity)), special, normal)
+        magnitude = b.select(b.icmp_unsigned("==", exponent, self.const(0, ity)), b.bitcast(subnormal, ity), magnitude)
+        sign = b.shl(b.and_(h, self.const(0x8000, ity)), self.const(16, ity))
+        return b.bitcast(b.or_(magnitude, sign), fty)
+
+    def float_to_half(self, x: ir.Value) -> ir.Value:
+        """float32 to IEEE half bits (i16 lanes), rounding to nearest even."""
+        b = self.builder
+        ity = self.int_type(x.type)
+        bits = b.bitcast(x, ity)
+        sign = b.and_(bits, self.const(0x80000000 - (1 << 32), ity))
+        magnitude = b.xor(bits, sign)
+        overflow = b.select(
+            b.icmp_unsigned(">", magnitude, self.const(255 << 23, ity)),
+            self.const(0x7E00, ity),
+            self.const(0x7C00, ity),
+        )
+        denorm_magic = ((127 - 15) + (23 - 10) + 1) << 23
+        subnormal = b.sub(
+            b.bitcast(b.fadd(b.bitcast(magnitude, x.type), b.bitcast(self.const(denorm_magic, ity), x.type)), ity),
+            self.const(denorm_magic, ity),
+        )
+        odd = b.and_(b.lshr(magnitude, self.const(13, ity)), self.const(1, ity))
+        rounded = b.add(b.add(magnitude, self.const(((15 - 127) << 23) + 0xFFF, ity)), odd)
+        normal = b.lshr(rounded, self.const(13, ity))
+        result = b.select(b.icmp_unsigned("<", magnitude, self.const(113 << 23, ity)), subnormal, normal)
+        result = b.select(b.icmp_unsigned(">=", magnitude, self.const((127 + 16) << 23, ity)), overflow, result)
+        result = b.or_(result, b.lshr(sign, self.const(16, ity)))
+        i16 = ir.VectorType(ir.IntType(16), x.type.count) if isinstance(x.type, ir.VectorType) else ir.IntType(16)
+        return b.trunc(result, i16)

@@ -1,0 +1,798 @@
+"""LLVM code generation: PrimFuncs (the loop IR) → one llvmlite module → optimised IR, assembly
+and an object file for a Target. link.py turns the object into a .so or .wasm; build.py drives it.
+
+Every kernel is `void name(T0* arg0, T1* arg1, ...)`. Vectorized loops become LLVM vector values,
+parallel loops an outlined body run through libgomp's GOMP_parallel, math a polynomial in IR."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from compiler.codegen.fast_math import FastMath
+from compiler.errors import TargetError
+from compiler.target import Target
+from compiler.te.expr import (
+    Binary,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    IfThenElse,
+    Let,
+    Logical,
+    Select,
+    Var,
+    is_float,
+)
+from compiler.tir.nodes import (
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    ForKind,
+    IfThen,
+    LetStmt,
+    Load,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+)
+
+NUM_THREADS_GLOBAL = "tessel_num_threads"
+# Larger allocations go to the heap (native) or a static array (wasm) so no stack can overflow.
+_STACK_LIMIT_BYTES = 64 * 1024
+# A vectorized loop wider than this is emitted as a loop: LLVM would split such vectors anyway.
+_MAX_LANES = 64
+
+_I1, _I8, _I16, _I32, _I64 = (ir.IntType(bits) for bits in (1, 8, 16, 32, 64))
+_F16, _F32, _F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+_PTR = ir.PointerType()
+_INT_TYPES = {"int8": _I8, "uint8": _I8, "int16": _I16, "int32": _I32, "int64": _I64}
+_UNSIGNED = ("uint8", "bool")
+
+
+def value_type(dtype: str) -> ir.Type:
+    """The register type: float16 computes in float32, bool is i1."""
+    if dtype in _INT_TYPES:
+        return _INT_TYPES[dtype]
+    return {"float16": _F32, "float32": _F32, "float64": _F64, "bool": _I1}[dtype]
+
+
+def storage_type(dtype: str, target: Target) -> ir.Type:
+    """The memory type: bool is a byte; float16 is i16 bits on wasm, which has no half conversions."""
+    if dtype == "float16":
+        return _I16 if target.kind == "wasm" else _F16
+    return _I8 if dtype == "bool" else value_type(dtype)
+
+
+def _vector(ty: ir.Type, lanes: int) -> ir.Type:
+    return ir.VectorType(ty, lanes) if lanes else ty
+
+
+def _lanes(value: ir.Value) -> int:
+    return value.type.count if isinstance(value.type, ir.VectorType) else 0
+
+
+def _children(node):
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if isinstance(value, (Expr, Stmt)):
+            yield value
+        elif isinstance(value, tuple):
+            yield from (item for item in value if isinstance(item, (Expr, Stmt)))
+
+
+def _walk(node):
+    yield node
+    for child in _children(node):
+        yield from _walk(child)
+
+
+def _same(a, b) -> bool:
+    """Structural equality of expressions (variables and buffers by identity)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or isinstance(a, Var):
+        return False
+    for field in dataclasses.fields(a):
+        left, right = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(left, (Expr, Stmt)) or isinstance(left, tuple):
+            pairs = zip(left, right) if isinstance(left, tuple) else [(left, right)]
+            if isinstance(left, tuple) and len(left) != len(right):
+                return False
+            if not all(_same(x, y) for x, y in pairs):
+                return False
+        elif left is not right and left != right:
+            return False
+    return True
+
+
+def _coefficient(expr: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
+    """The constant c with expr = c*var + (terms free of var), or None if expr is not affine in var."""
+    if isinstance(expr, Var):
+        if expr is var:
+            return 1
+        return _coefficient(lets[expr], var, lets) if expr in lets else 0
+    if isinstance(expr, Const):
+        return 0
+    if isinstance(expr, Binary) and expr.op in ("add", "sub", "mul"):
+        left, right = _coefficient(expr.a, var, lets), _coefficient(expr.b, var, lets)
+        if left is None or right is None:
+            return None
+        if expr.op == "add":
+            return left + right
+        if expr.op == "sub":
+            return left - right
+        if left == 0 and right == 0:
+            return 0
+        if left == 0 and isinstance(expr.a, Const):
+            return int(expr.a.value) * right
+        if right == 0 and isinstance(expr.b, Const):
+            return left * int(expr.b.value)
+        return None
+    if isinstance(expr, Cast) and expr.dtype in _INT_TYPES and expr.value.dtype in _INT_TYPES:
+        return _coefficient(expr.value, var, lets)
+    depends = any(
+        node is var or (isinstance(node, Var) and node in lets and _coefficient(node, var, lets) != 0)
+        for node in _walk(expr)
+    )
+    return None if depends else 0
+
+
+def _can_widen(body: Stmt, var: Var) -> bool:
+    """A body widens to vector operations when it is straight-line stores whose lanes cannot see
+    each other's writes: a buffer the body reads is written at one affine index (distinct per lane)
+    and read only at that index; a buffer it only writes may take any index that varies with the
+    lane, since a scatter in lane order leaves the last lane's value as the serial loop would."""
+    lets: dict[Var, Expr] = {}
+    stores: dict[Buffer, Expr] = {}
+    for node in _walk(body):
+        if isinstance(node, (For, IfThen, Allocate, Barrier, IfThenElse)):
+            return False
+        if isinstance(node, (LetStmt, Let)):
+            lets[node.var] = node.value
+        elif isinstance(node, Store):
+            if node.buffer in stores and not _same(stores[node.buffer], node.index):
+                return False
+            stores[node.buffer] = node.index
+    loaded = {node.buffer for node in _walk(body) if isinstance(node, Load)}
+    for buffer, index in stores.items():
+        coefficient = _coefficient(index, var, lets)
+        if coefficient == 0 or (coefficient is None and buffer in loaded):
+            return False
+    return all(
+        _same(node.index, stores[node.buffer])
+        for node in _walk(body)
+        if isinstance(node, Load) and node.buffer in stores
+    )
+
+
+def _intrinsic_suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_intrinsic_suffix(ty.element)}"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
+    return {_F16: "f16", _F32: "f32", _F64: "f64"}[ty]
+
+
+class _ModuleContext:
+    """What the functions of one module share: the module, its target and its declarations."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.module = ir.Module(name="tessel")
+        self.module.triple = target.triple
+        self.counter = 0  # makes outlined-function and static-array names unique
+        self.parallel = target.kind == "llvm"
+        if self.parallel:
+            threads = ir.GlobalVariable(self.module, _I32, NUM_THREADS_GLOBAL)
+            threads.initializer = ir.Constant(_I32, 0)
+            self.num_threads = threads
+
+    def function(self, name: str, return_type: ir.Type, arg_types: list[ir.Type]) -> ir.Function:
+        existing = self.module.globals.get(name)
+        if existing is not None:
+            return existing
+        return ir.Function(self.module, ir.FunctionType(return_type, arg_types), name)
+
+    def intrinsic(self, name: str, ty: ir.Type) -> ir.Function:
+        arity = 3 if name == "fma" else 2 if name in ("minimum", "maximum", "copysign") else 1
+        return self.function(f"llvm.{name}.{_intrinsic_suffix(ty)}", ty, [ty] * arity)
+
+
+class _FunctionEmitter:
+    """One visitor over a function body; `vector_var` is set while a vectorized loop is widened, and
+    `lets` keeps each bound variable's expression so index analysis can see through it."""
+
+    def __init__(self, context: _ModuleContext, function: ir.Function, parallel_depth: int = 0):
+        self.context = context
+        self.target = context.target
+        self.function = function
+        entry = function.append_basic_block("entry")
+        self.entry = ir.IRBuilder(entry)
+        self.builder = ir.IRBuilder(function.append_basic_block("body"))
+        self.math = FastMath(self.builder, context.intrinsic)
+        self.values: dict[Var, ir.Value] = {}
+        self.buffers: dict[Buffer, ir.Value] = {}
+        self.lets: dict[Var, Expr] = {}
+        self.vector_var: Var | None = None
+        self.parallel_depth = parallel_depth
+
+    def finish(self) -> None:
+        self.entry.branch(self.function.blocks[1])
+        self.builder.ret_void()
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def const(self, value, dtype: str, lanes: int = 0) -> ir.Constant:
+        ty = value_type(dtype)
+        if dtype == "bool":
+            value = int(bool(value))
+        elif is_float(dtype):
+            value = float(value)
+        else:
+            value = int(value)
+        scalar = ir.Constant(ty, value)
+        return ir.Constant(ir.VectorType(ty, lanes), [scalar] * lanes) if lanes else scalar
+
+    def broadcast(self, value: ir.Value, lanes: int) -> ir.Value:
+        if not lanes or _lanes(value):
+            return value
+        if isinstance(value, ir.Constant):
+            return ir.Constant(ir.VectorType(value.type, lanes), [value] * lanes)
+        b = self.builder
+        single = b.insert_element(
+            ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined), value, ir.Constant(_I32, 0)
+        )
+        return b.shuffle_vector(single, single, ir.Constant(ir.VectorType(_I32, lanes), None))
+
+    def match(self, *values: ir.Value) -> list[ir.Value]:
+        lanes = max(_lanes(value) for value in values)
+        return [self.broadcast(value, lanes) for value in values]
+
+    def call(self, name: str, *args: ir.Value) -> ir.Value:
+        return self.builder.call(self.context.intrinsic(name, args[0].type), list(args))
+
+    def pointer(self, buffer: Buffer) -> ir.Value:
+        if buffer not in self.buffers:
+            raise TargetError(f"buffer {buffer.name!r} is used outside the function or allocation that owns it")
+        return self.buffers[buffer]
+
+    def element_pointer(self, buffer: Buffer, index: ir.Value) -> ir.Value:
+        return self.builder.gep(self.pointer(buffer), [index], source_etype=storage_type(buffer.dtype, self.target))
+
+    def to_half_and_back(self, value: ir.Value) -> ir.Value:
+        """Round a float32 value to float16 precision, keeping the float32 register type."""
+        if self.target.kind == "wasm":
+            return self.math.half_to_float(self.math.float_to_half(value))
+        half = self.builder.fptrunc(value, _vector(_F16, _lanes(value)))
+        return self.builder.fpext(half, value.type)
+
+    # ---- memory ----------------------------------------------------------------------------------
+
+    def load_scalar(self, buffer: Buffer, index: ir.Value) -> ir.Value:
+        lanes = _lanes(index)
+        memory_type = _vector(storage_type(buffer.dtype, self.target), lanes)
+        pointer = self.element_pointer(buffer, index if not lanes else self.builder.extract_element(index, _zero()))
+        raw = self.builder.load(pointer, typ=memory_type, align=element_bytes(buffer.dtype))
+        return self.from_memory(raw, buffer.dtype)
+
+    def from_memory(self, raw: ir.Value, dtype: str) -> ir.Value:
+        b, lanes = self.builder, _lanes(raw)
+        if dtype == "bool":
+            return b.icmp_unsigned("!=", raw, ir.Constant(raw.type, None))
+        if dtype == "float16":
+            if self.target.kind == "wasm":
+                return self.math.half_to_float(raw)
+            return b.fpext(raw, _vector(_F32, lanes))
+        return raw
+
+    def to_memory(self, value: ir.Value, dtype: str) -> ir.Value:
+        b, lanes = self.builder, _lanes(value)
+        if dtype == "bool":
+            return b.zext(value, _vector(_I8, lanes))
+        if dtype == "float16":
+            if self.target.kind == "wasm":
+                return self.math.float_to_half(value)
+            return b.fptrunc(value, _vector(_F16, lanes))
+        return value
+
+    def load(self, node: Load) -> ir.Value:
+        index = self.expr(node.index)
+        if not _lanes(index):
+            return self.load_scalar(node.buffer, index)
+        if _coefficient(node.index, self.vector_var, self.lets) == 1:
+            return self.load_scalar(node.buffer, index)
+        b = self.builder
+        lanes = _lanes(index)
+        result = ir.Constant(ir.VectorType(value_type(node.buffer.dtype), lanes), ir.Undefined)
+        for lane in range(lanes):
+            element = self.load_scalar(node.buffer, b.extract_element(index, ir.Constant(_I32, lane)))
+            result = b.insert_element(result, element, ir.Constant(_I32, lane))
+        return result
+
+    def store(self, node: Store) -> None:
+        b = self.builder
+        index = self.expr(node.index)
+        lanes = _lanes(index)
+        value = self.to_memory(self.broadcast(self.expr(node.value), lanes), node.buffer.dtype)
+        align = element_bytes(node.buffer.dtype)
+        if not lanes:
+            b.store(value, self.element_pointer(node.buffer, index), align=align)
+        elif _coefficient(node.index, self.vector_var, self.lets) == 1:
+            b.store(value, self.element_pointer(node.buffer, b.extract_element(index, _zero())), align=align)
+        else:
+            for lane in range(lanes):
+                position = ir.Constant(_I32, lane)
+                pointer = self.element_pointer(node.buffer, b.extract_element(index, position))
+                b.store(b.extract_element(value, position), pointer, align=align)
+
+    def allocate(self, node: Allocate) -> None:
+        buffer = node.buffer
+        memory_type = storage_type(buffer.dtype, self.target)
+        nbytes = buffer.size * max(1, element_bytes(buffer.dtype))
+        array_type = ir.ArrayType(memory_type, max(1, buffer.size))
+        heap = None
+        if nbytes <= _STACK_LIMIT_BYTES:
+            storage = self.entry.alloca(array_type, name=buffer.name)
+            storage.align = 64
+            pointer = _opaque(storage)
+        elif self.target.kind == "wasm":
+            # A wasm instance runs one call at a time, so a static array cannot be shared by two calls.
+            self.context.counter += 1
+            storage = ir.GlobalVariable(self.context.module, array_type, f"{buffer.name}.{self.context.counter}")
+            storage.linkage = "internal"
+            storage.initializer = ir.Constant(array_type, None)
+            storage.align = 64
+            pointer = _opaque(storage)
+        else:
+            size_type = ir.IntType(8 * self.target.pointer_bytes)
+            malloc = self.context.function("malloc", _PTR, [size_type])
+            pointer = heap = self.builder.call(malloc, [ir.Constant(size_type, nbytes)])
+        self.buffers[buffer] = pointer
+        self.stmt(node.body)
+        if heap is not None:
+            self.builder.call(self.context.function("free", ir.VoidType(), [_PTR]), [heap])
+        del self.buffers[buffer]
+
+    # ---- statements ------------------------------------------------------------------------------
+
+    def stmt(self, node: Stmt) -> None:
+        if isinstance(node, Seq):
+            for item in node.stmts:
+                self.stmt(item)
+        elif isinstance(node, Store):
+            self.store(node)
+        elif isinstance(node, For):
+            self.for_loop(node)
+        elif isinstance(node, Allocate):
+            self.allocate(node)
+        elif isinstance(node, IfThen):
+            self.if_then(node)
+        elif isinstance(node, LetStmt):
+            self.bind(node.var, node.value, lambda: self.stmt(node.body))
+        elif isinstance(node, Barrier):
+            return  # CPU: each thread-bound stage already runs to completion before the next one
+        else:
+            raise TypeError(f"codegen cannot handle statement {type(node).__name__}")
+
+    def bind(self, var: Var, value: Expr, emit_body):
+        self.values[var] = self.expr(value)
+        self.lets[var] = value
+        try:
+            return emit_body()
+        finally:
+            del self.values[var], self.lets[var]
+
+    def if_then(self, node: IfThen) -> None:
+        cond = self.expr(node.cond)
+        if node.else_body is None:
+            with self.builder.if_then(cond):
+                self.stmt(node.then_body)
+            return
+        with self.builder.if_else(cond) as (then, otherwise):
+            with then:
+                self.stmt(node.then_body)
+            with otherwise:
+                self.stmt(node.else_body)
+
+    def for_loop(self, node: For) -> None:
+        start = self.expr(node.min)
+        if node.kind == ForKind.VECTORIZED and isinstance(node.extent, Const) and self.vector_var is None:
+            lanes = int(node.extent.value)
+            if 1 < lanes <= _MAX_LANES and _can_widen(node.body, node.var):
+                self.widen(node, start, lanes)
+                return
+        if node.kind in (ForKind.VECTORIZED, ForKind.UNROLLED) and isinstance(node.extent, Const):
+            if int(node.extent.value) <= _MAX_LANES:
+                for step in range(int(node.extent.value)):
+                    offset = self.builder.add(start, ir.Constant(start.type, step))
+                    self.values[node.var] = offset
+                    self.stmt(node.body)
+                    del self.values[node.var]
+                return
+        extent = self.expr(node.extent)
+        if node.kind == ForKind.PARALLEL and self.context.parallel and self.parallel_depth == 0:
+            self.parallel_loop(node, start, extent)
+            return
+        self.serial_loop(node.var, start, ir.Constant(start.type, 0), extent, node.body)
+
+    def serial_loop(self, var: Var, start: ir.Value, begin: ir.Value, end: ir.Value, body: Stmt) -> None:
+        """var = start + i for i in [begin, end)."""
+        b = self.builder
+        header = b.append_basic_block("loop.header")
+        inner = b.append_basic_block("loop.body")
+        done = b.append_basic_block("loop.end")
+        before = b.block
+        b.branch(header)
+        b.position_at_end(header)
+        counter = b.phi(begin.type, name=var.name)
+        counter.add_incoming(begin, before)
+        b.cbranch(b.icmp_signed("<", counter, end), inner, done)
+        b.position_at_end(inner)
+        self.values[var] = b.add(start, counter)
+        self.stmt(body)
+        del self.values[var]
+        counter.add_incoming(b.add(counter, ir.Constant(counter.type, 1)), b.block)
+        b.branch(header)
+        b.position_at_end(done)
+
+    def widen(self, node: For, start: ir.Value, lanes: int) -> None:
+        steps = ir.Constant(ir.VectorType(start.type, lanes), list(range(lanes)))
+        self.values[node.var] = self.builder.add(self.broadcast(start, lanes), steps)
+        self.vector_var = node.var
+        try:
+            self.stmt(node.body)
+        finally:
+            self.vector_var = None
+            del self.values[node.var]
+
+    def parallel_loop(self, node: For, start: ir.Value, extent: ir.Value) -> None:
+        """Outline the body into fn(closure) and run it through GOMP_parallel; each thread takes one
+        contiguous chunk of the iteration range."""
+        free_vars = [v for v in dict.fromkeys(n for n in _walk(node.body) if isinstance(n, Var)) if v in self.values]
+        buffers = [n.buffer for n in _walk(node.body) if isinstance(n, (Load, Store))]
+        free_buffers = [buffer for buffer in dict.fromkeys(buffers) if buffer in self.buffers]
+        captured = [start, extent, *(self.values[v] for v in free_vars), *(self.buffers[b] for b in free_buffers)]
+        closure_type = ir.LiteralStructType([value.type for value in captured])
+
+        context = self.context
+        context.counter += 1
+        outlined = ir.Function(
+            context.module, ir.FunctionType(ir.VoidType(), [_PTR]), f"{self.function.name}.parallel.{context.counter}"
+        )
+        outlined.linkage = "internal"
+        child = _FunctionEmitter(context, outlined, parallel_depth=self.parallel_depth + 1)
+        closure = outlined.args[0]
+        fields = []
+        for position, value in enumerate(captured):
+            pointer = child.builder.gep(closure, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type)
+            fields.append(child.builder.load(pointer, typ=value.type))
+        child_start, child_extent = fields[0], fields[1]
+        child.values.update(zip(free_vars, fields[2 : 2 + len(free_vars)]))
+        child.lets.update({v: self.lets[v] for v in free_vars if v in self.lets})
+        child.buffers.update(zip(free_buffers, fields[2 + len(free_vars) :]))
+        cb = child.builder
+        index_type = child_extent.type
+        thread = cb.sext(cb.call(context.function("omp_get_thread_num", _I32, []), []), _I64)
+        threads = cb.sext(cb.call(context.function("omp_get_num_threads", _I32, []), []), _I64)
+        total = cb.sext(child_extent, _I64) if index_type.width < 64 else child_extent
+        chunk = cb.sdiv(cb.add(total, cb.sub(threads, ir.Constant(_I64, 1))), threads)
+        begin = _smin(cb, cb.mul(thread, chunk), total)
+        end = _smin(cb, cb.add(begin, chunk), total)
+        if index_type.width < 64:
+            begin, end = cb.trunc(begin, index_type), cb.trunc(end, index_type)
+        child.serial_loop(node.var, child_start, begin, end, node.body)
+        child.finish()
+
+        b = self.builder
+        closure_value = _opaque(self.entry.alloca(closure_type))
+        for position, value in enumerate(captured):
+            b.store(value, b.gep(closure_value, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type))
+        gomp = context.function("GOMP_parallel", ir.VoidType(), [_PTR, _PTR, _I32, _I32])
+        num_threads = b.load(context.num_threads, typ=_I32)
+        b.call(gomp, [outlined, closure_value, num_threads, ir.Constant(_I32, 0)])
+
+    # ---- expressions -----------------------------------------------------------------------------
+
+    def expr(self, node: Expr) -> ir.Value:
+        method = getattr(self, f"expr_{type(node).__name__.lower()}", None)
+        if method is None:
+            raise TypeError(f"codegen cannot handle expression {type(node).__name__}")
+        return method(node)
+
+    def expr_var(self, node: Var) -> ir.Value:
+        if node not in self.values:
+            raise TargetError(f"variable {node.name!r} is used outside the loop or let that defines it")
+        return self.values[node]
+
+    def expr_const(self, node: Const) -> ir.Value:
+        return self.const(node.value, node.dtype)
+
+    def expr_load(self, node: Load) -> ir.Value:
+        return self.load(node)
+
+    def expr_let(self, node: Let) -> ir.Value:
+        return self.bind(node.var, node.value, lambda: self.expr(node.body))
+
+    def expr_cast(self, node: Cast) -> ir.Value:
+        return self.convert(self.expr(node.value), node.value.dtype, node.dtype)
+
+    def expr_select(self, node: Select) -> ir.Value:
+        cond, true_value, false_value = self.expr(node.cond), self.expr(node.true_value), self.expr(node.false_value)
+        if _lanes(cond):
+            cond, true_value, false_value = self.match(cond, true_value, false_value)
+        else:
+            true_value, false_value = self.match(true_value, false_value)
+        return self.builder.select(cond, true_value, false_value)
+
+    def expr_ifthenelse(self, node: IfThenElse) -> ir.Value:
+        b = self.builder
+        cond = self.expr(node.cond)
+        with b.if_else(cond) as (then, otherwise):
+            with then:
+                true_value, true_block = self.expr(node.true_value), b.block
+            with otherwise:
+                false_value, false_block = self.expr(node.false_value), b.block
+        phi = b.phi(true_value.type)
+        phi.add_incoming(true_value, true_block)
+        phi.add_incoming(false_value, false_block)
+        return phi
+
+    def expr_logical(self, node: Logical) -> ir.Value:
+        b = self.builder
+        if node.op == "not":
+            value = self.expr(node.args[0])
+            return b.xor(value, self.const(True, "bool", _lanes(value)))
+        left, right = self.match(self.expr(node.args[0]), self.expr(node.args[1]))
+        return b.and_(left, right) if node.op == "and" else b.or_(left, right)
+
+    def expr_compare(self, node: Compare) -> ir.Value:
+        left, right = self.match(self.expr(node.a), self.expr(node.b))
+        symbol = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[node.op]
+        dtype = node.a.dtype
+        if is_float(dtype):
+            if node.op == "ne":
+                return self.builder.fcmp_unordered(symbol, left, right)
+            return self.builder.fcmp_ordered(symbol, left, right)
+        if dtype in _UNSIGNED:
+            return self.builder.icmp_unsigned(symbol, left, right)
+        return self.builder.icmp_signed(symbol, left, right)
+
+    def expr_binary(self, node: Binary) -> ir.Value:
+        left, right = self.match(self.expr(node.a), self.expr(node.b))
+        dtype = node.a.dtype
+        if is_float(dtype):
+            return self.float_binary(node.op, left, right)
+        return self.int_binary(node.op, left, right, dtype)
+
+    def float_binary(self, op: str, left: ir.Value, right: ir.Value) -> ir.Value:
+        """float16 values stay float32 here: rounding to half happens at stores and casts only."""
+        b = self.builder
+        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}
+        if op in simple:
+            return simple[op](left, right)
+        if op in ("min", "max"):
+            # minimum/maximum propagate NaN like numpy and ONNX, and are single instructions on wasm.
+            return self.call("minimum" if op == "min" else "maximum", left, right)
+        if op == "floordiv":
+            return self.call("floor", b.fdiv(left, right))
+        if op == "floormod":
+            return b.fsub(left, b.fmul(self.call("floor", b.fdiv(left, right)), right))
+        if op == "pow":
+            return self.float32_math(self.math.pow, left, right)
+        raise TypeError(f"codegen cannot handle float operator {op!r}")
+
+    def int_binary(self, op: str, left: ir.Value, right: ir.Value, dtype: str) -> ir.Value:
+        b = self.builder
+        unsigned = dtype in _UNSIGNED
+        if op == "add":
+            return b.add(left, right)
+        if op == "sub":
+            return b.sub(left, right)
+        if op == "mul":
+            return b.mul(left, right)
+        if op == "div":
+            return b.udiv(left, right) if unsigned else b.sdiv(left, right)
+        if op in ("floordiv", "floormod"):
+            if unsigned:
+                return b.udiv(left, right) if op == "floordiv" else b.urem(left, right)
+            quotient, remainder = b.sdiv(left, right), b.srem(left, right)
+            zero = ir.Constant(left.type, None)
+            # Truncation rounds toward zero; step down when the remainder and divisor differ in sign.
+            adjust = b.and_(
+                b.icmp_signed("!=", remainder, zero),
+                b.icmp_signed("!=", b.icmp_signed("<", remainder, zero), b.icmp_signed("<", right, zero)),
+            )
+            if op == "floordiv":
+                return b.sub(quotient, b.zext(adjust, left.type))
+            return b.select(adjust, b.add(remainder, right), remainder)
+        if op in ("min", "max"):
+            compare = b.icmp_unsigned if unsigned else b.icmp_signed
+            return b.select(compare("<" if op == "min" else ">", left, right), left, right)
+        if op == "pow":
+            as_float = self.convert(left, dtype, "float32"), self.convert(right, dtype, "float32")
+            result = self.math.round_even(self.math.pow(*as_float))
+            return self.convert(result, "float32", dtype)
+        raise TypeError(f"codegen cannot handle integer operator {op!r}")
+
+    def float32_math(self, function, *args: ir.Value) -> ir.Value:
+        """The polynomials are float32; float64 values go through float32 and come back."""
+        if _element(args[0].type) == _F64:
+            narrow = [self.builder.fptrunc(arg, _vector(_F32, _lanes(arg))) for arg in args]
+            return self.builder.fpext(function(*narrow), args[0].type)
+        return function(*args)
+
+    def expr_call(self, node: Call) -> ir.Value:
+        args = self.match(*(self.expr(arg) for arg in node.args))
+        dtype = node.args[0].dtype
+        if not is_float(dtype):
+            if node.name == "abs":
+                value = args[0]
+                if dtype in _UNSIGNED:
+                    return value
+                return self.builder.select(
+                    self.builder.icmp_signed("<", value, ir.Constant(value.type, None)), self.builder.neg(value), value
+                )
+            if node.name in ("floor", "ceil", "round"):
+                return args[0]
+            converted = [self.convert(arg, dtype, "float32") for arg in args]
+            return self.convert(self.float_call(node.name, converted), "float32", node.dtype)
+        return self.float_call(node.name, args)
+
+    def float_call(self, name: str, args: list[ir.Value]) -> ir.Value:
+        b = self.builder
+        intrinsics = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "round": "roundeven", "abs": "fabs"}
+        if name == "round" and self.target.arch in ("armv7", "arm"):
+            return self.math.round_even(args[0])
+        if name in intrinsics:
+            return self.call(intrinsics[name], args[0])
+        if name == "rsqrt":
+            root = self.call("sqrt", args[0])
+            return b.fdiv(_one_like(root), root)
+        polynomials = {
+            "exp": self.math.exp,
+            "log": self.math.log,
+            "tanh": self.math.tanh,
+            "sigmoid": self.math.sigmoid,
+            "erf": self.math.erf,
+            "pow": self.math.pow,
+        }
+        if name not in polynomials:
+            raise TypeError(f"codegen cannot handle intrinsic {name!r}")
+        return self.float32_math(polynomials[name], *args)
+
+    def convert(self, value: ir.Value, source: str, dest: str) -> ir.Value:
+        b, lanes = self.builder, _lanes(value)
+        if source == dest:
+            return value
+        target_type = _vector(value_type(dest), lanes)
+        if dest == "bool":
+            if is_float(source):
+                return b.fcmp_unordered("!=", value, ir.Constant(value.type, None))
+            return b.icmp_signed("!=", value, ir.Constant(value.type, None))
+        if is_float(dest):
+            if is_float(source):
+                result = value if value.type == target_type else _float_resize(b, value, target_type)
+            elif source in _UNSIGNED:
+                result = b.uitofp(value, target_type)
+            else:
+                result = b.sitofp(value, target_type)
+            return self.to_half_and_back(result) if dest == "float16" else result
+        if is_float(source):
+            return b.fptoui(value, target_type) if dest in _UNSIGNED else b.fptosi(value, target_type)
+        source_width, dest_width = _width(value.type), _width(target_type)
+        if dest_width < source_width:
+            return b.trunc(value, target_type)
+        if dest_width > source_width:
+            return b.zext(value, target_type) if source in _UNSIGNED else b.sext(value, target_type)
+        return value
+
+
+def _element(ty: ir.Type) -> ir.Type:
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
+def _width(ty: ir.Type) -> int:
+    return _element(ty).width
+
+
+def _float_resize(b: ir.IRBuilder, value: ir.Value, target_type: ir.Type) -> ir.Value:
+    if _element(value.type) == _F64 and _element(target_type) == _F32:
+        return b.fptrunc(value, target_type)
+    return b.fpext(value, target_type)
+
+
+def _one_like(value: ir.Value) -> ir.Constant:
+    if isinstance(value.type, ir.VectorType):
+        return ir.Constant(value.type, [ir.Constant(value.type.element, 1.0)] * value.type.count)
+    return ir.Constant(value.type, 1.0)
+
+
+def _opaque(pointer: ir.Value) -> ir.Value:
+    """llvmlite's IR layer still tracks pointee types; LLVM 22 has only opaque `ptr`, and so do we."""
+    pointer.type = _PTR
+    return pointer
+
+
+def _zero() -> ir.Constant:
+    return ir.Constant(_I32, 0)
+
+
+def _smin(b: ir.IRBuilder, left: ir.Value, right: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", left, right), left, right)
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes of one element in memory, which is also the alignment kernels may assume for it."""
+    return {"float16": 2, "float64": 8, "int64": 8, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}.get(dtype, 4)
+
+
+def generate_module(funcs: list[PrimFunc], target: Target | str) -> ir.Module:
+    """All `funcs` as external kernels of one module (plus their outlined parallel bodies)."""
+    target = Target.parse(target)
+    context = _ModuleContext(target)
+    for func in funcs:
+        function = ir.Function(context.module, ir.FunctionType(ir.VoidType(), [_PTR] * len(func.params)), func.name)
+        function.attributes.add("nounwind")
+        emitter = _FunctionEmitter(context, function)
+        for argument, buffer in zip(function.args, func.params):
+            argument.name = buffer.name
+            # Kernel arguments never overlap: the runtimes pass one distinct array per parameter.
+            argument.add_attribute("noalias")
+            emitter.buffers[buffer] = argument
+        emitter.stmt(func.body)
+        emitter.finish()
+    return context.module
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """Optimised LLVM IR text, assembly text and object code of one module for `target`."""
+
+    target: Target
+    ll: str
+    asm: str
+    object: bytes
+
+
+_initialized = False
+
+
+def target_machine(target: Target) -> llvm.TargetMachine:
+    global _initialized
+    if not _initialized:
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        _initialized = True
+    try:
+        llvm_target = llvm.Target.from_triple(target.triple)
+    except RuntimeError as error:
+        raise TargetError(f"LLVM in llvmlite cannot generate code for {target.triple!r}: {error}") from error
+    reloc = "static" if target.kind == "wasm" else "pic"
+    return llvm_target.create_target_machine(cpu=target.cpu, features=target.features, opt=3, reloc=reloc)
+
+
+def compile_module(module: ir.Module, target: Target | str) -> CompiledModule:
+    """Verify, optimise at O3 (new pass manager, the target's features) and emit code."""
+    target = Target.parse(target)
+    machine = target_machine(target)
+    module.data_layout = str(machine.target_data)
+    parsed = llvm.parse_assembly(str(module))
+    parsed.verify()
+    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+    tuning.loop_vectorization = True
+    tuning.slp_vectorization = True
+    passes = llvm.create_pass_builder(machine, tuning)
+    passes.getModulePassManager().run(parsed, passes)
+    return CompiledModule(target, str(parsed), machine.emit_assembly(parsed), machine.emit_object(parsed))
+
+
+def compile_funcs(funcs: list[PrimFunc], target: Target | str) -> CompiledModule:
+    return compile_module(generate_module(funcs, target), target)

@@ -1,0 +1,67 @@
+"""Native runtime: a shared library from link.py, loaded with ctypes, kernels called on numpy
+arrays. libgomp is loaded first with RTLD_GLOBAL so the library's GOMP_parallel calls resolve."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from pathlib import Path
+
+from compiler.errors import TargetError
+from compiler.runtime import ArgSpec, check_args
+
+NUM_THREADS_ENV = "TESSEL_NUM_THREADS"
+_gomp: ctypes.CDLL | None = None
+
+
+def _load_gomp() -> None:
+    global _gomp
+    if _gomp is None:
+        try:
+            _gomp = ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
+        except OSError as error:
+            raise TargetError(
+                "native kernels with parallel loops need GCC's OpenMP runtime libgomp.so.1 "
+                "(Debian: apt-get install libgomp1)"
+            ) from error
+
+
+def default_num_threads() -> int:
+    """TESSEL_NUM_THREADS if set, else 0: libgomp's own default (OMP_NUM_THREADS or every core)."""
+    text = os.environ.get(NUM_THREADS_ENV, "")
+    try:
+        return max(0, int(text)) if text else 0
+    except ValueError as error:
+        raise TargetError(f"{NUM_THREADS_ENV}={text!r} is not a whole number of threads") from error
+
+
+class NativeLibrary:
+    """One loaded shared library; the file is removed once mapped, the bytes are kept by the caller."""
+
+    def __init__(self, library: bytes, num_threads: int | None = None):
+        _load_gomp()
+        with tempfile.TemporaryDirectory(prefix="tessel-native-") as folder:
+            path = Path(folder, "kernel.so")
+            path.write_bytes(library)
+            self.handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        self.num_threads = default_num_threads() if num_threads is None else num_threads
+
+    @property
+    def num_threads(self) -> int:
+        return ctypes.c_int32.in_dll(self.handle, "tessel_num_threads").value
+
+    @num_threads.setter
+    def num_threads(self, count: int) -> None:
+        ctypes.c_int32.in_dll(self.handle, "tessel_num_threads").value = int(count)
+
+    def function(self, name: str, specs: list[ArgSpec]):
+        entry = getattr(self.handle, name)
+        entry.restype = None
+        entry.argtypes = [ctypes.c_void_p] * len(specs)
+
+        def call(*arrays):
+            check_args(name, specs, arrays)
+            entry(*(array.ctypes.data for array in arrays))
+
+        return call

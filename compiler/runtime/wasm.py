@@ -1,0 +1,64 @@
+"""WASM runtime: a .wasm from link.py run in wasmtime (SIMD128 on). The host owns the linear memory
+(the module imports it); each call copies the arrays into it, runs the kernel and copies every
+argument back into the caller's arrays, so outputs are written in place as natively."""
+
+from __future__ import annotations
+
+import ctypes
+
+import wasmtime
+
+from compiler.errors import TargetError
+from compiler.runtime import ArgSpec, check_args
+
+PAGE_BYTES = 65536
+ALIGN = 64
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+class WasmInstance:
+    """One instantiated module with a bump allocator above __heap_base, reset at every call (a
+    kernel call holds no memory afterwards)."""
+
+    def __init__(self, wasm: bytes):
+        config = wasmtime.Config()
+        config.wasm_simd = True
+        self.engine = wasmtime.Engine(config)
+        self.store = wasmtime.Store(self.engine)
+        module = wasmtime.Module(self.engine, wasm)
+        if [(item.module, item.name) for item in module.imports] != [("env", "memory")]:
+            wanted = ", ".join(f"{item.module}.{item.name}" for item in module.imports)
+            raise TargetError(f"a Tessel wasm module imports only env.memory; this one imports {wanted}")
+        self.memory = wasmtime.Memory(self.store, module.imports[0].type)
+        self.instance = wasmtime.Instance(self.store, module, [self.memory])
+        self.exports = self.instance.exports(self.store)
+        self.heap_base = _round_up(self.exports["__heap_base"].value(self.store), ALIGN)
+
+    def reserve(self, sizes: list[int]) -> list[int]:
+        offsets, end = [], self.heap_base
+        for size in sizes:
+            offsets.append(end)
+            end = _round_up(end + max(size, 1), ALIGN)
+        missing = end - self.memory.data_len(self.store)
+        if missing > 0:
+            self.memory.grow(self.store, -(-missing // PAGE_BYTES))
+        return offsets
+
+    def function(self, name: str, specs: list[ArgSpec]):
+        entry = self.exports[name]
+
+        def call(*arrays):
+            check_args(name, specs, arrays)
+            offsets = self.reserve([array.nbytes for array in arrays])
+            base = ctypes.addressof(self.memory.data_ptr(self.store).contents)
+            for offset, array in zip(offsets, arrays):
+                ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
+            entry(self.store, *offsets)
+            base = ctypes.addressof(self.memory.data_ptr(self.store).contents)
+            for offset, array in zip(offsets, arrays):
+                ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
+
+        return call

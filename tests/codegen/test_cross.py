@@ -1,0 +1,121 @@
+"""Cross-compilation: AArch64 and ARMv7 kernels are linked with zig into shared libraries (checked
+by their ELF header) and into static musl test programs that run for real under qemu-user."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from codegen_helpers import index, loop
+
+from compiler.build import build_func
+from compiler.codegen.llvm import compile_funcs
+from compiler.errors import TargetError
+from compiler.te.expr import Binary, Call, Cast, Var
+from compiler.tir.nodes import Buffer, ForKind, PrimFunc, Seq, Store
+from compiler.tir.nodes import Load as L
+
+pytestmark = pytest.mark.slow
+
+CROSS = {
+    "aarch64": ("llvm -mtriple=aarch64-linux-gnu", 183, 2, "aarch64-linux-musl", "qemu-aarch64-static"),
+    "armv7": ("llvm -mtriple=armv7-linux-gnueabihf", 40, 1, "arm-linux-musleabihf", "qemu-arm-static"),
+}
+SIZE, LANES = 64, 8
+
+
+def cross_func() -> PrimFunc:
+    """A parallel row loop over vectorized lanes computing exp/tanh, integer floor division and a
+    float16 store."""
+    x, n = Buffer("x", (SIZE,), "float32"), Buffer("n", (SIZE,), "int32")
+    out, q = Buffer("out", (SIZE,), "float32"), Buffer("q", (SIZE,), "int32")
+    half = Buffer("half", (SIZE,), "float16")
+    outer, inner = Var("outer"), Var("inner")
+    i = outer * LANES + inner
+    value = Call("exp", (L(x, i),), "float32") + Call("tanh", (L(x, i),), "float32")
+    integer = Binary("floordiv", L(n, i), index(3)) * index(100) + Binary("floormod", L(n, i), index(-5))
+    body = Seq((Store(out, i, value), Store(q, i, integer), Store(half, i, Cast("float16", L(x, i) * L(x, i)))))
+    return PrimFunc(
+        "cross_kernel",
+        [x, n, out, q, half],
+        loop(outer, SIZE // LANES, loop(inner, LANES, body, ForKind.VECTORIZED), ForKind.PARALLEL),
+    )
+
+
+def inputs() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return rng.uniform(-8, 8, SIZE).astype("float32"), rng.integers(-50, 50, SIZE).astype("int32")
+
+
+def expected() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x, n = inputs()
+    x64 = x.astype("float64")
+    half_bits = (x * x).astype("float16").view("uint16")
+    return np.exp(x64) + np.tanh(x64), np.floor_divide(n, 3) * 100 + np.mod(n, -5), half_bits
+
+
+MAIN_C = """
+#include <stdio.h>
+void cross_kernel(float *x, int *n, float *out, int *q, unsigned short *half);
+/* The static test program has no libgomp: parallel loops run on the calling thread. */
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned flags) { fn(data); }
+int omp_get_thread_num(void) { return 0; }
+int omp_get_num_threads(void) { return 1; }
+static float x[SIZE] = {X};
+static int n[SIZE] = {N};
+static float out[SIZE];
+static int q[SIZE];
+static unsigned short half[SIZE];
+int main(void) {
+    cross_kernel(x, n, out, q, half);
+    for (int i = 0; i < SIZE; i++) printf("%.9g %d %u\\n", out[i], q[i], half[i]);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("arch", list(CROSS))
+def test_cross_shared_library_is_an_elf_for_the_machine(arch, tmp_path):
+    target, machine, elf_class, _, _ = CROSS[arch]
+    kernel = build_func(cross_func(), target)
+    with pytest.raises(TargetError, match="cross-compiled"):
+        kernel(*inputs(), np.zeros(SIZE, "float32"), np.zeros(SIZE, "int32"), np.zeros(SIZE, "float16"))
+    assert "GOMP_parallel" in kernel.source("ll")
+    library = kernel.export_library(tmp_path / "kernel.so").read_bytes()
+    assert library[:4] == b"\x7fELF" and library[4] == elf_class
+    assert struct.unpack_from("<H", library, 16)[0] == 3  # ET_DYN: a shared object
+    assert struct.unpack_from("<H", library, 18)[0] == machine
+
+
+@pytest.mark.parametrize("arch", list(CROSS))
+def test_cross_kernel_runs_under_qemu(arch, tmp_path):
+    target, _, _, zig_target, qemu = CROSS[arch]
+    emulator = shutil.which(qemu)
+    if emulator is None:
+        pytest.fail(f"{qemu} is missing: run `make test` (it installs Debian's qemu-user-static)")
+    x, n = inputs()
+    source = MAIN_C.replace("SIZE", str(SIZE)).replace("{X}", "{" + ", ".join(f"{v!r}f" for v in x.tolist()) + "}")
+    source = source.replace("{N}", "{" + ", ".join(str(v) for v in n.tolist()) + "}")
+    (tmp_path / "main.c").write_text(source)
+    (tmp_path / "kernel.o").write_bytes(compile_funcs([cross_func()], target).object)
+    program = tmp_path / "program"
+    command = [sys.executable, "-m", "ziglang", "cc", "-target", zig_target, "-static", "-O2", "-o", str(program)]
+    linked = subprocess.run(
+        [*command, str(tmp_path / "main.c"), str(tmp_path / "kernel.o")], capture_output=True, text=True
+    )
+    assert linked.returncode == 0, linked.stderr
+    result = subprocess.run([emulator, str(program)], check=True, capture_output=True, text=True, timeout=60)
+    rows = [line.split() for line in result.stdout.splitlines()]
+    out = np.array([float(row[0]) for row in rows])
+    q = np.array([int(row[1]) for row in rows])
+    half_bits = np.array([int(row[2]) for row in rows])
+    expected_out, expected_q, expected_half = expected()
+    np.testing.assert_allclose(out, expected_out, rtol=2e-6)
+    np.testing.assert_array_equal(q, expected_q)
+    np.testing.assert_array_equal(half_bits, expected_half)
+    assert not any(math.isnan(value) for value in out)
