@@ -56,7 +56,7 @@ def _alias(node: Node, graph: Graph, consumers: dict[Value, list[Node]]) -> Valu
         return node.inputs[0] if unused and not node.attrs.get("training_mode", 0) else None
     if node.op in RESHAPES and node.inputs[0].type == output.type:
         return node.inputs[0]
-    if node.op == "Transpose" and _permutation(node) == tuple(range(len(output.type.shape))):
+    if node.op == "Transpose" and permutation(node) == tuple(range(len(output.type.shape))):
         return node.inputs[0]
     if node.op in NEUTRAL_OPERANDS:
         positions, neutral = NEUTRAL_OPERANDS[node.op]
@@ -97,7 +97,7 @@ def _merge(source: Node, node: Node) -> Node | None:
     """One node computing node(source(x)) from x; None when the result cannot be written as one node."""
     origin, output = source.inputs[0], node.outputs[0]
     if node.op == "Transpose":
-        first, second = _permutation(source), _permutation(node)
+        first, second = permutation(source), permutation(node)
         composed = tuple(first[axis] for axis in second)
         return Node("Transpose", [origin], [output], {"perm": composed}, node.name)
     if 0 in output.type.shape:
@@ -106,6 +106,6 @@ def _merge(source: Node, node: Node) -> Node | None:
     return Node("Reshape", [origin], [output], {"shape": output.type.shape}, node.name)
 
 
-def _permutation(node: Node) -> tuple[int, ...]:
+def permutation(node: Node) -> tuple[int, ...]:
     rank = len(node.inputs[0].type.shape)
     return tuple(node.attrs.get("perm", range(rank - 1, -1, -1)))

@@ -180,7 +180,7 @@ def _window_view(x: np.ndarray, window: Window, fill) -> np.ndarray:
 # -- Conv -------------------------------------------------------------------------------------------------------
 
 
-def _conv_geometry(op: str, x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[int, Window]:
+def conv_geometry(op: str, x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[int, Window]:
     if len(x.shape) < 3 or len(w.shape) != len(x.shape):
         raise ShapeError(
             f"{op} needs input (N, C, spatial...) and weight (M, C/group, kernel...) of the same rank >= 3, "
@@ -203,7 +203,7 @@ def _conv_geometry(op: str, x: TensorType, w: TensorType, attrs: dict[str, Any])
 def _infer_conv(types, attrs):
     x, w, bias = _inputs("Conv", types, 2, 3)
     _float_input("Conv", x)
-    group, window = _conv_geometry("Conv", x, w, attrs)
+    group, window = conv_geometry("Conv", x, w, attrs)
     if bias is not None and bias.shape != (w.shape[0],):
         raise ShapeError(f"Conv bias has shape {list(bias.shape)}; it needs ({w.shape[0]},), one per filter")
     return [TensorType((x.shape[0], w.shape[0], *window.output), x.dtype)]
@@ -211,7 +211,7 @@ def _infer_conv(types, attrs):
 
 def _conv(x, w, bias=None, *, group=1, **attrs):
     group = int(group)
-    _, window = _conv_geometry(
+    _, window = conv_geometry(
         "Conv", TensorType(x.shape, str(x.dtype)), TensorType(w.shape, str(w.dtype)), {**attrs, "group": group}
     )
     dtype = _compute_dtype(x.dtype)
@@ -247,7 +247,7 @@ class TransposedGeometry:
     output: tuple[int, ...]
 
 
-def _transposed_geometry(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[int, TransposedGeometry]:
+def transposed_geometry(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[int, TransposedGeometry]:
     op = "ConvTranspose"
     if len(x.shape) < 3 or len(w.shape) != len(x.shape):
         raise ShapeError(
@@ -296,7 +296,7 @@ def _transposed_geometry(x: TensorType, w: TensorType, attrs: dict[str, Any]) ->
 def _infer_conv_transpose(types, attrs):
     x, w, bias = _inputs("ConvTranspose", types, 2, 3)
     _float_input("ConvTranspose", x)
-    group, geometry = _transposed_geometry(x, w, attrs)
+    group, geometry = transposed_geometry(x, w, attrs)
     filters = w.shape[1] * group
     if bias is not None and bias.shape != (filters,):
         raise ShapeError(f"ConvTranspose bias has shape {list(bias.shape)}; it needs ({filters},)")
@@ -305,7 +305,7 @@ def _infer_conv_transpose(types, attrs):
 
 def _conv_transpose(x, w, bias=None, *, group=1, **attrs):
     group = int(group)
-    _, geometry = _transposed_geometry(
+    _, geometry = transposed_geometry(
         TensorType(x.shape, str(x.dtype)), TensorType(w.shape, str(w.dtype)), {**attrs, "group": group}
     )
     dtype = _compute_dtype(x.dtype)
@@ -466,7 +466,7 @@ def _instance_norm(x, scale, bias, *, epsilon=1e-5, **_):
 register_op("InstanceNormalization", infer=_infer_instance_norm, pattern=Pattern.OPAQUE, reference=_instance_norm)
 
 
-def _stash_dtype(dtype: str) -> str:
+def stash_dtype(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
@@ -482,13 +482,13 @@ def _infer_layer_norm(types, attrs):
     count = _output_count(attrs)
     if count > 3:
         raise ShapeError(f"{op} has at most 3 outputs (Y, Mean, InvStdDev), got {count}")
-    statistics = TensorType((*x.shape[:axis], *(1,) * (len(x.shape) - axis)), _stash_dtype(x.dtype))
+    statistics = TensorType((*x.shape[:axis], *(1,) * (len(x.shape) - axis)), stash_dtype(x.dtype))
     return [TensorType(x.shape, x.dtype), statistics, statistics][:count]
 
 
 def _layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, _outputs=1, **_):
     axis = normalize_axis(axis, x.ndim, "LayerNormalization axis")
-    stash = np.dtype(_stash_dtype(str(x.dtype)))
+    stash = np.dtype(stash_dtype(str(x.dtype)))
     data = x.astype(stash, copy=False)
     axes = tuple(range(axis, x.ndim))
     mean = data.mean(axis=axes, keepdims=True)
@@ -545,7 +545,7 @@ def _infer_group_norm(types, attrs):
 
 def _group_norm(x, scale, bias, *, num_groups, epsilon=1e-5, **_):
     groups, channels = int(num_groups), x.shape[1]
-    stash = np.dtype(_stash_dtype(str(x.dtype)))
+    stash = np.dtype(stash_dtype(str(x.dtype)))
     data = x.astype(stash, copy=False).reshape(x.shape[0], groups, -1)
     mean = data.mean(axis=-1, keepdims=True)
     variance = np.square(data - mean).mean(axis=-1, keepdims=True)
@@ -644,7 +644,7 @@ register_op("LogSoftmax", infer=_infer_softmax("LogSoftmax"), pattern=Pattern.OP
 # -- pooling ------------------------------------------------------------------------------------------------------
 
 
-def _pool_geometry(op: str, x: TensorType, attrs: dict[str, Any]) -> Window:
+def pool_geometry(op: str, x: TensorType, attrs: dict[str, Any]) -> Window:
     if len(x.shape) < 3:
         raise ShapeError(f"{op} input needs shape (N, C, spatial...), got {list(x.shape)}")
     rank = len(x.shape) - 2
@@ -658,7 +658,7 @@ def _infer_max_pool(types, attrs):
     (x,) = _inputs("MaxPool", types, 1, 1)
     if x.dtype not in (*FLOAT_DTYPES, "int8", "uint8"):
         raise ShapeError(f"MaxPool input has dtype {x.dtype}; it needs a float, int8 or uint8 tensor")
-    window = _pool_geometry("MaxPool", x, attrs)
+    window = pool_geometry("MaxPool", x, attrs)
     count = _output_count(attrs)
     if count > 2:
         raise ShapeError(f"MaxPool has at most 2 outputs (Y, Indices), got {count}")
@@ -671,7 +671,7 @@ def _lowest(dtype: np.dtype):
 
 
 def _max_pool(x, *, storage_order=0, _outputs=1, **attrs):
-    window = _pool_geometry("MaxPool", TensorType(x.shape, str(x.dtype)), attrs)
+    window = pool_geometry("MaxPool", TensorType(x.shape, str(x.dtype)), attrs)
     rank = len(window.kernel)
     view = _window_view(x, window, _lowest(x.dtype))
     kernel_axes = tuple(range(-rank, 0))
@@ -701,12 +701,12 @@ def _infer_average_pool(types, attrs):
     (x,) = _inputs("AveragePool", types, 1, 1)
     _float_input("AveragePool", x)
     _single_output("AveragePool", attrs)
-    window = _pool_geometry("AveragePool", x, attrs)
+    window = pool_geometry("AveragePool", x, attrs)
     return [TensorType((*x.shape[:2], *window.output), x.dtype)]
 
 
 def _average_pool(x, *, count_include_pad=0, **attrs):
-    window = _pool_geometry("AveragePool", TensorType(x.shape, str(x.dtype)), attrs)
+    window = pool_geometry("AveragePool", TensorType(x.shape, str(x.dtype)), attrs)
     rank = len(window.kernel)
     dtype = _compute_dtype(x.dtype)
     kernel_axes = tuple(range(-rank, 0))
@@ -768,12 +768,12 @@ register_op(
 def _infer_lp_pool(types, attrs):
     (x,) = _inputs("LpPool", types, 1, 1)
     _float_input("LpPool", x)
-    window = _pool_geometry("LpPool", x, attrs)
+    window = pool_geometry("LpPool", x, attrs)
     return [TensorType((*x.shape[:2], *window.output), x.dtype)]
 
 
 def _lp_pool(x, *, p=2, **attrs):
-    window = _pool_geometry("LpPool", TensorType(x.shape, str(x.dtype)), attrs)
+    window = pool_geometry("LpPool", TensorType(x.shape, str(x.dtype)), attrs)
     dtype = _compute_dtype(x.dtype)
     powers = np.abs(x.astype(dtype, copy=False)) ** np.asarray(p, dtype)
     sums = _window_view(powers, window, 0).sum(axis=tuple(range(-len(window.kernel), 0)))
@@ -871,7 +871,7 @@ def _given(value) -> tuple | None:
     return values or None
 
 
-def _attr_string(attrs: dict[str, Any], name: str, default: str, allowed: tuple[str, ...], op: str = "Resize") -> str:
+def attr_string(attrs: dict[str, Any], name: str, default: str, allowed: tuple[str, ...], op: str = "Resize") -> str:
     value = attrs.get(name, default)
     value = value.decode() if isinstance(value, bytes) else str(value)
     if value not in allowed:
@@ -879,7 +879,7 @@ def _attr_string(attrs: dict[str, Any], name: str, default: str, allowed: tuple[
     return value
 
 
-def _resize_plan(shape: tuple[int, ...], attrs: dict[str, Any]) -> ResizePlan:
+def resize_plan(shape: tuple[int, ...], attrs: dict[str, Any]) -> ResizePlan:
     rank = len(shape)
     axes = attrs.get("axes")
     axes = tuple(range(rank)) if axes is None or len(axes) == 0 else tuple(normalize_axis(a, rank) for a in axes)
@@ -896,7 +896,7 @@ def _resize_plan(shape: tuple[int, ...], attrs: dict[str, Any]) -> ResizePlan:
         for axis, size in zip(axes, sizes):
             output[axis] = int(size)
         factors = [output[a] / shape[a] if shape[a] else 1.0 for a in range(rank)]
-        policy = _attr_string(attrs, "keep_aspect_ratio_policy", "stretch", ("stretch", "not_larger", "not_smaller"))
+        policy = attr_string(attrs, "keep_aspect_ratio_policy", "stretch", ("stretch", "not_larger", "not_smaller"))
         if policy != "stretch":
             chosen = (min if policy == "not_larger" else max)(factors[a] for a in axes)
             factors = [chosen if a in axes else 1.0 for a in range(rank)]
@@ -921,10 +921,10 @@ def _resize_plan(shape: tuple[int, ...], attrs: dict[str, Any]) -> ResizePlan:
 
 def _infer_resize(types, attrs):
     (x,) = _inputs("Resize", types, 1, 1)
-    _attr_string(attrs, "mode", "nearest", RESIZE_MODES)
-    _attr_string(attrs, "coordinate_transformation_mode", "half_pixel", COORDINATE_MODES)
-    _attr_string(attrs, "nearest_mode", "round_prefer_floor", NEAREST_MODES)
-    return [TensorType(_resize_plan(x.shape, attrs).output, x.dtype)]
+    attr_string(attrs, "mode", "nearest", RESIZE_MODES)
+    attr_string(attrs, "coordinate_transformation_mode", "half_pixel", COORDINATE_MODES)
+    attr_string(attrs, "nearest_mode", "round_prefer_floor", NEAREST_MODES)
+    return [TensorType(resize_plan(x.shape, attrs).output, x.dtype)]
 
 
 def _source_positions(
@@ -999,10 +999,10 @@ def _interpolation_taps(
 
 
 def _resize(x, *_, **attrs):
-    plan = _resize_plan(x.shape, attrs)
-    mode = _attr_string(attrs, "mode", "nearest", RESIZE_MODES)
-    coordinates = _attr_string(attrs, "coordinate_transformation_mode", "half_pixel", COORDINATE_MODES)
-    rounding = _attr_string(attrs, "nearest_mode", "round_prefer_floor", NEAREST_MODES)
+    plan = resize_plan(x.shape, attrs)
+    mode = attr_string(attrs, "mode", "nearest", RESIZE_MODES)
+    coordinates = attr_string(attrs, "coordinate_transformation_mode", "half_pixel", COORDINATE_MODES)
+    rounding = attr_string(attrs, "nearest_mode", "round_prefer_floor", NEAREST_MODES)
     extrapolation = float(attrs.get("extrapolation_value", 0.0))
     result = x if mode == "nearest" else x.astype(np.float64)
     for axis, (size, output, scale) in enumerate(zip(x.shape, plan.output, plan.scales)):
@@ -1037,9 +1037,9 @@ register_op(
 )
 
 
-def _upsample_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+def upsample_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
     """Upsample (opset 7-9) is Resize with asymmetric coordinates, nearest rounding down, and scales only."""
-    mode = _attr_string(attrs, "mode", "nearest", ("nearest", "linear", "bilinear"), "Upsample")
+    mode = attr_string(attrs, "mode", "nearest", ("nearest", "linear", "bilinear"), "Upsample")
     return {
         "scales": attrs.get("scales"),
         "mode": "linear" if mode == "bilinear" else mode,
@@ -1051,11 +1051,11 @@ def _upsample_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
 def _infer_upsample(types, attrs):
     if _given(attrs.get("scales")) is None:
         raise ShapeError("Upsample needs its scales, as a constant input or attribute")
-    return _infer_resize(types[:1], _upsample_attrs(attrs))
+    return _infer_resize(types[:1], upsample_attrs(attrs))
 
 
 def _upsample(x, *_, **attrs):
-    return _resize(x, **_upsample_attrs(attrs))
+    return _resize(x, **upsample_attrs(attrs))
 
 
 register_op(

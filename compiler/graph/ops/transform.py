@@ -86,7 +86,7 @@ def _reshape_shape(input_shape, shape=None, allowzero=0, **_):
 _register_same_dtype("Reshape", _reshape_shape, const_inputs=((1, "shape"),))
 
 
-def _permutation(rank, perm=None, **_) -> tuple[int, ...]:
+def permutation(rank, perm=None, **_) -> tuple[int, ...]:
     if perm is None:
         return tuple(reversed(range(rank)))
     perm = normalize_axes(perm, rank)
@@ -97,8 +97,8 @@ def _permutation(rank, perm=None, **_) -> tuple[int, ...]:
 
 _register_same_dtype(
     "Transpose",
-    lambda shape, **attrs: tuple(shape[axis] for axis in _permutation(len(shape), **attrs)),
-    lambda x, **attrs: np.ascontiguousarray(np.transpose(x, _permutation(x.ndim, **attrs))),
+    lambda shape, **attrs: tuple(shape[axis] for axis in permutation(len(shape), **attrs)),
+    lambda x, **attrs: np.ascontiguousarray(np.transpose(x, permutation(x.ndim, **attrs))),
 )
 
 
@@ -155,7 +155,7 @@ _register(
 )
 
 
-def _split_sizes(shape, axis=0, split=None, num_outputs=None, _outputs=1, **_):
+def split_sizes(shape, axis=0, split=None, num_outputs=None, _outputs=1, **_):
     axis = normalize_axis(axis, len(shape), "Split axis")
     dim = shape[axis]
     if split is not None and np.size(split):
@@ -175,12 +175,12 @@ def _split_sizes(shape, axis=0, split=None, num_outputs=None, _outputs=1, **_):
 
 def _infer_split(types, **attrs):
     shape = types[0].shape
-    axis, sizes = _split_sizes(shape, **attrs)
+    axis, sizes = split_sizes(shape, **attrs)
     return [TensorType(shape[:axis] + (size,) + shape[axis + 1 :], types[0].dtype) for size in sizes]
 
 
 def _split(x, **attrs):
-    axis, sizes = _split_sizes(x.shape, **attrs)
+    axis, sizes = split_sizes(x.shape, **attrs)
     return [part.copy() for part in np.split(x, np.cumsum(sizes)[:-1], axis=axis)]
 
 
@@ -190,7 +190,7 @@ _register("Split", _infer_split, _split, const_inputs=((1, "split"),))
 # -- Slice -------------------------------------------------------------------------------------
 
 
-def _slices(shape, starts=None, ends=None, axes=None, steps=None, **_) -> tuple[tuple[slice, ...], tuple[int, ...]]:
+def slice_plan(shape, starts=None, ends=None, axes=None, steps=None, **_) -> tuple[tuple[slice, ...], tuple[int, ...]]:
     """Python slices and the resulting shape for an ONNX Slice (clamped starts/ends, any step sign)."""
     starts, ends = _ints(starts, "Slice starts"), _ints(ends, "Slice ends")
     rank = len(shape)
@@ -220,8 +220,8 @@ def _slices(shape, starts=None, ends=None, axes=None, steps=None, **_) -> tuple[
 
 _register_same_dtype(
     "Slice",
-    lambda shape, **attrs: _slices(shape, **attrs)[1],
-    lambda x, **attrs: x[_slices(x.shape, **attrs)[0]].copy(),
+    lambda shape, **attrs: slice_plan(shape, **attrs)[1],
+    lambda x, **attrs: x[slice_plan(x.shape, **attrs)[0]].copy(),
     const_inputs=((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")),
 )
 
@@ -231,7 +231,7 @@ _register_same_dtype(
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
 
 
-def _pad_widths(shape, pads=None, axes=None, **_) -> list[tuple[int, int]]:
+def pad_widths(shape, pads=None, axes=None, **_) -> list[tuple[int, int]]:
     pads = _ints(pads, "Pad pads")
     rank = len(shape)
     axes = normalize_axes(_ints(axes, "Pad axes"), rank) if axes is not None else tuple(range(rank))
@@ -250,12 +250,12 @@ def _infer_pad(types, mode="constant", **attrs):
     if mode not in _PAD_MODES:
         raise UnsupportedOpError(f"Pad mode {mode!r} is not supported; use one of {', '.join(_PAD_MODES)}")
     shape = types[0].shape
-    widths = _pad_widths(shape, **attrs)
+    widths = pad_widths(shape, **attrs)
     return [TensorType(tuple(dim + begin + end for dim, (begin, end) in zip(shape, widths)), types[0].dtype)]
 
 
 def _pad(x, mode="constant", constant_value=None, value=None, **attrs):
-    widths = _pad_widths(x.shape, **attrs)
+    widths = pad_widths(x.shape, **attrs)
     # negative pads crop first; the positive ones then pad what is left
     crop = tuple(slice(-min(begin, 0), x.shape[axis] + min(end, 0)) for axis, (begin, end) in enumerate(widths))
     cropped = x[crop]
@@ -381,7 +381,7 @@ _register_same_dtype("SpaceToDepth", _space_to_depth_shape, _space_to_depth)
 # -- Shape, Size, ConstantOfShape, Range ---------------------------------------------------------
 
 
-def _shape_range(rank, start=0, end=None, **_) -> slice:
+def shape_range(rank, start=0, end=None, **_) -> slice:
     end = rank if end is None else end
     start, end = (min(max(bound + rank if bound < 0 else bound, 0), rank) for bound in (start, end))
     return slice(start, max(start, end))
@@ -389,8 +389,8 @@ def _shape_range(rank, start=0, end=None, **_) -> slice:
 
 _register(
     "Shape",
-    lambda types, **attrs: [TensorType((len(types[0].shape[_shape_range(len(types[0].shape), **attrs)]),), "int64")],
-    lambda x, **attrs: np.array(x.shape[_shape_range(x.ndim, **attrs)], dtype=np.int64),
+    lambda types, **attrs: [TensorType((len(types[0].shape[shape_range(len(types[0].shape), **attrs)]),), "int64")],
+    lambda x, **attrs: np.array(x.shape[shape_range(x.ndim, **attrs)], dtype=np.int64),
 )
 _register(
     "Size",
@@ -399,7 +399,7 @@ _register(
 )
 
 
-def _fill_value(value=None) -> np.ndarray:
+def fill_value(value=None) -> np.ndarray:
     if value is None:
         return np.zeros((), np.float32)
     value = np.asarray(value)
@@ -417,8 +417,8 @@ def _constant_shape(input=None, **_):
 
 _register(
     "ConstantOfShape",
-    lambda types, value=None, **attrs: [TensorType(_constant_shape(**attrs), str(_fill_value(value).dtype))],
-    lambda value=None, **attrs: np.full(_constant_shape(**attrs), _fill_value(value)),
+    lambda types, value=None, **attrs: [TensorType(_constant_shape(**attrs), str(fill_value(value).dtype))],
+    lambda value=None, **attrs: np.full(_constant_shape(**attrs), fill_value(value)),
     const_inputs=((0, "input"),),
 )
 

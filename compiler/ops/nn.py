@@ -1,0 +1,854 @@
+"""Tensor-expression computes of the nn ops: convolution, Gemm/MatMul, pooling, normalisation, softmax, resize.
+
+Each compute mirrors the numpy reference of its registry entry (`compiler/graph/ops/nn.py`, whose geometry helpers it
+reuses) and tags its stages so `compiler/schedules/` can pick a template: the anchors are tagged "conv2d",
+"group_conv2d", "depthwise_conv2d", "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"),
+"batch_matmul", "pool_max", "pool_avg", "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions
+"reduce", padding stages "injective" and epilogues "elemwise"/"broadcast".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import compiler.te as te
+from compiler.errors import UnsupportedOpError
+from compiler.graph.ir import TensorType
+from compiler.graph.ops.common import normalize_axes, normalize_axis
+from compiler.graph.ops.nn import (
+    COORDINATE_MODES,
+    NEAREST_MODES,
+    RESIZE_MODES,
+    attr_string,
+    conv_geometry,
+    pool_geometry,
+    resize_plan,
+    stash_dtype,
+    transposed_geometry,
+    upsample_attrs,
+)
+from compiler.graph.registry import set_compute
+from compiler.te.tensor import identity_element
+
+Inputs = list[te.Tensor | None]
+
+
+def _unsupported(op: str, what: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"op {op} {what} has no kernel yet; remove it from the model or rewrite it", {op: []})
+
+
+def _accumulator(dtype: str) -> str:
+    """float16 accumulates in float32, as the reference computes it."""
+    return "float32" if dtype == "float16" else dtype
+
+
+def _type(tensor: te.Tensor) -> TensorType:
+    return TensorType(tuple(tensor.shape), tensor.dtype)
+
+
+def _lowest(dtype: str) -> te.Const:
+    return identity_element("max", dtype)
+
+
+def _clamp(index, low: int, high: int):
+    return te.maximum(te.minimum(index, high), low)
+
+
+def pad(x: te.Tensor, begins, ends, fill, name: str) -> te.Tensor:
+    """`x` with its trailing spatial axes padded by `begins`/`ends` (negative ends crop). The read is clamped into
+    the input so it is always in bounds: the select then stays a plain select that vectorizes."""
+    rank = len(begins)
+    lead = x.ndim - rank
+    if not any(begins) and not any(ends):
+        return x
+    spatial = x.shape[lead:]
+    shape = (*x.shape[:lead], *(size + b + e for size, b, e in zip(spatial, begins, ends)))
+    fill = te.as_expr(fill, x.dtype)
+
+    def body(*index):
+        inside, source = [], list(index[:lead])
+        for axis in range(rank):
+            position = index[lead + axis] - begins[axis]
+            if begins[axis] > 0:
+                inside.append(position >= 0)
+            if ends[axis] > 0:
+                inside.append(position < spatial[axis])
+            source.append(_clamp(position, 0, spatial[axis] - 1))
+        value = x[tuple(source)]
+        return te.select(te.all(*inside), value, fill) if inside else value
+
+    return te.compute(shape, body, name=name, tag="injective")
+
+
+def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
+    """`x` zero-padded like `pad`, with its last axis split by `stride` into (phase, column): element
+    [..., phase, q] is padded column q * stride + phase. A strided window then reads consecutive columns of one
+    phase for consecutive outputs, so the conv's vector loop loads contiguously instead of gathering."""
+    rank = len(begins)
+    lead = x.ndim - rank
+    spatial = x.shape[lead:]
+    padded_width = spatial[-1] + begins[-1] + ends[-1]
+    shape = (
+        *x.shape[:lead],
+        *(size + b + e for size, b, e in zip(spatial[:-1], begins[:-1], ends[:-1])),
+        stride,
+        -(-padded_width // stride),
+    )
+
+    def body(*index):
+        inside, source = [], list(index[:lead])
+        positions = [index[lead + axis] - begins[axis] for axis in range(rank - 1)]
+        positions.append(index[-1] * stride + index[-2] - begins[-1])
+        for axis, position in enumerate(positions):
+            inside += [position >= 0, position < spatial[axis]]
+            source.append(_clamp(position, 0, spatial[axis] - 1))
+        return te.select(te.all(*inside), x[tuple(source)], te.const(0.0, x.dtype))
+
+    return te.compute(shape, body, name=name, tag="injective")
+
+
+def _conv_reader(x: te.Tensor, window):
+    """The padded input of a conv and how a window tap reads it: (padded, read(n, channel, outputs, taps))."""
+    strides, dilations = window.strides, window.dilations
+    if strides[-1] == 1:
+        padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+
+        def read(n, channel, outputs, taps):
+            source = [o * s + r * d for o, s, r, d in zip(outputs, strides, taps, dilations)]
+            return padded[(n, channel, *source)]
+
+        return padded, read
+    stride = strides[-1]
+    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad")
+
+    def read(n, channel, outputs, taps):
+        source = [o * s + r * d for o, s, r, d in zip(outputs[:-1], strides[:-1], taps[:-1], dilations[:-1])]
+        offset = taps[-1] * dilations[-1]
+        return padded[(n, channel, *source, offset % stride, outputs[-1] + offset // stride)]
+
+    return padded, read
+
+
+# -- Conv ---------------------------------------------------------------------------------------------------------
+
+
+def conv(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    x, w, bias = (list(inputs) + [None, None])[:3]
+    group, window = conv_geometry("Conv", _type(x), _type(w), attrs)
+    rank = len(window.kernel)
+    channels, filters = x.shape[1], w.shape[0]
+    per_group, filters_per_group = channels // group, filters // group
+    acc = _accumulator(x.dtype)
+    _, read = _conv_reader(x, window)
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+    depthwise = per_group == 1 and group == channels and group > 1
+    suffix = f"conv{rank}d"
+    if depthwise:
+        multiplier = filters // channels
+
+        def body(n, m, *spatial):
+            value = read(n, m // multiplier if multiplier > 1 else m, spatial, taps)
+            return te.sum(value.astype(acc) * w[(m, 0, *taps)].astype(acc), axis=taps)
+
+        tag = f"depthwise_{suffix}"
+    else:
+        channel = te.reduce_axis((0, per_group), "rc")
+
+        def body(n, m, *spatial):
+            first = (m // filters_per_group) * per_group + channel if group > 1 else channel
+            value = read(n, first, spatial, taps)
+            return te.sum(value.astype(acc) * w[(m, channel, *taps)].astype(acc), axis=[channel, *taps])
+
+        tag = suffix if group == 1 else f"group_{suffix}"
+    shape = output_types[0].shape
+    result = te.compute(shape, body, name="conv", tag=tag)
+    if bias is not None:
+        plain = result
+        result = te.compute(
+            shape, lambda n, m, *spatial: plain[(n, m, *spatial)] + bias[m].astype(acc), name="bias", tag="broadcast"
+        )
+    return [_cast(result, x.dtype)]
+
+
+def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
+    if tensor.dtype == dtype:
+        return tensor
+    return te.compute(tensor.shape, lambda *i: tensor[i].astype(dtype), name="cast", tag="elemwise")
+
+
+def conv_transpose(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    x, w, bias = (list(inputs) + [None, None])[:3]
+    group, geometry = transposed_geometry(_type(x), _type(w), attrs)
+    rank = len(geometry.kernel)
+    spatial = x.shape[2:]
+    per_group = x.shape[1] // group
+    filters_per_group = w.shape[1]
+    acc = _accumulator(x.dtype)
+    channel = te.reduce_axis((0, per_group), "rc")
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(geometry.kernel)]
+
+    def body(n, m, *outputs):
+        conditions, source = [], []
+        for axis in range(rank):
+            # output o reads input i where i * stride + tap * dilation == o + pad
+            offset = outputs[axis] + geometry.pads_begin[axis] - taps[axis] * geometry.dilations[axis]
+            stride = geometry.strides[axis]
+            position = offset // stride if stride > 1 else offset
+            if stride > 1:
+                conditions.append(te.Compare("eq", offset % stride, te.const(0)))
+            conditions += [offset >= 0, position < spatial[axis]]
+            source.append(_clamp(position, 0, spatial[axis] - 1))
+        first = (m // filters_per_group) * per_group + channel
+        value = x[(n, first, *source)].astype(acc) * w[(first, m % filters_per_group, *taps)].astype(acc)
+        return te.sum(te.select(te.all(*conditions), value, 0.0), axis=[channel, *taps])
+
+    shape = output_types[0].shape
+    result = te.compute(shape, body, name="conv_transpose", tag=f"conv{rank}d_transpose")
+    if bias is not None:
+        plain = result
+        result = te.compute(
+            shape, lambda n, m, *s: plain[(n, m, *s)] + bias[m].astype(acc), name="bias", tag="broadcast"
+        )
+    return [_cast(result, x.dtype)]
+
+
+# -- Gemm and MatMul ------------------------------------------------------------------------------------------------
+
+
+def _split_lanes(inner: int) -> int:
+    """How many interleaved partial sums a transposed-B dense keeps: a vector's worth that divides K."""
+    for lanes in (16, 8, 4):
+        if inner % lanes == 0 and inner >= 2 * lanes:
+            return lanes
+    return 1
+
+
+def gemm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    a, b, c = (list(inputs) + [None])[:3]
+    trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    rows, columns = output_types[0].shape
+    inner = a.shape[0] if trans_a else a.shape[1]
+    acc = _accumulator(a.dtype)
+    lanes = _split_lanes(inner) if trans_b else 1
+
+    def left(i, k):
+        return (a[k, i] if trans_a else a[i, k]).astype(acc)
+
+    if lanes > 1:
+        # B is (N, K): consecutive k are contiguous, consecutive j are not. Each output first sums `lanes`
+        # interleaved partial dot products (a vector loop over contiguous k), then adds those up.
+        outer = te.reduce_axis((0, inner // lanes), "ko")
+        partial = te.compute(
+            (rows, columns, lanes),
+            lambda i, j, lane: te.sum(
+                left(i, outer * lanes + lane) * b[j, outer * lanes + lane].astype(acc), axis=outer
+            ),
+            name="dense_partial",
+            tag="dense_partial",
+        )
+        lane_axis = te.reduce_axis((0, lanes), "lane")
+        result = te.compute(
+            (rows, columns), lambda i, j: te.sum(partial[i, j, lane_axis], axis=lane_axis), name="dense", tag="dense"
+        )
+    else:
+        k = te.reduce_axis((0, inner), "k")
+
+        def body(i, j):
+            right = b[j, k] if trans_b else b[k, j]
+            return te.sum(left(i, k) * right.astype(acc), axis=k)
+
+        result = te.compute((rows, columns), body, name="dense", tag="dense")
+    if alpha != 1.0 or (c is not None and beta != 0.0):
+        product = result
+
+        def epilogue(i, j):
+            value = product[i, j] * alpha if alpha != 1.0 else product[i, j]
+            if c is None or beta == 0.0:
+                return value
+            index = [i, j][2 - c.ndim :]
+            addend = c[tuple(0 if c.shape[d] == 1 else index[d] for d in range(c.ndim))].astype(acc)
+            return value + (addend * beta if beta != 1.0 else addend)
+
+        result = te.compute((rows, columns), epilogue, name="gemm_epilogue", tag="broadcast")
+    return [_cast(result, a.dtype)]
+
+
+def matmul(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    a, b = inputs[:2]
+    shape = output_types[0].shape
+    acc = _accumulator(a.dtype)
+    k = te.reduce_axis((0, a.shape[-1]), "k")
+    if a.ndim == 2 and b.ndim == 2:
+        result = te.compute(
+            shape, lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k), name="dense", tag="dense"
+        )
+        return [_cast(result, a.dtype)]
+    rows = 0 if a.ndim == 1 else 1
+    columns = 0 if b.ndim == 1 else 1
+    batch_rank = len(shape) - rows - columns
+
+    def operand(tensor, batch, tail):
+        lead = tensor.ndim - len(tail)
+        own = batch[batch_rank - lead :] if lead else ()
+        own = [0 if tensor.shape[d] == 1 else own[d] for d in range(lead)]
+        return tensor[(*own, *tail)]
+
+    def body(*index):
+        batch = index[:batch_rank]
+        row = index[batch_rank] if rows else None
+        column = index[batch_rank + rows] if columns else None
+        left = operand(a, batch, (k,) if a.ndim == 1 else (row, k))
+        right = operand(b, batch, (k,) if b.ndim == 1 else (k, column))
+        return te.sum(left.astype(acc) * right.astype(acc), axis=k)
+
+    result = te.compute(shape, body, name="batch_matmul", tag="batch_matmul")
+    return [_cast(result, a.dtype)]
+
+
+# -- pooling --------------------------------------------------------------------------------------------------------
+
+
+def _window_source(window, spatial, taps):
+    return [o * s + r * d for o, s, r, d in zip(spatial, window.strides, taps, window.dilations)]
+
+
+def max_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    window = pool_geometry("MaxPool", _type(x), attrs)
+    padded = pad(x, window.pads_begin, window.read_end, _lowest(x.dtype), "pad")
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+
+    def body(n, c, *spatial):
+        return te.max(padded[(n, c, *_window_source(window, spatial, taps))], axis=taps)
+
+    values = te.compute(output_types[0].shape, body, name="max_pool", tag="pool_max")
+    if len(output_types) == 1:
+        return [values]
+    return [values, _argmax_indices(x, padded, values, window, int(attrs.get("storage_order", 0)))]
+
+
+def _argmax_indices(x: te.Tensor, padded: te.Tensor, values: te.Tensor, window, storage_order: int) -> te.Tensor:
+    """MaxPool's Indices: the first tap (row-major over the window, as numpy's argmax) holding the maximum, as a
+    flat index into the unpadded input (its spatial axes row-major, or column-major with storage_order=1)."""
+    kernel, rank = window.kernel, len(window.kernel)
+    spatial_sizes = x.shape[2:]
+    taps = [te.reduce_axis((0, k), f"t{axis}") for axis, k in enumerate(kernel)]
+    count = math.prod(kernel)
+
+    def first_tap(n, c, *spatial):
+        ordinal = taps[0]
+        for axis in range(1, rank):
+            ordinal = ordinal * kernel[axis] + taps[axis]
+        value = padded[(n, c, *_window_source(window, spatial, taps))]
+        hit = te.Compare("eq", value, values[(n, c, *spatial)])
+        return te.min(te.select(hit, ordinal, te.const(count)), axis=taps)
+
+    tap = te.compute(values.shape, first_tap, name="max_pool_tap", tag="reduce")
+    if storage_order:
+        strides = [math.prod(spatial_sizes[:axis]) for axis in range(rank)]
+    else:
+        strides = [math.prod(spatial_sizes[axis + 1 :]) for axis in range(rank)]
+
+    def index(n, c, *spatial):
+        ordinal = tap[(n, c, *spatial)]
+        flat = (n * x.shape[1] + c).astype("int64") * math.prod(spatial_sizes)
+        for axis in reversed(range(rank)):
+            offset = ordinal % kernel[axis] if axis else ordinal
+            ordinal = ordinal // kernel[axis]
+            position = spatial[axis] * window.strides[axis] - window.pads_begin[axis] + offset * window.dilations[axis]
+            flat = flat + position.astype("int64") * strides[axis]
+        return flat
+
+    return te.compute(values.shape, index, name="max_pool_indices", tag="elemwise")
+
+
+def _count(base, kernel: int, dilation: int, low: int, high: int):
+    """How many taps r in [0, kernel) put base + r * dilation inside [low, high): a closed form, so the
+    divisor of an average pool costs a few integer ops per output, not a loop."""
+    smallest = te.maximum((low - base + dilation - 1) // dilation, 0)
+    largest = te.minimum((high - 1 - base) // dilation, kernel - 1)
+    return te.maximum(largest - smallest + 1, 0)
+
+
+def average_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    window = pool_geometry("AveragePool", _type(x), attrs)
+    include_pad = bool(int(attrs.get("count_include_pad", 0)))
+    acc = _accumulator(x.dtype)
+    padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+    shape = output_types[0].shape
+
+    def body(n, c, *spatial):
+        return te.sum(padded[(n, c, *_window_source(window, spatial, taps))].astype(acc), axis=taps)
+
+    sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
+    sizes = x.shape[2:]
+
+    def divide(n, c, *spatial):
+        count = None
+        for axis, o in enumerate(spatial):
+            begin = window.pads_begin[axis]
+            low = -begin if include_pad else 0
+            high = sizes[axis] + window.declared_end[axis] if include_pad else sizes[axis]
+            base = o * window.strides[axis] - begin
+            term = _count(base, window.kernel[axis], window.dilations[axis], low, high)
+            count = term if count is None else count * term
+        return (sums[(n, c, *spatial)] / count.astype(acc)).astype(x.dtype)
+
+    return [te.compute(shape, divide, name="average_pool", tag="elemwise")]
+
+
+def _power(value, p: float):
+    """|value| ** p, with the common orders as plain arithmetic rather than exp/log."""
+    magnitude = te.abs(value)
+    if p == 1:
+        return magnitude
+    if p == 2:
+        return value * value
+    return te.pow(magnitude, float(p))
+
+
+def _root(value, p: float):
+    if p == 1:
+        return value
+    if p == 2:
+        return te.sqrt(value)
+    return te.pow(value, 1.0 / p)
+
+
+def lp_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    p = float(attrs.get("p", 2))
+    window = pool_geometry("LpPool", _type(x), attrs)
+    acc = _accumulator(x.dtype)
+    padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+    shape = output_types[0].shape
+
+    def body(n, c, *spatial):
+        value = padded[(n, c, *_window_source(window, spatial, taps))].astype(acc)
+        return te.sum(_power(value, p), axis=taps)
+
+    sums = te.compute(shape, body, name="lp_pool_sum", tag="pool_avg")
+    return [te.compute(shape, lambda *i: _root(sums[i], p).astype(x.dtype), name="lp_pool", tag="elemwise")]
+
+
+def global_lp_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    p = float(attrs.get("p", 2))
+    acc = _accumulator(x.dtype)
+    taps = [te.reduce_axis((0, size), f"r{axis}") for axis, size in enumerate(x.shape[2:])]
+    shape = output_types[0].shape
+    sums = te.compute(
+        shape,
+        lambda n, c, *_: te.sum(_power(x[(n, c, *taps)].astype(acc), p), axis=taps),
+        name="global_lp_sum",
+        tag="global_pool",
+    )
+    return [te.compute(shape, lambda *i: _root(sums[i], p).astype(x.dtype), name="global_lp_pool", tag="elemwise")]
+
+
+def _global_pool(combiner: str):
+    def compute(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+        (x,) = inputs[:1]
+        acc = _accumulator(x.dtype)
+        spatial = x.shape[2:]
+        taps = [te.reduce_axis((0, size), f"r{axis}") for axis, size in enumerate(spatial)]
+        shape = output_types[0].shape
+        if combiner == "max":
+            return [
+                te.compute(
+                    shape, lambda n, c, *_: te.max(x[(n, c, *taps)], axis=taps), name="global_max", tag="global_pool"
+                )
+            ]
+        sums = te.compute(
+            shape,
+            lambda n, c, *_: te.sum(x[(n, c, *taps)].astype(acc), axis=taps),
+            name="global_sum",
+            tag="global_pool",
+        )
+        count = math.prod(spatial)
+        return [
+            te.compute(
+                shape, lambda *i: (sums[i] / float(count)).astype(x.dtype), name="global_average", tag="elemwise"
+            )
+        ]
+
+    return compute
+
+
+# -- normalisation --------------------------------------------------------------------------------------------------
+
+
+def _channel(tensor: te.Tensor, c, dtype: str):
+    return tensor[c].astype(dtype)
+
+
+def batch_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    x, scale, bias, mean, variance = inputs[:5]
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    acc = _accumulator(x.dtype)
+
+    def body(n, c, *rest):
+        value = x[(n, c, *rest)].astype(acc) - _channel(mean, c, acc)
+        value = value / te.sqrt(_channel(variance, c, acc) + epsilon)
+        return (value * _channel(scale, c, acc) + _channel(bias, c, acc)).astype(x.dtype)
+
+    return [te.compute(x.shape, body, name="batch_norm", tag="broadcast")]
+
+
+def _moments(x: te.Tensor, axes: tuple[int, ...], dtype: str, name: str):
+    """Mean and variance of `x` over `axes`, kept as size-1 axes: two reductions (mean first, then the centred
+    squares, which is how the reference computes it and stays accurate)."""
+    shape = tuple(1 if d in axes else size for d, size in enumerate(x.shape))
+    count = float(math.prod(x.shape[d] for d in axes))
+
+    def reader(index, reduce_vars):
+        iterator = iter(reduce_vars)
+        return tuple(next(iterator) if d in axes else index[d] for d in range(x.ndim))
+
+    def reduce_vars():
+        return [te.reduce_axis((0, x.shape[d]), f"r{d}") for d in axes]
+
+    first = reduce_vars()
+    sums = te.compute(
+        shape, lambda *i: te.sum(x[reader(i, first)].astype(dtype), axis=first), name=f"{name}_sum", tag="reduce"
+    )
+    mean = te.compute(shape, lambda *i: sums[i] / count, name=f"{name}_mean", tag="elemwise")
+    second = reduce_vars()
+
+    def squares(*i):
+        centred = x[reader(i, second)].astype(dtype) - mean[i]
+        return te.sum(centred * centred, axis=second)
+
+    squared = te.compute(shape, squares, name=f"{name}_squares", tag="reduce")
+    variance = te.compute(shape, lambda *i: squared[i] / count, name=f"{name}_variance", tag="elemwise")
+    return mean, variance
+
+
+def _kept(index, axes):
+    return tuple(0 if d in axes else value for d, value in enumerate(index))
+
+
+def layer_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    x, scale, bias = (list(inputs) + [None])[:3]
+    axis = normalize_axis(attrs.get("axis", -1), x.ndim, "LayerNormalization axis")
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    stash = stash_dtype(x.dtype)
+    axes = tuple(range(axis, x.ndim))
+    mean, variance = _moments(x, axes, stash, "layer_norm")
+    inverse = te.compute(
+        mean.shape, lambda *i: 1.0 / te.sqrt(variance[i] + epsilon), name="inverse_std", tag="elemwise"
+    )
+
+    def trailing(tensor, index):
+        own = index[x.ndim - tensor.ndim :]
+        return tensor[tuple(0 if tensor.shape[d] == 1 else own[d] for d in range(tensor.ndim))].astype(stash)
+
+    def body(*i):
+        value = (x[i].astype(stash) - mean[_kept(i, axes)]) * inverse[_kept(i, axes)] * trailing(scale, i)
+        if bias is not None:
+            value = value + trailing(bias, i)
+        return value.astype(x.dtype)
+
+    result = te.compute(x.shape, body, name="layer_norm", tag="layer_norm")
+    return [result, mean, inverse][: len(output_types)]
+
+
+def instance_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    x, scale, bias = inputs[:3]
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    acc = _accumulator(x.dtype)
+    axes = tuple(range(2, x.ndim))
+    mean, variance = _moments(x, axes, acc, "instance_norm")
+
+    def body(*i):
+        kept = _kept(i, axes)
+        value = (x[i].astype(acc) - mean[kept]) / te.sqrt(variance[kept] + epsilon)
+        return (value * _channel(scale, i[1], acc) + _channel(bias, i[1], acc)).astype(x.dtype)
+
+    return [te.compute(x.shape, body, name="instance_norm", tag="layer_norm")]
+
+
+def group_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    x, scale, bias = inputs[:3]
+    groups = int(attrs["num_groups"])
+    epsilon = float(attrs.get("epsilon", 1e-5))
+    stash = stash_dtype(x.dtype)
+    batch, channels, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    per_group = channels // groups
+    count = float(per_group * math.prod(spatial))
+
+    def reduce_vars():
+        return [te.reduce_axis((0, per_group), "rc"), *(te.reduce_axis((0, s), f"r{d}") for d, s in enumerate(spatial))]
+
+    def member(n, g, axes):
+        return x[(n, g * per_group + axes[0], *axes[1:])].astype(stash)
+
+    first = reduce_vars()
+    sums = te.compute(
+        (batch, groups), lambda n, g: te.sum(member(n, g, first), axis=first), name="group_sum", tag="reduce"
+    )
+    mean = te.compute((batch, groups), lambda n, g: sums[n, g] / count, name="group_mean", tag="elemwise")
+    second = reduce_vars()
+
+    def squares(n, g):
+        centred = member(n, g, second) - mean[n, g]
+        return te.sum(centred * centred, axis=second)
+
+    squared = te.compute((batch, groups), squares, name="group_squares", tag="reduce")
+
+    def per_channel(tensor, c):
+        return tensor[c if tensor.shape[0] == channels else c // per_group].astype(stash)
+
+    def body(n, c, *rest):
+        g = c // per_group
+        value = (x[(n, c, *rest)].astype(stash) - mean[n, g]) / te.sqrt(squared[n, g] / count + epsilon)
+        return (value * per_channel(scale, c) + per_channel(bias, c)).astype(x.dtype)
+
+    return [te.compute(x.shape, body, name="group_norm", tag="layer_norm")]
+
+
+def mean_variance_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    axes = tuple(normalize_axes(attrs.get("axes", (0, 2, 3)), x.ndim))
+    acc = _accumulator(x.dtype)
+    shape = tuple(1 if d in axes else size for d, size in enumerate(x.shape))
+    count = float(math.prod(x.shape[d] for d in axes))
+
+    def moment(power: int, name: str):
+        axis_vars = [te.reduce_axis((0, x.shape[d]), f"r{d}") for d in axes]
+
+        def body(*index):
+            iterator = iter(axis_vars)
+            value = x[tuple(next(iterator) if d in axes else index[d] for d in range(x.ndim))].astype(acc)
+            return te.sum(value * value if power == 2 else value, axis=axis_vars)
+
+        return te.compute(shape, body, name=name, tag="reduce")
+
+    sums, squares = moment(1, "mvn_sum"), moment(2, "mvn_squares")
+
+    def body(*i):
+        kept = _kept(i, axes)
+        mean = sums[kept] / count
+        # E[x^2] - E[x]^2 as ONNX defines it, clamped at 0 against rounding
+        variance = te.maximum(squares[kept] / count - mean * mean, 0.0)
+        return ((x[i].astype(acc) - mean) / (te.sqrt(variance) + 1e-9)).astype(x.dtype)
+
+    return [te.compute(x.shape, body, name="mean_variance_norm", tag="layer_norm")]
+
+
+def lp_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    axis = normalize_axis(attrs.get("axis", -1), x.ndim, "LpNormalization axis")
+    p = int(attrs.get("p", 2))
+    acc = _accumulator(x.dtype)
+    shape = tuple(1 if d == axis else size for d, size in enumerate(x.shape))
+    k = te.reduce_axis((0, x.shape[axis]), "k")
+
+    def sums(*index):
+        return te.sum(_power(x[tuple(k if d == axis else v for d, v in enumerate(index))].astype(acc), p), axis=k)
+
+    total = te.compute(shape, sums, name="lp_norm_sum", tag="reduce")
+
+    def body(*i):
+        norm = _root(total[_kept(i, (axis,))], p)
+        zero = te.Compare("eq", norm, te.const(0.0, acc))
+        return te.select(zero, te.const(0.0, acc), x[i].astype(acc) / te.select(zero, 1.0, norm)).astype(x.dtype)
+
+    return [te.compute(x.shape, body, name="lp_norm", tag="layer_norm")]
+
+
+def lrn(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    size = int(attrs["size"])
+    alpha, beta, bias = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)), float(attrs.get("bias", 1.0))
+    acc = _accumulator(x.dtype)
+    before = (size - 1) // 2
+    channels = x.shape[1]
+    window = te.reduce_axis((0, size), "rc")
+
+    def sums(n, c, *rest):
+        source = c - before + window
+        value = x[(n, _clamp(source, 0, channels - 1), *rest)].astype(acc)
+        inside = te.all(source >= 0, source < channels)
+        return te.sum(te.select(inside, value * value, 0.0), axis=window)
+
+    total = te.compute(x.shape, sums, name="lrn_sum", tag="reduce")
+
+    def body(*i):
+        denominator = te.pow(total[i] * (alpha / size) + bias, beta)
+        return (x[i].astype(acc) / denominator).astype(x.dtype)
+
+    return [te.compute(x.shape, body, name="lrn", tag="elemwise")]
+
+
+# -- Softmax and LogSoftmax -----------------------------------------------------------------------------------------
+
+
+def _softmax(logarithm: bool):
+    def compute(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+        (x,) = inputs[:1]
+        axis = normalize_axis(attrs.get("axis", -1), x.ndim, "Softmax axis")
+        acc = _accumulator(x.dtype)
+        shape = tuple(1 if d == axis else size for d, size in enumerate(x.shape))
+        first = te.reduce_axis((0, x.shape[axis]), "k")
+
+        def at(index, k):
+            return tuple(k if d == axis else value for d, value in enumerate(index))
+
+        largest = te.compute(
+            shape, lambda *i: te.max(x[at(i, first)].astype(acc), axis=first), name="softmax_max", tag="reduce"
+        )
+        second = te.reduce_axis((0, x.shape[axis]), "k")
+
+        def exp_sum(*i):
+            return te.sum(te.exp(x[at(i, second)].astype(acc) - largest[i]), axis=second)
+
+        total = te.compute(shape, exp_sum, name="softmax_sum", tag="reduce")
+
+        def body(*i):
+            shifted = x[i].astype(acc) - largest[at(i, 0)]
+            if logarithm:
+                return (shifted - te.log(total[at(i, 0)])).astype(x.dtype)
+            return (te.exp(shifted) / total[at(i, 0)]).astype(x.dtype)
+
+        tag = "log_softmax" if logarithm else "softmax"
+        return [te.compute(x.shape, body, name=tag, tag=tag)]
+
+    return compute
+
+
+# -- Resize and Upsample --------------------------------------------------------------------------------------------
+
+
+def _position(mode: str, target, size: int, output: int, scale: float, region):
+    """The input coordinate (float64) of output index `target` along one axis, as the reference's
+    _source_positions computes it."""
+    t = target.astype("float64")
+    length = scale * size
+    if mode == "align_corners":
+        return te.const(0.0, "float64") if length == 1 else t * ((size - 1) / (length - 1))
+    if mode == "asymmetric":
+        return t / scale
+    if mode == "pytorch_half_pixel":
+        return te.const(-0.5, "float64") if length == 1 else (t + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        offset = size / 2 * (1 - output / length)
+        return (t + 0.5) / scale - 0.5 + offset
+    if mode == "tf_crop_and_resize":
+        start, end = region or (0.0, 1.0)
+        if length == 1:
+            return te.const((end - start) * (size - 1) / 2 + start * (size - 1), "float64")
+        return t * ((end - start) * (size - 1) / (length - 1)) + start * (size - 1)
+    return (t + 0.5) / scale - 0.5
+
+
+def _nearest(position, rounding: str, size: int):
+    below = te.floor(position)
+    fraction = position - below
+    if rounding == "round_prefer_floor":
+        chosen = te.select(fraction > 0.5, below + 1.0, below)
+    elif rounding == "round_prefer_ceil":
+        chosen = te.select(fraction >= 0.5, below + 1.0, below)
+    elif rounding == "floor":
+        chosen = below
+    else:
+        chosen = te.ceil(position)
+    return _clamp(chosen.astype("int32"), 0, size - 1)
+
+
+def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
+    plan = resize_plan(tuple(x.shape), attrs)
+    mode = attr_string(attrs, "mode", "nearest", RESIZE_MODES)
+    coordinates = attr_string(attrs, "coordinate_transformation_mode", "half_pixel", COORDINATE_MODES)
+    rounding = attr_string(attrs, "nearest_mode", "round_prefer_floor", NEAREST_MODES)
+    if mode == "cubic":
+        raise _unsupported("Resize", "with mode='cubic'")
+    if int(attrs.get("antialias", 0)) and mode == "linear" and any(s < 1 for s in plan.scales):
+        raise _unsupported("Resize", "with antialias=1 when downscaling")
+    if mode == "linear" and not x.dtype.startswith("float"):
+        raise _unsupported("Resize", f"in linear mode on {x.dtype}")
+    extrapolation = float(attrs.get("extrapolation_value", 0.0))
+    resized = []
+    for axis, (size, output, scale) in enumerate(zip(x.shape, plan.output, plan.scales)):
+        region = plan.roi[axis] if plan.roi else None
+        unchanged = region is None or (math.isclose(region[0], 0.0) and math.isclose(region[1], 1.0))
+        if not (output == size and math.isclose(scale, 1.0) and unchanged):
+            resized.append((axis, size, output, scale, region))
+
+    def body(*index):
+        outside = []
+        per_axis = {}
+        for axis, size, output, scale, region in resized:
+            position = _position(coordinates, index[axis], size, output, scale, region)
+            if coordinates == "tf_crop_and_resize":
+                outside += [position < 0.0, position > float(size - 1)]
+            if mode == "nearest":
+                per_axis[axis] = [(_nearest(position, rounding, size), None)]
+            else:
+                below = te.floor(position)
+                fraction = position - below
+                first = below.astype("int32")
+                per_axis[axis] = [
+                    (_clamp(first, 0, size - 1), 1.0 - fraction),
+                    (_clamp(first + 1, 0, size - 1), fraction),
+                ]
+        terms = [([], None)]
+        for axis, choices in per_axis.items():
+            terms = [
+                (
+                    indices + [(axis, index_expr)],
+                    weight if factor is None else factor if weight is None else weight * factor,
+                )
+                for indices, weight in terms
+                for index_expr, factor in choices
+            ]
+        value = None
+        for indices, weight in terms:
+            source = list(index)
+            for axis, index_expr in indices:
+                source[axis] = index_expr
+            load = x[tuple(source)]
+            term = load if weight is None else load.astype("float64") * weight
+            value = term if value is None else value + term
+        value = value.astype(x.dtype)
+        if outside:
+            value = te.select(te.any(*outside), te.const(extrapolation, x.dtype), value)
+        return value
+
+    return te.compute(shape, body, name="resize", tag="injective")
+
+
+def resize(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    return [_resize_with(inputs[0], attrs, output_types[0].shape)]
+
+
+def upsample(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    return [_resize_with(inputs[0], upsample_attrs(attrs), output_types[0].shape)]
+
+
+set_compute("Conv", conv)
+set_compute("ConvTranspose", conv_transpose)
+set_compute("Gemm", gemm)
+set_compute("MatMul", matmul)
+set_compute("MaxPool", max_pool)
+set_compute("AveragePool", average_pool)
+set_compute("GlobalAveragePool", _global_pool("sum"))
+set_compute("GlobalMaxPool", _global_pool("max"))
+set_compute("BatchNormalization", batch_norm)
+set_compute("LayerNormalization", layer_norm)
+set_compute("InstanceNormalization", instance_norm)
+set_compute("LRN", lrn)
+set_compute("GroupNormalization", group_norm)
+set_compute("MeanVarianceNormalization", mean_variance_norm)
+set_compute("LpNormalization", lp_norm)
+set_compute("LpPool", lp_pool)
+set_compute("GlobalLpPool", global_lp_pool)
+set_compute("Softmax", _softmax(logarithm=False))
+set_compute("LogSoftmax", _softmax(logarithm=True))
+set_compute("Resize", resize)
+set_compute("Upsample", upsample)

@@ -1,0 +1,360 @@
+"""Tensor-expression computes of the data-movement and shape ops (compiler/graph/ops/transform.py).
+
+Every output element is one read of an input at a computed index (no arithmetic on the data), so each
+stage is tagged "injective" and a schedule inlines it into its reader. Shape rules come from the graph
+layer's own helpers, so the computes and the references can never disagree about a shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compiler import te
+from compiler.graph.ops import transform as graph_transform
+from compiler.graph.ops.common import normalize_axis
+from compiler.graph.registry import set_compute
+from compiler.ops.elementwise import broadcast_read, constant
+from compiler.te.expr import Const, Expr
+
+_TAG = "injective"
+
+
+def _int(value: int) -> Const:
+    return Const(int(value), "int32")
+
+
+def clamp(index: Expr, low: int, high: int) -> Expr:
+    """`index` held in [low, high]: every arm of a select then reads in bounds, so the select stays a
+    plain (vectorizable) select instead of a branch."""
+    return te.maximum(te.minimum(index, high), low)
+
+
+def _strides(shape) -> list[int]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return list(reversed(strides))
+
+
+def _reshaped(x: te.Tensor, shape, name: str) -> te.Tensor:
+    """`x` read in row-major order into `shape`: the output position's flat offset, unravelled."""
+
+    def body(*index):
+        flat = _int(0)
+        for position, stride in zip(index, _strides(shape), strict=True):
+            flat = flat + position * stride if stride != 1 else flat + position
+        source = []
+        for dim, stride in zip(x.shape, _strides(x.shape), strict=True):
+            part = flat // stride if stride != 1 else flat
+            source.append(part % dim if dim != 1 else _int(0))
+        return x[tuple(source)]
+
+    return te.compute(shape, body, name=name, tag=_TAG)
+
+
+def _reshape_like(name: str):
+    def compute(inputs, attrs, output_types):
+        return [_reshaped(inputs[0], output_types[0].shape, name)]
+
+    return compute
+
+
+for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+    set_compute(_op, _reshape_like(_op.lower()))
+
+
+def _transpose(inputs, attrs, output_types):
+    (x,) = inputs
+    perm = graph_transform.permutation(len(x.shape), **attrs)
+
+    def body(*index):
+        source = [None] * len(perm)
+        for position, axis in zip(index, perm, strict=True):
+            source[axis] = position
+        return x[tuple(source)]
+
+    return [te.compute(output_types[0].shape, body, name="transpose", tag=_TAG)]
+
+
+set_compute("Transpose", _transpose)
+
+
+def _concat(inputs, attrs, output_types):
+    parts = [tensor for tensor in inputs if tensor is not None]
+    axis = normalize_axis(attrs["axis"], len(parts[0].shape), "Concat axis")
+    offsets = np.cumsum([0] + [part.shape[axis] for part in parts]).tolist()
+    present = [k for k, part in enumerate(parts) if part.shape[axis] > 0]
+
+    def body(*index):
+        def read(k):
+            shifted = list(index)
+            shifted[axis] = clamp(index[axis] - offsets[k], 0, parts[k].shape[axis] - 1)
+            return parts[k][tuple(shifted)]
+
+        result = read(present[-1])
+        for k in reversed(present[:-1]):
+            result = te.select(index[axis] < offsets[k + 1], read(k), result)
+        return result
+
+    return [te.compute(output_types[0].shape, body, name="concat", tag=_TAG)]
+
+
+set_compute("Concat", _concat)
+
+
+def _split(inputs, attrs, output_types):
+    x = inputs[0]
+    axis, sizes = graph_transform.split_sizes(x.shape, _outputs=len(output_types), **attrs)
+    outputs, offset = [], 0
+    for k, output in enumerate(output_types):
+
+        def body(*index, offset=offset):
+            source = list(index)
+            source[axis] = index[axis] + offset
+            return x[tuple(source)]
+
+        outputs.append(te.compute(output.shape, body, name=f"split{k}", tag=_TAG))
+        offset += sizes[k]
+    return outputs
+
+
+def _split_attrs(attrs):
+    return {key: value for key, value in attrs.items() if key != "_outputs"}
+
+
+set_compute("Split", lambda inputs, attrs, output_types: _split(inputs, _split_attrs(attrs), output_types))
+
+
+def _slice(inputs, attrs, output_types):
+    x = inputs[0]
+    slices, shape = graph_transform.slice_plan(x.shape, **attrs)
+
+    def body(*index):
+        source = []
+        for position, piece, dim in zip(index, slices, x.shape, strict=True):
+            start, _, step = piece.indices(dim)
+            source.append(position * step + start if (start, step) != (0, 1) else position)
+        return x[tuple(source)]
+
+    return [te.compute(shape, body, name="slice", tag=_TAG)]
+
+
+set_compute("Slice", _slice)
+
+
+def _pad(inputs, attrs, output_types):
+    x = inputs[0]
+    mode = attrs.get("mode", "constant")
+    widths = graph_transform.pad_widths(x.shape, **attrs)
+    fill = attrs.get("constant_value")
+    fill = fill if fill is not None else attrs.get("value")
+    fill = constant(0 if fill is None else np.asarray(fill).reshape(-1)[0], x.dtype)
+
+    def body(*index):
+        source, inside = [], []
+        for position, dim, (begin, end) in zip(index, x.shape, widths, strict=True):
+            # the reference crops by negative pads first, then pads what is left
+            crop = max(-begin, 0)
+            kept = dim - crop - max(-end, 0)
+            offset = position - max(begin, 0) if begin > 0 else position
+            if (begin, end) == (0, 0):
+                source.append(position)
+            elif mode == "constant":
+                inside += [offset >= 0, offset < kept]
+                source.append(clamp(offset, 0, kept - 1) + crop if crop else clamp(offset, 0, kept - 1))
+            else:
+                source.append(_fold_into(offset, kept, mode) + crop if crop else _fold_into(offset, kept, mode))
+        value = x[tuple(source)]
+        return te.select(te.all(*inside), value, fill) if inside else value
+
+    return [te.compute(output_types[0].shape, body, name="pad", tag=_TAG)]
+
+
+def _fold_into(offset: Expr, dim: int, mode: str) -> Expr:
+    """A position outside [0, dim) mapped back inside as numpy's reflect, edge or wrap padding does."""
+    if mode == "edge":
+        return te.minimum(te.maximum(offset, 0), dim - 1)
+    if mode == "wrap":
+        return offset % dim
+    if dim == 1:
+        return _int(0)
+    period = 2 * (dim - 1)
+    folded = offset % period
+    return te.select(folded < dim, folded, period - folded)
+
+
+set_compute("Pad", _pad)
+
+
+def _wrapped(index: Expr, dim: int) -> Expr:
+    """A runtime index with negatives counted from the end, as ONNX's Gather reads them."""
+    index = index.astype("int32") if index.dtype != "int32" else index
+    return te.select(index < 0, index + dim, index)
+
+
+def _guarded(data: te.Tensor, source: list[Expr], axis: int, dim: int) -> Expr:
+    """A read at a data-dependent index on `axis`: out-of-range indices give zero instead of reading past
+    the buffer."""
+    checked = source[axis]
+    source = [*source[:axis], clamp(checked, 0, dim - 1), *source[axis + 1 :]]
+    return te.select(te.all(checked >= 0, checked < dim), data[tuple(source)], constant(0, data.dtype))
+
+
+def _gather(inputs, attrs, output_types):
+    data, indices = inputs
+    axis = normalize_axis(attrs.get("axis", 0), len(data.shape), "Gather axis")
+    rank = len(indices.shape)
+
+    def body(*index):
+        position = _wrapped(indices[tuple(index[axis : axis + rank])], data.shape[axis])
+        source = [*index[:axis], position, *index[axis + rank :]]
+        return _guarded(data, source, axis, data.shape[axis])
+
+    return [te.compute(output_types[0].shape, body, name="gather", tag=_TAG)]
+
+
+set_compute("Gather", _gather)
+
+
+def _gather_elements(inputs, attrs, output_types):
+    data, indices = inputs
+    axis = normalize_axis(attrs.get("axis", 0), len(data.shape), "GatherElements axis")
+
+    def body(*index):
+        position = _wrapped(indices[index], data.shape[axis])
+        source = list(index)
+        source[axis] = position
+        return _guarded(data, source, axis, data.shape[axis])
+
+    return [te.compute(output_types[0].shape, body, name="gather_elements", tag=_TAG)]
+
+
+set_compute("GatherElements", _gather_elements)
+
+
+def _expand(inputs, attrs, output_types):
+    x = inputs[0]
+    return [te.compute(output_types[0].shape, lambda *index: broadcast_read(x, index), name="expand", tag="broadcast")]
+
+
+set_compute("Expand", _expand)
+
+
+def _tile(inputs, attrs, output_types):
+    x = inputs[0]
+
+    def body(*index):
+        return x[tuple(position % dim if dim != 1 else _int(0) for position, dim in zip(index, x.shape, strict=True))]
+
+    return [te.compute(output_types[0].shape, body, name="tile", tag=_TAG)]
+
+
+set_compute("Tile", _tile)
+
+
+def _depth_to_space(inputs, attrs, output_types):
+    x = inputs[0]
+    block, mode = attrs["blocksize"], attrs.get("mode", "DCR")
+    channels = output_types[0].shape[1]
+
+    def body(n, c, h, w):
+        row, column = h % block, w % block
+        if mode == "DCR":
+            depth = (row * block + column) * channels + c
+        else:
+            depth = c * block * block + row * block + column
+        return x[n, depth, h // block, w // block]
+
+    return [te.compute(output_types[0].shape, body, name="depth_to_space", tag=_TAG)]
+
+
+set_compute("DepthToSpace", _depth_to_space)
+
+
+def _space_to_depth(inputs, attrs, output_types):
+    x = inputs[0]
+    block, mode = attrs["blocksize"], attrs.get("mode", "DCR")
+    channels = x.shape[1]
+
+    def body(n, c, h, w):
+        if mode == "DCR":
+            offset, source_channel = c // channels, c % channels
+        else:
+            offset, source_channel = c % (block * block), c // (block * block)
+        return x[n, source_channel, h * block + offset // block, w * block + offset % block]
+
+    return [te.compute(output_types[0].shape, body, name="space_to_depth", tag=_TAG)]
+
+
+set_compute("SpaceToDepth", _space_to_depth)
+
+
+def _trilu(inputs, attrs, output_types):
+    x = inputs[0]
+    k, upper = int(attrs.get("k", 0)), attrs.get("upper", 1)
+    zero = constant(0, x.dtype)
+
+    def body(*index):
+        row, column = index[-2], index[-1]
+        keep = column - row >= k if upper else column - row <= k
+        return te.select(keep, x[index], zero)
+
+    return [te.compute(output_types[0].shape, body, name="trilu", tag=_TAG)]
+
+
+set_compute("Trilu", _trilu)
+
+
+# -- shape producers: constant folding usually removes these; the computes cover what remains -------------
+
+
+def _table(values: np.ndarray, output_type, name: str) -> te.Tensor:
+    """A stage holding a small constant vector (or scalar) of known values."""
+    flat = values.reshape(-1)
+
+    def body(*index):
+        if not flat.size:
+            return constant(0, output_type.dtype)
+        position = index[0] if index else _int(0)
+        result = constant(flat[-1], output_type.dtype)
+        for k in reversed(range(flat.size - 1)):
+            result = te.select(position < k + 1, constant(flat[k], output_type.dtype), result)
+        return result
+
+    return te.compute(output_type.shape, body, name=name, tag=_TAG)
+
+
+def _shape(inputs, attrs, output_types):
+    x = inputs[0]
+    dims = np.array(x.shape[graph_transform.shape_range(len(x.shape), **attrs)], dtype=np.int64)
+    return [_table(dims, output_types[0], "shape")]
+
+
+set_compute("Shape", _shape)
+set_compute(
+    "Size",
+    lambda inputs, attrs, output_types: [
+        _table(np.array(math.prod(inputs[0].shape), np.int64), output_types[0], "size")
+    ],
+)
+
+
+def _constant_of_shape(inputs, attrs, output_types):
+    value = constant(graph_transform.fill_value(attrs.get("value")).item(), output_types[0].dtype)
+    return [te.compute(output_types[0].shape, lambda *index: value, name="constant_of_shape", tag=_TAG)]
+
+
+set_compute("ConstantOfShape", _constant_of_shape)
+
+
+def _range(inputs, attrs, output_types):
+    dtype = output_types[0].dtype
+    start = constant(np.asarray(attrs["start"]).astype(dtype), dtype)
+    delta = constant(np.asarray(attrs["delta"]).astype(dtype), dtype)
+    return [te.compute(output_types[0].shape, lambda i: start + i.astype(dtype) * delta, name="range", tag=_TAG)]
+
+
+set_compute("Range", _range)

@@ -1,0 +1,383 @@
+"""Default CPU schedules: how each fused group's tensor expressions become parallel, vectorized loops.
+
+`schedule_group` reads a GroupTE (compiler/ops/group.py), inlines its injective stages, picks a template by the tag
+of its anchor reduction (conv2d, depthwise_conv2d, dense, or a generic reduction / injective template) and hands the
+schedule to `compiler.build`. Every knob of a template is a named entry of DEFAULTS, overridable through `config`.
+"""
+
+from __future__ import annotations
+
+import compiler.te as te
+from compiler.target import Target
+from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
+from compiler.te.tensor import ComputeOp, TensorLoad, walk
+
+DEFAULTS: dict[str, dict[str, int]] = {
+    # largest vector split of an elementwise loop, in units of the target's lanes
+    "injective": {"vector_lanes": 1},
+    # output channels x output columns held in registers; the pad stage is materialized once
+    "conv2d": {"tile_oc": 8, "tile_ow": 16, "unroll_oc": 1},
+    "depthwise_conv2d": {"tile_oh": 1, "tile_ow": 16},
+    "dense": {"tile_m": 4, "tile_n": 16, "unroll_m": 1, "split_k_tile_n": 8},
+    "reduce": {"vector_lanes": 1},
+}
+
+CONV_TAGS = ("conv2d", "group_conv2d")
+TILED_TAGS = (*CONV_TAGS, "depthwise_conv2d", "dense")
+
+
+def knobs(kind: str, config: dict | None) -> dict[str, int]:
+    """The template's defaults with the config's values for it laid over (config[kind] or flat keys)."""
+    values = dict(DEFAULTS[kind])
+    if config:
+        nested = config.get(kind, {})
+        values.update({key: int(value) for key, value in nested.items()})
+        values.update({key: int(config[key]) for key in DEFAULTS[kind] if key in config})
+    return values
+
+
+def lanes(target: Target, dtype: str) -> int:
+    itemsize = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "int16": 2}.get(dtype, 1)
+    return max(1, target.vector_bytes // itemsize)
+
+
+def divisor_at_most(extent: int, limit: int) -> int:
+    """The largest divisor of `extent` not above `limit`, so a split never needs a guarded tail."""
+    for candidate in range(min(extent, max(limit, 1)), 0, -1):
+        if extent % candidate == 0:
+            return candidate
+    return 1
+
+
+def vector_factor(extent: int, width: int) -> int:
+    """`width` when it divides `extent`; else the largest divisor of at least 4 (a short vector still beats scalar
+    code); else 1 (no vector loop)."""
+    if extent % width == 0:
+        return width
+    factor = divisor_at_most(extent, width)
+    return factor if factor >= 4 else 1
+
+
+def schedule_group(group, target: Target | str = "llvm", config: dict | None = None) -> te.Schedule:
+    """A schedule of `group` (a GroupTE) for a CPU target; `config` overrides DEFAULTS knobs per template."""
+    target = Target.parse(target)
+    outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, ComputeOp)]
+    schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
+    _add_unread_inputs(schedule, group.inputs)
+    anchor = _anchor_reduction(schedule)
+    kind = _template_kind(anchor)
+    keep: set[int] = set()
+    if kind is not None and schedule[anchor].is_output:
+        # the anchor writes a register-sized local tile; the output stage copies it out (and does the epilogue)
+        anchor = schedule.cache_write(anchor.op.output(0), "local")
+    if kind in ("conv2d", "depthwise_conv2d"):
+        pad = _padding_stage(schedule, anchor)
+        if pad is not None:
+            keep.add(id(pad))
+    _inline_injective(schedule, keep)
+    readers = _readers(schedule)
+    for stage in schedule.stages:
+        if id(stage.op) in keep:
+            _schedule_injective(stage, target, config)
+    if kind is not None and len(readers[schedule[anchor]]) == 1:
+        output = readers[schedule[anchor]][0]
+        if output.attach_type == ROOT and tuple(output.op.shape) == tuple(anchor.shape):
+            TEMPLATES[kind](schedule, schedule[anchor], output, target, config)
+            _schedule_rest(schedule, readers, target, config, done={schedule[anchor], output})
+            return schedule
+    _schedule_rest(schedule, readers, target, config, done=set())
+    return schedule
+
+
+def _add_unread_inputs(schedule: Schedule, inputs: list[te.Tensor]) -> None:
+    """The kernel takes every group input (its ABI), even one no output reads (an op that ignores an operand):
+    such a placeholder gets a stage so lowering can make it a parameter."""
+    for tensor in inputs:
+        if tensor.op not in schedule.stage_map:
+            stage = Stage(schedule, tensor.op)
+            schedule.stages.insert(0, stage)
+            schedule.stage_map[tensor.op] = stage
+
+
+def _anchor_reduction(schedule: Schedule) -> te.Tensor | None:
+    """The reduction whose tag names a tiled template, else None (generic templates then apply)."""
+    for stage in schedule.stages:
+        op = stage.op
+        if isinstance(op, ComputeOp) and op.reduce_axis and op.tag in TILED_TAGS and len(op.axis) in (2, 4):
+            return op.output(0)
+    return None
+
+
+def _template_kind(anchor: te.Tensor | None) -> str | None:
+    if anchor is None:
+        return None
+    return "conv2d" if anchor.op.tag in CONV_TAGS else anchor.op.tag
+
+
+def _padding_stage(schedule: Schedule, anchor: te.Tensor):
+    """The conv's padded input, when the compute made one: kept as its own stage so the conv's inner loop reads
+    a plain buffer (a select in the vector loop would cost a compare per multiply-add)."""
+    for tensor in anchor.op.input_tensors:
+        op = tensor.op
+        if isinstance(op, ComputeOp) and op.tag == "injective" and not op.reduce_axis:
+            return op
+    return None
+
+
+def _inline_injective(schedule: Schedule, keep: set[int]) -> None:
+    for stage in schedule.stages:
+        op = stage.op
+        if isinstance(op, ComputeOp) and not op.reduce_axis and not stage.is_output and id(op) not in keep:
+            if stage.scope == "global":
+                stage.compute_inline()
+
+
+def _readers(schedule: Schedule) -> dict[Stage, list[Stage]]:
+    """For every stage, the non-inlined stages that read it (through any chain of inlined stages)."""
+    found: dict[Stage, list[Stage]] = {stage: [] for stage in schedule.stages}
+
+    def reads(stage: Stage, seen: set[int]) -> list[Stage]:
+        result = []
+        for node in walk(stage.op.body) if isinstance(stage.op, ComputeOp) else ():
+            if isinstance(node, TensorLoad):
+                producer = schedule[node.tensor]
+                if id(producer) in seen:
+                    continue
+                seen.add(id(producer))
+                result.append(producer)
+                if producer.attach_type == INLINE:
+                    result += reads(producer, seen)
+        return result
+
+    for stage in schedule.stages:
+        if stage.attach_type == INLINE or not isinstance(stage.op, ComputeOp):
+            continue
+        for producer in reads(stage, set()):
+            if producer.attach_type != INLINE and stage not in found[producer]:
+                found[producer].append(stage)
+    return found
+
+
+# -- generic templates ----------------------------------------------------------------------------------------------
+
+
+def _schedule_injective(stage: Stage, target: Target, config: dict | None) -> None:
+    """Split the innermost axis by the vector width (when it divides), vectorize it, fuse the rest, parallel."""
+    axes = list(stage.op.axis)
+    if not axes:
+        return
+    width = lanes(target, stage.op.dtype) * knobs("injective", config)["vector_lanes"]
+    last = axes[-1]
+    factor = vector_factor(last.extent, width) if last.extent > 1 else 1
+    if factor > 1:
+        outer, inner = stage.split(last, factor)
+        stage.vectorize(inner)
+        axes[-1] = outer
+    if len(axes) > 1:
+        stage.parallel(stage.fuse(*axes))
+    elif axes[0].extent > 1:
+        stage.parallel(axes[0])
+
+
+def _schedule_reduction(stage: Stage, target: Target, config: dict | None) -> None:
+    """Parallel over the outer data axes, the reduce loops next, and the innermost data axis as a vector loop
+    inside them, so each reduction step updates a vector of accumulators."""
+    axes = list(stage.op.axis)
+    reduce_axes = list(stage.op.reduce_axis)
+    width = lanes(target, stage.op.dtype) * knobs("reduce", config)["vector_lanes"]
+    inner = None
+    if axes and axes[-1].extent > 1:
+        factor = vector_factor(axes[-1].extent, width)
+        if factor > 1:
+            outer, inner = stage.split(axes[-1], factor)
+            axes[-1] = outer
+    stage.reorder(*axes, *reduce_axes, *([inner] if inner is not None else []))
+    if inner is not None:
+        stage.vectorize(inner)
+    if len(axes) > 1:
+        stage.parallel(stage.fuse(*axes))
+    elif axes and axes[0].extent > 1:
+        stage.parallel(axes[0])
+
+
+def _order_attached_reduction(stage: Stage, vector_axis: bool) -> None:
+    """An attached reduction's loops: data axes, then the reduce axes, then (vectorized) the innermost data axis,
+    whose region is the reader's vector tile."""
+    axes = list(stage.op.axis)
+    reduce_axes = list(stage.op.reduce_axis)
+    if vector_axis and axes:
+        stage.reorder(*axes[:-1], *reduce_axes, axes[-1])
+        stage.vectorize(axes[-1])
+
+
+def _schedule_rest(schedule: Schedule, readers, target: Target, config: dict | None, done: set) -> None:
+    """Every stage no template took: a reduction read by one root stage is computed inside that stage's loops
+    (at its vector tile when the shapes agree, at its row loop when the reduction keeps size-1 axes), the rest at
+    the root with the generic templates."""
+    pending = [s for s in schedule.stages if s not in done and isinstance(s.op, ComputeOp)]
+    pending = [s for s in pending if s.attach_type == ROOT and s.relations == [] and not s.annotations]
+    reductions = [s for s in pending if s.op.reduce_axis and not s.is_output]
+    attached: dict[Stage, list[Stage]] = {}
+    for stage in reductions:
+        host = _host(stage, readers, schedule, set())
+        if host is not None and host not in reductions and host in pending:
+            attached.setdefault(host, []).append(stage)
+    for stage in pending:
+        if stage in attached:
+            _schedule_host(stage, attached[stage], target, config)
+        elif any(stage in members for members in attached.values()):
+            continue
+        elif stage.op.reduce_axis:
+            _schedule_reduction(stage, target, config)
+        else:
+            _schedule_injective(stage, target, config)
+
+
+def _host(stage: Stage, readers, schedule: Schedule, seen: set[int]) -> Stage | None:
+    """The single root stage that `stage`'s value ends up in: its only reader, or the host of readers that are
+    themselves reductions attached to the same host (softmax's max is read by its sum and its output)."""
+    hosts = set()
+    for reader in readers[stage]:
+        if reader.op.reduce_axis and not reader.is_output and id(reader) not in seen:
+            seen.add(id(reader))
+            hosts.add(_host(reader, readers, schedule, seen))
+        else:
+            hosts.add(reader)
+    if len(hosts) != 1:
+        return None
+    host = hosts.pop()
+    if host is None or host.op.reduce_axis or not host.op.axis or len(host.op.axis) != len(stage.op.axis):
+        return None
+    if any(r not in (1, h) for r, h in zip(stage.op.shape, host.op.shape)):
+        return None
+    return host
+
+
+def _schedule_host(host: Stage, members: list[Stage], target: Target, config: dict | None) -> None:
+    """`host` parallel over the axes every member keeps whole, with the members (local buffers) computed inside
+    that loop: per vector tile when they have the host's shape, per row (softmax, layer norm) otherwise."""
+    axes = list(host.op.axis)
+    kept = [all(m.op.shape[d] == axes[d].extent for m in members) for d in range(len(axes))]
+    width = lanes(target, host.op.dtype)
+    if all(kept):
+        last = axes[-1]
+        factor = vector_factor(last.extent, width) if last.extent > 1 else 1
+        inner = None
+        if factor > 1:
+            outer, inner = host.split(last, factor)
+            axes[-1] = outer
+        fused = host.fuse(*axes) if len(axes) > 1 else axes[0]
+        host.parallel(fused)
+        if inner is not None:
+            host.vectorize(inner)
+        for member in members:
+            member.set_scope("local")
+            member.compute_at(host, fused)
+            _order_attached_reduction(member, inner is not None)
+        return
+    outer_axes = [axis for axis, keep in zip(axes, kept) if keep]
+    inner_axes = [axis for axis, keep in zip(axes, kept) if not keep]
+    if not outer_axes:
+        for member in members:
+            _schedule_reduction(member, target, config)
+        _schedule_injective(host, target, config)
+        return
+    host.reorder(*outer_axes, *inner_axes)
+    fused = host.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
+    host.parallel(fused)
+    last = inner_axes[-1]
+    if last is axes[-1] and last.extent > 1:
+        factor = vector_factor(last.extent, width)
+        if factor > 1:
+            _, inner = host.split(last, factor)
+            host.vectorize(inner)
+    for member in members:
+        member.set_scope("local")
+        member.compute_at(host, fused)
+
+
+# -- anchor templates -----------------------------------------------------------------------------------------------
+
+
+def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, config: dict | None) -> None:
+    """Register-blocked direct convolution: each task owns (batch, oc block, output row); per column tile the
+    conv accumulates tile_oc x tile_ow outputs over input channels and the kernel window, vectorized along the
+    output row, and the epilogue is applied to that tile before it is stored."""
+    values = knobs("conv2d", config)
+    n, oc, oh, ow = output.op.axis
+    tile_oc = divisor_at_most(oc.extent, values["tile_oc"])
+    tile_ow = divisor_at_most(ow.extent, values["tile_ow"])
+    oc_outer, oc_inner = output.split(oc, tile_oc)
+    ow_outer, ow_inner = output.split(ow, tile_ow)
+    output.reorder(n, oc_outer, oh, ow_outer, oc_inner, ow_inner)
+    output.parallel(output.fuse(n, oc_outer, oh))
+    output.vectorize(ow_inner)
+    conv.set_scope("local")
+    conv.compute_at(output, ow_outer)
+    cn, coc, coh, cow = conv.op.axis
+    conv.reorder(cn, coh, *conv.op.reduce_axis, coc, cow)
+    if values["unroll_oc"]:
+        conv.unroll(coc)
+    conv.vectorize(cow)
+
+
+def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, config: dict | None) -> None:
+    """A 2-D output tile per step (tile_oh x tile_ow), vectorized along the row, parallel over batch x channels;
+    the window taps are the outer loops of the tile's accumulation."""
+    values = knobs("depthwise_conv2d", config)
+    n, c, oh, ow = output.op.axis
+    tile_oh = divisor_at_most(oh.extent, values["tile_oh"])
+    tile_ow = divisor_at_most(ow.extent, values["tile_ow"])
+    oh_outer, oh_inner = output.split(oh, tile_oh)
+    ow_outer, ow_inner = output.split(ow, tile_ow)
+    output.reorder(n, c, oh_outer, ow_outer, oh_inner, ow_inner)
+    output.parallel(output.fuse(n, c))
+    output.vectorize(ow_inner)
+    conv.set_scope("local")
+    conv.compute_at(output, ow_outer)
+    cn, cc, coh, cow = conv.op.axis
+    conv.reorder(cn, cc, *conv.op.reduce_axis, coh, cow)
+    if tile_oh > 1:
+        conv.unroll(coh)
+    conv.vectorize(cow)
+
+
+def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, config: dict | None) -> None:
+    """A tile_m x tile_n register block per step, vectorized along the output row, the k loop outside the block.
+    With B transposed (N, K) the compute first sums interleaved partial products; those are vectorized along the
+    contiguous k instead, tile_n rows of B at a time."""
+    values = knobs("dense", config)
+    partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
+    i, j = output.op.axis
+    tile_m = divisor_at_most(i.extent, values["tile_m"] if partial is None else 1)
+    tile_n = divisor_at_most(j.extent, values["tile_n"] if partial is None else values["split_k_tile_n"])
+    i_outer, i_inner = output.split(i, tile_m)
+    j_outer, j_inner = output.split(j, tile_n)
+    output.reorder(i_outer, j_outer, i_inner, j_inner)
+    fused = output.fuse(i_outer, j_outer)
+    output.parallel(fused)
+    output.vectorize(j_inner)
+    dense.set_scope("local")
+    dense.compute_at(output, fused)
+    di, dj = dense.op.axis
+    (k,) = dense.op.reduce_axis
+    if partial is not None:
+        dense.reorder(di, dj, k)
+        stage = schedule[partial]
+        stage.set_scope("local")
+        stage.compute_at(output, fused)
+        pi, pj, lane = stage.op.axis
+        (outer,) = stage.op.reduce_axis
+        stage.reorder(outer, pi, pj, lane)
+        stage.unroll(pj)
+        stage.vectorize(lane)
+        return
+    dense.reorder(k, di, dj)
+    if values["unroll_m"]:
+        dense.unroll(di)
+    dense.vectorize(dj)
+
+
+TEMPLATES = {"conv2d": _conv2d, "depthwise_conv2d": _depthwise_conv2d, "dense": _dense}
+
+__all__ = ["DEFAULTS", "TEMPLATES", "divisor_at_most", "knobs", "lanes", "schedule_group", "vector_factor"]

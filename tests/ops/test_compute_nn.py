@@ -1,0 +1,180 @@
+"""The nn computes (compiler/ops/nn.py) compiled as their fused groups — group_to_te, the default CPU schedule,
+compiler.build — natively and in wasmtime, against the numpy reference executor on the same graph."""
+
+import numpy as np
+import pytest
+
+from compiler.build import build
+from compiler.errors import UnsupportedOpError
+from compiler.graph.ir import Graph, TensorType
+from compiler.graph.reference import run_reference
+from compiler.ops import group_to_te
+from compiler.passes.fuse_ops import fuse_ops
+from compiler.schedules import schedule_group
+
+TARGETS = ["llvm", "wasm"]
+
+
+def run_compiled(graph: Graph, feeds: dict, target: str) -> dict:
+    """Every fused group of `graph` as one kernel, run in order."""
+    fused = fuse_ops(graph)
+    env = {v: feeds[v.name] for v in fused.inputs}
+    env.update(fused.params)
+    for node in fused.nodes:
+        group = group_to_te(node)
+        kernel = build(schedule_group(group, target), group.inputs + group.outputs, target=target, name=group.name)
+        outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
+        kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
+        env.update(zip(node.outputs, outputs))
+    return {v.name: env[v] for v in fused.outputs}
+
+
+def single_op(op: str, shapes: list, attrs: dict, seed: int = 0) -> tuple[Graph, dict]:
+    """A graph of one `op` node: the first operand an input, the others params (None: an omitted input)."""
+    rng = np.random.default_rng(seed)
+    graph = Graph()
+    operands = []
+    for index, shape in enumerate(shapes):
+        if shape is None:
+            operands.append(None)
+            continue
+        array = rng.standard_normal(shape).astype(np.float32)
+        if op == "BatchNormalization" and index == 4:
+            array = np.abs(array) + 0.1
+        operands.append(
+            graph.add_input("x", TensorType(shape, "float32")) if index == 0 else graph.add_param("p", array)
+        )
+        if index == 0:
+            feeds = {"x": array}
+    graph.outputs = list(graph.add_node(op, operands, attrs))
+    return graph, feeds
+
+
+def check(graph: Graph, feeds: dict, target: str) -> None:
+    expected = run_reference(graph, feeds)
+    actual = run_compiled(graph, feeds, target)
+    for name, value in expected.items():
+        np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+CASES = {
+    "conv_bias_pads": ("Conv", [(1, 3, 7, 7), (4, 3, 3, 3), (4,)], {"pads": [1, 1, 1, 1]}),
+    "conv_stride_asymmetric_pads": ("Conv", [(2, 3, 9, 8), (5, 3, 3, 2)], {"strides": [2, 2], "pads": [1, 0, 2, 1]}),
+    "conv_dilations_same_upper": (
+        "Conv",
+        [(1, 2, 9, 8), (3, 2, 3, 3)],
+        {"dilations": [2, 1], "auto_pad": "SAME_UPPER"},
+    ),
+    "conv_same_lower_stride": ("Conv", [(1, 2, 9, 8), (3, 2, 2, 3)], {"auto_pad": "SAME_LOWER", "strides": [2, 3]}),
+    "conv_valid": ("Conv", [(1, 2, 6, 6), (3, 2, 3, 3)], {"auto_pad": "VALID"}),
+    "conv_groups": ("Conv", [(1, 4, 7, 6), (6, 2, 3, 3), (6,)], {"group": 2, "pads": [1, 1, 1, 1]}),
+    "depthwise": ("Conv", [(1, 4, 9, 8), (4, 1, 3, 3)], {"group": 4, "strides": [2, 2], "pads": [1, 0, 1, 2]}),
+    "depthwise_multiplier": ("Conv", [(1, 3, 7, 6), (6, 1, 3, 3)], {"group": 3, "pads": [1, 1, 1, 1]}),
+    "conv_1d": ("Conv", [(1, 3, 11), (2, 3, 3), (2,)], {"pads": [2, 1], "strides": [2]}),
+    "conv_1x1": ("Conv", [(1, 8, 5, 6), (16, 8, 1, 1)], {}),
+    "conv_transpose": (
+        "ConvTranspose",
+        [(1, 3, 4, 5), (3, 2, 3, 3), (2,)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+    ),
+    "conv_transpose_groups": ("ConvTranspose", [(1, 4, 4, 4), (4, 1, 3, 3)], {"group": 2, "dilations": [2, 2]}),
+    "gemm_bias": ("Gemm", [(3, 5), (5, 4), (4,)], {}),
+    "gemm_trans_alpha_beta": ("Gemm", [(5, 3), (4, 5), (3, 4)], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}),
+    "gemm_trans_b_row_bias": ("Gemm", [(2, 6), (9, 6), (1, 9)], {"transB": 1}),
+    "gemm_trans_b_split_k": ("Gemm", [(3, 64), (10, 64), (10,)], {"transB": 1}),
+    "gemm_beta_zero": ("Gemm", [(3, 5), (5, 4), (3, 4)], {"beta": 0.0}),
+    "gemm_no_c": ("Gemm", [(3, 5), (5, 4)], {"alpha": 2.0}),
+    "matmul_2d": ("MatMul", [(3, 5), (5, 7)], {}),
+    "matmul_batched_broadcast": ("MatMul", [(2, 1, 3, 5), (3, 5, 4)], {}),
+    "matmul_vector_left": ("MatMul", [(5,), (2, 5, 4)], {}),
+    "matmul_vector_right": ("MatMul", [(2, 3, 5), (5,)], {}),
+    "max_pool_pads": ("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "max_pool_ceil_dilations": (
+        "MaxPool",
+        [(1, 2, 7, 8)],
+        {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1, "dilations": [1, 2]},
+    ),
+    "max_pool_indices": (
+        "MaxPool",
+        [(1, 2, 7, 6)],
+        {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 1, 1, 0], "_outputs": 2},
+    ),
+    "max_pool_indices_column_major": (
+        "MaxPool",
+        [(2, 2, 5, 6)],
+        {"kernel_shape": [2, 2], "storage_order": 1, "_outputs": 2},
+    ),
+    "average_pool_excluding_pad": (
+        "AveragePool",
+        [(1, 2, 7, 7)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    ),
+    "average_pool_ceil_including_pad": (
+        "AveragePool",
+        [(1, 2, 7, 8)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "pads": [0, 1, 1, 0], "count_include_pad": 1},
+    ),
+    "average_pool_same_upper": ("AveragePool", [(1, 2, 7, 8)], {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER"}),
+    "global_average_pool": ("GlobalAveragePool", [(2, 3, 5, 4)], {}),
+    "global_max_pool": ("GlobalMaxPool", [(2, 3, 5, 4)], {}),
+    "batch_norm": ("BatchNormalization", [(2, 3, 4, 5), (3,), (3,), (3,), (3,)], {"epsilon": 1e-3}),
+    "layer_norm": ("LayerNormalization", [(2, 3, 8), (8,), (8,)], {}),
+    "layer_norm_three_outputs": ("LayerNormalization", [(2, 3, 8), (3, 8), None], {"axis": 1, "_outputs": 3}),
+    "instance_norm": ("InstanceNormalization", [(2, 3, 4, 5), (3,), (3,)], {}),
+    "group_norm": ("GroupNormalization", [(2, 4, 3, 3), (4,), (4,)], {"num_groups": 2}),
+    "mean_variance_norm": ("MeanVarianceNormalization", [(2, 3, 4, 5)], {}),
+    "lp_norm_l1": ("LpNormalization", [(3, 6)], {"p": 1, "axis": 0}),
+    "lp_norm_l2": ("LpNormalization", [(3, 6)], {"p": 2}),
+    "lp_pool_p3": ("LpPool", [(1, 2, 6, 6)], {"kernel_shape": [2, 2], "p": 3, "pads": [1, 1, 0, 0]}),
+    "global_lp_pool": ("GlobalLpPool", [(1, 3, 4, 4)], {"p": 2}),
+    "lrn": ("LRN", [(1, 5, 3, 3)], {"size": 3, "alpha": 0.01}),
+    "softmax_last": ("Softmax", [(3, 7)], {}),
+    "softmax_middle": ("Softmax", [(2, 3, 4)], {"axis": 1}),
+    "softmax_first": ("Softmax", [(3, 16)], {"axis": 0}),
+    "log_softmax_last": ("LogSoftmax", [(2, 16)], {}),
+    "log_softmax_middle": ("LogSoftmax", [(2, 5, 3)], {"axis": -2}),
+    "resize_nearest": ("Resize", [(1, 2, 4, 5)], {"scales": [1, 1, 2, 2], "mode": "nearest"}),
+    "resize_nearest_asymmetric_floor": (
+        "Resize",
+        [(1, 2, 4, 5)],
+        {"scales": [1, 1, 2, 1.5], "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+    ),
+    "resize_linear_sizes": ("Resize", [(1, 2, 4, 5)], {"sizes": [1, 2, 7, 3], "mode": "linear"}),
+    "resize_linear_align_corners": (
+        "Resize",
+        [(1, 2, 4, 5)],
+        {"scales": [1, 1, 1.5, 0.7], "mode": "linear", "coordinate_transformation_mode": "align_corners"},
+    ),
+    "resize_crop_extrapolate": (
+        "Resize",
+        [(1, 2, 4, 5)],
+        {
+            "sizes": [1, 2, 3, 3],
+            "roi": [0, 0, 0.2, 0.3, 1, 1, 0.8, 1.2],
+            "mode": "linear",
+            "coordinate_transformation_mode": "tf_crop_and_resize",
+            "extrapolation_value": 5.0,
+        },
+    ),
+    "upsample": ("Upsample", [(1, 1, 2, 3)], {"scales": [1, 1, 2, 3], "mode": "nearest"}),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_nn_op_matches_reference(case, target):
+    op, shapes, attrs = CASES[case]
+    check(*single_op(op, shapes, attrs), target)
+
+
+@pytest.mark.parametrize(
+    ("op", "shapes", "attrs", "named"),
+    [
+        ("Resize", [(1, 1, 4, 4)], {"scales": [1, 1, 0.5, 0.5], "mode": "linear", "antialias": 1}, "antialias"),
+        ("Resize", [(1, 1, 4, 4)], {"scales": [1, 1, 2, 2], "mode": "cubic"}, "cubic"),
+    ],
+)
+def test_unsupported_configuration_names_itself(op, shapes, attrs, named):
+    graph, _ = single_op(op, shapes, attrs)
+    with pytest.raises(UnsupportedOpError, match=named):
+        group_to_te(fuse_ops(graph).nodes[0])

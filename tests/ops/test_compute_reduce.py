@@ -1,0 +1,103 @@
+"""Reduction computes (ReduceX, ArgMax/ArgMin), compiled for llvm and wasm, against the numpy references."""
+
+import numpy as np
+from kernel_check import check, check_one_kernel
+
+from compiler.graph.ir import Graph, TensorType
+
+RNG = np.random.default_rng(11)
+REDUCTIONS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2"]
+REDUCTIONS += ["ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+
+
+def _graph(inputs: dict[str, TensorType]) -> tuple[Graph, list]:
+    graph = Graph(name="reduce")
+    return graph, [graph.add_input(name, type) for name, type in inputs.items()]
+
+
+def _outputs(graph: Graph, nodes) -> Graph:
+    graph.outputs = [graph.add_node(op, inputs, attrs)[0] for op, inputs, attrs in nodes]
+    return graph
+
+
+def _every_reduction(x, attrs) -> list:
+    return [(op, [x], attrs) for op in REDUCTIONS]
+
+
+def test_every_reduction_over_negative_and_multiple_axes():
+    graph, (x,) = _graph({"x": TensorType((3, 4, 5), "float32")})
+    nodes = _every_reduction(x, {"axes": np.array([-1]), "keepdims": 1})
+    nodes += _every_reduction(x, {"axes": np.array([0, 2]), "keepdims": 0})
+    inputs = {"x": RNG.uniform(0.5, 1.5, (3, 4, 5)).astype(np.float32)}
+    check_one_kernel(_outputs(graph, nodes), inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_reductions_over_all_axes_and_no_axes():
+    graph, (x,) = _graph({"x": TensorType((2, 6), "float32")})
+    nodes = _every_reduction(x, {"keepdims": 0})
+    nodes += [(op, [x], {"axes": np.array([], np.int64), "noop_with_empty_axes": 1}) for op in REDUCTIONS]
+    inputs = {"x": RNG.uniform(0.5, 1.5, (2, 6)).astype(np.float32)}
+    check_one_kernel(_outputs(graph, nodes), inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_long_product_and_log_sum_exp_of_large_values():
+    graph, (x, large) = _graph({"x": TensorType((3, 300), "float32"), "l": TensorType((2, 7), "float32")})
+    nodes = [
+        ("ReduceProd", [x], {"axes": np.array([1])}),
+        ("ReduceLogSumExp", [large], {"axes": np.array([1])}),
+        ("ReduceMax", [large], {"axes": np.array([0])}),
+    ]
+    large_data = RNG.uniform(-5, 5, (2, 7)).astype(np.float32) + np.float32(200)
+    large_data[1, :] = -np.inf
+    inputs = {"x": RNG.uniform(0.99, 1.01, (3, 300)).astype(np.float32), "l": large_data}
+    check_one_kernel(_outputs(graph, nodes), inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_integer_reductions():
+    graph, (x,) = _graph({"x": TensorType((4, 5), "int32")})
+    axes = {"axes": np.array([1])}
+    nodes = [(op, [x], axes) for op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceMean")]
+    nodes += [("ReduceSumSquare", [x], {"axes": np.array([0])}), ("ReduceL1", [x], {"axes": np.array([0])})]
+    inputs = {"x": RNG.integers(-6, 7, (4, 5)).astype(np.int32)}
+    check_one_kernel(_outputs(graph, nodes), inputs)
+
+
+def test_float16_sum_accumulates_wider():
+    graph, (x,) = _graph({"x": TensorType((2, 512), "float16")})
+    nodes = [("ReduceSum", [x], {"axes": np.array([1])}), ("ReduceMean", [x], {"axes": np.array([1])})]
+    inputs = {"x": RNG.uniform(0, 1, (2, 512)).astype(np.float16)}
+    check_one_kernel(_outputs(graph, nodes), inputs, rtol=2e-3, atol=1e-3)
+
+
+def test_reduction_over_an_empty_axis():
+    graph, (x,) = _graph({"x": TensorType((2, 0, 3), "float32")})
+    nodes = [(op, [x], {"axes": np.array([1])}) for op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceLogSum")]
+    check_one_kernel(_outputs(graph, nodes), {"x": np.zeros((2, 0, 3), np.float32)})
+
+
+def test_arg_max_and_min_with_ties_and_last_index():
+    graph, (x, n) = _graph({"x": TensorType((3, 6), "float32"), "n": TensorType((2, 3, 4), "int32")})
+    nodes = []
+    for op in ("ArgMax", "ArgMin"):
+        nodes += [
+            (op, [x], {"axis": 1}),
+            (op, [x], {"axis": -1, "select_last_index": 1, "keepdims": 0}),
+            (op, [x], {"axis": 0, "keepdims": 0}),
+            (op, [n], {"axis": 1, "select_last_index": 1}),
+            (op, [n], {"axis": -1}),
+        ]
+    data = np.array(
+        [[1, 3, 3, 0, -1, 3], [2, 2, 2, 2, 2, 2], [np.nan, 5, np.nan, -7, 0, 1]],
+        np.float32,
+    )
+    inputs = {"x": data, "n": RNG.integers(-2, 3, (2, 3, 4)).astype(np.int32)}
+    check_one_kernel(_outputs(graph, nodes), inputs)
+
+
+def test_reduce_mean_absorbs_its_exp_producer():
+    graph, (x,) = _graph({"x": TensorType((4, 16), "float32")})
+    (exponential,) = graph.add_node("Exp", [x])
+    (mean,) = graph.add_node("ReduceMean", [exponential], {"axes": np.array([1]), "keepdims": 1})
+    (shifted,) = graph.add_node("Sub", [mean, x])
+    graph.outputs = [shifted]
+    check(graph, {"x": RNG.standard_normal((4, 16)).astype(np.float32)}, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,177 @@
+"""The default CPU schedules (compiler/schedules/cpu.py) on whole fused groups: results against the numpy reference
+executor natively and in wasmtime, and the loop structure they promise (epilogue at the anchor's tile, parallel and
+vectorized loops) read from the kernel's loop IR."""
+
+import re
+
+import numpy as np
+import pytest
+
+from compiler.build import build
+from compiler.graph.ir import Graph, TensorType
+from compiler.graph.reference import run_reference
+from compiler.ops import group_to_te
+from compiler.passes.pipeline import optimize
+from compiler.schedules import DEFAULTS, schedule_group
+from compiler.schedules.cpu import divisor_at_most, knobs, vector_factor
+
+TARGETS = ["llvm", "wasm"]
+RNG = np.random.default_rng(0)
+
+
+def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dict | None = None):
+    """Optimise and fuse `graph`, build each group as one kernel, run them in order; (outputs, kernels)."""
+    fused = optimize(graph)
+    env = {v: feeds[v.name] for v in fused.inputs}
+    env.update(fused.params)
+    kernels = []
+    for node in fused.nodes:
+        group = group_to_te(node)
+        schedule = schedule_group(group, target, config)
+        kernel = build(schedule, group.inputs + group.outputs, target=target, name=group.name)
+        outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
+        kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
+        env.update(zip(node.outputs, outputs))
+        kernels.append(kernel)
+    return {v.name: env[v] for v in fused.outputs}, kernels
+
+
+def check(graph: Graph, feeds: dict, target: str, config: dict | None = None):
+    expected = run_reference(graph, feeds)
+    actual, kernels = compile_and_run(graph, feeds, target, config)
+    for name, value in expected.items():
+        np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    return kernels
+
+
+def param(graph: Graph, shape, positive: bool = False):
+    array = RNG.standard_normal(shape).astype(np.float32)
+    return graph.add_param("p", np.abs(array) + 0.5 if positive else array)
+
+
+def conv_graph(x_shape, w_shape, attrs, epilogue: str, bias: bool = True):
+    graph = Graph()
+    x = graph.add_input("x", TensorType(x_shape, "float32"))
+    operands = [x, param(graph, w_shape)] + ([param(graph, (w_shape[0],))] if bias else [])
+    (y,) = graph.add_node("Conv", operands, attrs)
+    channels = (w_shape[0],)
+    if epilogue == "bn_relu6":
+        bn = [param(graph, channels), param(graph, channels), param(graph, channels), param(graph, channels, True)]
+        (y,) = graph.add_node("BatchNormalization", [y, *bn])
+        (y,) = graph.add_node("Clip", [y], {"min": np.float32(0.0), "max": np.float32(6.0)})
+    elif epilogue == "residual_relu":
+        residual = graph.add_input("residual", TensorType(y.type.shape, "float32"))
+        (y,) = graph.add_node("Add", [y, residual])
+        (y,) = graph.add_node("Relu", [y])
+    elif epilogue == "scale_shift_relu":
+        (y,) = graph.add_node("Mul", [y, param(graph, (w_shape[0], 1, 1))])
+        (y,) = graph.add_node("Add", [y, param(graph, (w_shape[0], 1, 1))])
+        (y,) = graph.add_node("Relu", [y])
+    graph.outputs = [y]
+    feeds = {v.name: RNG.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    return graph, feeds
+
+
+def anchor_kernel(kernels):
+    (kernel,) = kernels
+    return kernel.source("tir")
+
+
+def assert_tile_epilogue(tir: str, anchor: str) -> None:
+    """The anchor accumulates into a local tile allocated inside the parallel loop, and the output store reads that
+    tile: no global buffer of the anchor's whole output sits between it and its epilogue."""
+    assert re.search(rf"allocate {anchor}: float32\[[^\]]*\] local", tir), tir
+    assert not re.search(rf"allocate {anchor}: .* global", tir), tir
+    assert tir.index(") parallel {") < tir.index(f"allocate {anchor}:"), tir
+    assert ") vectorized {" in tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_folded_batchnorm_relu6_is_one_tiled_kernel(target):
+    graph, feeds = conv_graph((1, 8, 10, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
+    tir = anchor_kernel(check(graph, feeds, target))
+    assert_tile_epilogue(tir, "conv")
+    assert "allocate pad:" in tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_residual_add_relu(target):
+    graph, feeds = conv_graph((1, 4, 9, 9), (8, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "residual_relu")
+    assert_tile_epilogue(anchor_kernel(check(graph, feeds, target)), "conv")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_scale_shift_relu_is_one_kernel(target):
+    """The seeds' depthwise_conv2d -> scale_shift -> relu at a reduced size."""
+    graph, feeds = conv_graph((1, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
+    tir = anchor_kernel(check(graph, feeds, target))
+    assert_tile_epilogue(tir, "conv")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pointwise_conv_with_extents_no_tile_divides(target):
+    graph, feeds = conv_graph((1, 6, 7, 13), (11, 6, 1, 1), {}, "none")
+    assert_tile_epilogue(anchor_kernel(check(graph, feeds, target)), "conv")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gemm_relu_is_register_blocked(target):
+    graph = Graph()
+    x = graph.add_input("x", TensorType((5, 24), "float32"))
+    (y,) = graph.add_node("Gemm", [x, param(graph, (40, 24)), param(graph, (40,))], {"transB": 1})
+    (y,) = graph.add_node("Relu", [y])
+    graph.outputs = [y]
+    tir = anchor_kernel(check(graph, {"x": RNG.standard_normal((5, 24)).astype(np.float32)}, target))
+    assert_tile_epilogue(tir, "dense")
+
+
+def test_config_knobs_set_the_tile():
+    graph, feeds = conv_graph((1, 4, 8, 8), (8, 4, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    tir = anchor_kernel(check(graph, feeds, "llvm", {"conv2d": {"tile_oc": 2, "tile_ow": 4}}))
+    assert "allocate conv: float32[1, 2, 1, 4] local" in tir
+
+
+def test_softmax_rows_run_in_parallel_with_local_statistics():
+    graph = Graph()
+    x = graph.add_input("x", TensorType((6, 32), "float32"))
+    graph.outputs = list(graph.add_node("Softmax", [x]))
+    tir = anchor_kernel(check(graph, {"x": RNG.standard_normal((6, 32)).astype(np.float32) * 5}, "llvm"))
+    assert re.search(r"allocate softmax_max: float32\[1, 1\] local", tir)
+    assert tir.index(") parallel {") < tir.index("allocate softmax_max")
+    assert ") vectorized {" in tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pool_then_elementwise_with_odd_shapes(target):
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 3, 11, 13), "float32"))
+    (y,) = graph.add_node("MaxPool", [x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})
+    (y,) = graph.add_node("Sigmoid", [y])
+    graph.outputs = [y]
+    check(graph, {"x": RNG.standard_normal((1, 3, 11, 13)).astype(np.float32)}, target)
+
+
+def test_elementwise_group_is_parallel_and_vectorized():
+    graph = Graph()
+    x = graph.add_input("x", TensorType((4, 64), "float32"))
+    (y,) = graph.add_node("Add", [x, param(graph, (64,))])
+    (y,) = graph.add_node("Relu", [y])
+    graph.outputs = [y]
+    tir = anchor_kernel(check(graph, {"x": RNG.standard_normal((4, 64)).astype(np.float32)}, "llvm"))
+    assert ") parallel {" in tir and ") vectorized {" in tir
+
+
+def test_split_factors_divide_their_extents():
+    assert divisor_at_most(112, 16) == 16
+    assert divisor_at_most(7, 16) == 7
+    assert divisor_at_most(13, 8) == 1
+    assert vector_factor(64, 16) == 16
+    assert vector_factor(24, 16) == 12
+    assert vector_factor(7, 8) == 7
+    assert vector_factor(13, 8) == 1
+
+
+def test_knobs_overlay_defaults():
+    assert knobs("conv2d", None) == DEFAULTS["conv2d"]
+    assert knobs("conv2d", {"conv2d": {"tile_oc": 4}})["tile_oc"] == 4
+    assert knobs("dense", {"tile_n": 8})["tile_n"] == 8
