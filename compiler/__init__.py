@@ -3,7 +3,18 @@
 `build` is imported eagerly on purpose: the submodule `compiler.build` and the function share a
 name, and only binding the function at package import keeps `compiler.build(...)` callable."""
 
-from compiler.build import build
+from compiler.build import build, compile_model, load_module
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError, UnsupportedOpError
+from compiler.target import Target
 
-__all__ = ["ModelError", "ShapeError", "TargetError", "TesselError", "UnsupportedOpError", "build"]
+__all__ = [
+    "ModelError",
+    "ShapeError",
+    "Target",
+    "TargetError",
+    "TesselError",
+    "UnsupportedOpError",
+    "build",
+    "compile_model",
+    "load_module",
+]

@@ -1,20 +1,37 @@
-"""The kernel driver: schedule → lower (tir) → codegen (LLVM) → link → runtime, giving a callable
-Kernel. The stages stay separate functions so a whole-model build can put many PrimFuncs in one
-module (codegen.generate_module takes a list) and reuse the linking and loading steps."""
+"""The driver: schedule → lower (tir) → codegen (LLVM) → link → runtime. `build` gives one callable
+Kernel; `compile_model` gives a whole-model Module: every fused group's kernel plus a `run` entry
+that calls them over a static memory plan, in one LLVM module, exported as a bundle (bundle.py) and
+read back by `load_module`. docs/modules.md describes the run entry's ABI and the bundle."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import onnx
+
+from compiler.bundle import CODE_FILES, FORMAT_VERSION, PARAMS_FILE, BundleError, read_bundle, write_bundle
 from compiler.codegen.llvm import CompiledModule, compile_funcs
-from compiler.errors import TargetError
+from compiler.errors import ModelError, ShapeError, TargetError, TesselError
+from compiler.frontend.onnx import load_onnx
+from compiler.graph.ir import Graph, Node
 from compiler.link import link_shared, link_wasm
+from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
+from compiler.ops import group_to_te
+from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
-from compiler.runtime.native import NativeLibrary
-from compiler.runtime.wasm import WasmInstance
+from compiler.runtime.native import NativeLibrary, NativeModel
+from compiler.runtime.wasm import WasmInstance, WasmModel
+from compiler.schedules.cpu import schedule_group
 from compiler.target import Target
 from compiler.tir.lower import lower
-from compiler.tir.nodes import PrimFunc
+from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
 
 
@@ -98,3 +115,409 @@ def build(
 ) -> Kernel:
     """Lower a TE schedule over `args` (the kernel's arrays, in call order) and compile it."""
     return build_func(lower(schedule, list(args), name), target, num_threads)
+
+
+# ---- whole models ------------------------------------------------------------------------------------------
+
+COMPILER_VERSION = "0.1.0"
+ENTRY = "run"
+Progress = Callable[[str, float], None]
+
+
+def _silent(step: str, fraction: float) -> None:
+    return None
+
+
+def _model_source(model, input_shapes) -> tuple[Graph, bytes]:
+    """The model as a Graph, and the bytes that identify it in the bundle's content hash."""
+    if isinstance(model, Graph):
+        if input_shapes:
+            raise ShapeError("input_shapes applies to ONNX models; an imported Graph already has static shapes")
+        params = b"".join(array.tobytes() for array in model.params.values())
+        return model, str(model).encode() + hashlib.sha256(params).digest()
+    if isinstance(model, onnx.ModelProto):
+        data = model.SerializeToString()
+    elif isinstance(model, bytes):
+        data = model
+    elif isinstance(model, str | Path):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"cannot read model {path}: no such file; give the path of an .onnx model")
+        data = path.read_bytes()
+    else:
+        raise ModelError(f"compile_model takes a path, ONNX bytes, a ModelProto or a Graph, not {type(model).__name__}")
+    return load_onnx(data, input_shapes=input_shapes), data
+
+
+def _attr_key(value):
+    if isinstance(value, np.ndarray):
+        return ("array", str(value.dtype), value.shape, hashlib.sha256(value.tobytes()).hexdigest())
+    if isinstance(value, dict):
+        return tuple((key, _attr_key(item)) for key, item in sorted(value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_attr_key(item) for item in value)
+    return repr(value)
+
+
+def group_key(node: Node) -> str:
+    """What decides a fused group's kernel: its members' ops, attrs and wiring and every type; groups with
+    equal keys (repeated blocks) share one kernel."""
+    body = node.attrs["body"]
+    index = {value: position for position, value in enumerate(body.inputs)}
+    parts: list = [tuple(str(value.type) for value in body.inputs)]
+    for member in body.nodes:
+        for value in member.outputs:
+            index.setdefault(value, len(index))
+        inputs = tuple(None if value is None else index[value] for value in member.inputs)
+        outputs = tuple((index[value], str(value.type)) for value in member.outputs)
+        parts.append((member.op, _attr_key(member.attrs), inputs, outputs))
+    parts.append(tuple(index[value] for value in body.outputs))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def task_of(node: Node, target: Target) -> dict:
+    """The tuning task a fused group belongs to (DESIGN.md §4): anchor op, input shapes, dtype, target."""
+    body = node.attrs["body"]
+    op = node.attrs.get("anchor") or "+".join(member.op for member in body.nodes)
+    return {
+        "op": op,
+        "shapes": [list(value.type.shape) for value in node.inputs],
+        "dtype": node.outputs[0].type.dtype,
+        "target": str(target),
+    }
+
+
+def _task_text(task: dict) -> str:
+    return json.dumps({key: task[key] for key in ("op", "shapes", "dtype", "target")}, sort_keys=True)
+
+
+def load_tuning_records(path: str | Path) -> dict[str, dict]:
+    """The best (fastest) knob config per task from a JSON-lines records file."""
+    path = Path(path)
+    if not path.is_file():
+        raise TesselError(f"cannot read tuning records {path}: no such file")
+    best: dict[str, tuple[float, dict]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            key, config, seconds = _task_text(record["task"]), dict(record["config"]), float(record["seconds"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise TesselError(
+                f"tuning records {path} line {number} is not a record "
+                f'({{"task": {{"op", "shapes", "dtype", "target"}}, "config", "seconds", ...}}): {error}'
+            ) from None
+        if key not in best or seconds < best[key][0]:
+            best[key] = (seconds, config)
+    return {key: config for key, (_, config) in best.items()}
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a value lives at run time: `region` is input, output, params or arena."""
+
+    region: str
+    index: int
+    offset: int = 0
+
+
+def _spec(value) -> ArgSpec:
+    return ArgSpec(value.name, tuple(value.type.shape), value.type.dtype)
+
+
+def _spec_json(spec: ArgSpec) -> dict:
+    return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
+
+
+def compile_model(
+    model,
+    target: Target | str = "wasm",
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    tuning_records: str | Path | None = None,
+    num_threads: int | None = None,
+    progress: Progress | None = None,
+) -> Module:
+    """Compile a whole model (a path, ONNX bytes, a ModelProto or a Graph) ahead of time into a Module:
+    one kernel per distinct fused group, a static memory plan and one `run` entry calling them in order."""
+    progress = progress or _silent
+    target = Target.parse(target)
+    progress("loading the model", 0.0)
+    graph, model_bytes = _model_source(model, input_shapes)
+    progress("optimizing the graph", 0.05)
+    fused = optimize(graph, fuse=True)
+    configs = load_tuning_records(tuning_records) if tuning_records is not None else {}
+
+    kernels: dict[str, PrimFunc] = {}
+    kernel_entries: dict[str, dict] = {}
+    kernel_of: list[str] = []
+    for step, node in enumerate(fused.nodes):
+        key = group_key(node)
+        if key not in kernels:
+            progress(f"lowering {node.name}", 0.1 + 0.5 * step / max(1, len(fused.nodes)))
+            name = f"kernel_{len(kernels)}"
+            group = group_to_te(node)
+            config = configs.get(_task_text(task_of(node, target)))
+            schedule = schedule_group(group, target, config)
+            kernels[key] = lower(schedule, [*group.inputs, *group.outputs], name)
+            ops = [member.op for member in node.attrs["body"].nodes]
+            kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": config}
+        kernel_of.append(kernels[key].name)
+        kernel_entries[key]["groups"].append(node.name)
+
+    places, params, params_layout, plan, output_sources = _lay_out(fused)
+    run = _run_func(fused, kernel_of, places)
+    progress(f"generating code for {len(kernels)} kernels", 0.6)
+    compiled = compile_funcs([*kernels.values(), run], target)
+    progress("linking", 0.9)
+    library = link(compiled, [ENTRY])
+    options = {
+        "input_shapes": {name: list(shape) for name, shape in sorted((input_shapes or {}).items())},
+        "tuning_records": hashlib.sha256(Path(tuning_records).read_bytes()).hexdigest() if tuning_records else None,
+    }
+    identity = hashlib.sha256()
+    for part in (
+        model_bytes,
+        str(target).encode(),
+        json.dumps(options, sort_keys=True).encode(),
+        COMPILER_VERSION.encode(),
+    ):
+        identity.update(hashlib.sha256(part).digest())
+    inputs, outputs = [_spec(value) for value in fused.inputs], [_spec(value) for value in fused.outputs]
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "content_hash": identity.hexdigest(),
+        "compiler_version": COMPILER_VERSION,
+        "target": str(target),
+        "triple": target.triple,
+        "code": CODE_FILES[target.kind],
+        "entry": {"name": ENTRY, "arguments": ["inputs...", "outputs...", "params", "arena"]},
+        "inputs": [_spec_json(spec) for spec in inputs],
+        "outputs": [{**_spec_json(spec), "source": source} for spec, source in zip(outputs, output_sources)],
+        "kernels": list(kernel_entries.values()),
+        "calls": [{"kernel": name, "group": node.name} for name, node in zip(kernel_of, fused.nodes)],
+        "memory": {"arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.total_bytes, "alignment": ALIGNMENT},
+        "params": {"file": PARAMS_FILE, "bytes": len(params), "layout": params_layout},
+        "options": options,
+    }
+    progress("done", 1.0)
+    return Module(manifest, library, params, num_threads, compiled, [*kernels.values(), run])
+
+
+def _lay_out(graph: Graph):
+    """Places for every value the kernels touch: graph inputs and outputs are the caller's arrays, params
+    sit at 64-byte-aligned offsets of params.bin, intermediates in the arena of a static memory plan.
+
+    An output that no kernel writes (it is an input, a param, or a repeat of another output) is copied on
+    the host; `output_sources` says from where."""
+    places: dict = {value: _Place("input", position) for position, value in enumerate(graph.inputs)}
+    output_sources: list[dict | None] = []
+    for position, value in enumerate(graph.outputs):
+        if value in places:
+            source = places[value]
+            output_sources.append({"region": source.region, "index": source.index})
+        elif value in graph.params:
+            output_sources.append({"region": "params", "name": value.name})
+        else:
+            places[value] = _Place("output", position)
+            output_sources.append(None)
+    used = [value for node in graph.nodes for value in node.inputs if value in graph.params]
+    used += [value for value in graph.outputs if value in graph.params]
+    chunks, layout, offset = [], [], 0
+    for value in dict.fromkeys(used):
+        array = np.ascontiguousarray(graph.params[value])
+        places[value] = _Place("params", 0, offset)
+        layout.append({**_spec_json(_spec(value)), "offset": offset, "nbytes": array.nbytes})
+        padded = align(array.nbytes)
+        chunks.append(array.tobytes() + bytes(padded - array.nbytes))
+        offset += padded
+    lifetimes: dict = {}
+    for step, node in enumerate(graph.nodes):
+        for value in node.inputs:
+            if value in lifetimes:
+                lifetimes[value] = (lifetimes[value][0], step)
+        for value in node.outputs:
+            if value not in places:
+                lifetimes[value] = (step, step)
+    names = {value: f"{value.name}#{position}" for position, value in enumerate(lifetimes)}
+    plan = plan_memory(
+        [Lifetime(names[value], value.type.nbytes, first, last) for value, (first, last) in lifetimes.items()]
+    )
+    for value in lifetimes:
+        places[value] = _Place("arena", 0, plan.offsets[names[value]])
+    for position, source in enumerate(output_sources):
+        if source is not None and source["region"] == "params":
+            source["offset"] = places[graph.outputs[position]].offset
+    return places, b"".join(chunks), layout, plan, output_sources
+
+
+def _run_func(graph: Graph, kernel_of: list[str], places: dict) -> PrimFunc:
+    """The `run` entry: one KernelCall per fused group, in order, over pointers into the regions."""
+    inputs = [Buffer(f"input_{position}", (value.type.nbytes,), "uint8") for position, value in enumerate(graph.inputs)]
+    outputs = [
+        Buffer(f"output_{position}", (value.type.nbytes,), "uint8") for position, value in enumerate(graph.outputs)
+    ]
+    regions = {"params": Buffer("params", (0,), "uint8"), "arena": Buffer("arena", (0,), "uint8")}
+
+    def argument(value) -> tuple[Buffer, int]:
+        place = places[value]
+        if place.region == "input":
+            return inputs[place.index], 0
+        if place.region == "output":
+            return outputs[place.index], 0
+        return regions[place.region], place.offset
+
+    calls = tuple(
+        KernelCall(name, tuple(argument(value) for value in [*node.inputs, *node.outputs] if value is not None))
+        for name, node in zip(kernel_of, graph.nodes)
+    )
+    return PrimFunc(ENTRY, [*inputs, *outputs, regions["params"], regions["arena"]], Seq(calls))
+
+
+class Module:
+    """A compiled model: run it on named numpy arrays, time it, export it as a bundle. A cross-compiled
+    module (another architecture) exports but does not run here."""
+
+    def __init__(
+        self,
+        manifest: dict,
+        library: bytes,
+        params: bytes,
+        num_threads: int | None = None,
+        compiled: CompiledModule | None = None,
+        funcs: list[PrimFunc] | None = None,
+    ):
+        self.manifest = manifest
+        self.library = library
+        self.params = params
+        self.compiled = compiled
+        self.funcs = funcs or []
+        self.target = Target.parse(manifest["target"])
+        self.inputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["inputs"]]
+        self.outputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["outputs"]]
+        arena = manifest["memory"]["arena_bytes"]
+        if self.target.kind == "wasm":
+            self.runtime = WasmModel(library, params, arena, self.inputs, self.outputs, ENTRY)
+        elif self.target.can_run_here:
+            self.runtime = NativeModel(library, params, arena, self.outputs, ENTRY, num_threads)
+        else:
+            self.runtime = None
+
+    def __repr__(self) -> str:
+        kernels = len(self.manifest["kernels"])
+        return f"<Module {self.manifest['content_hash'][:12]} target={self.target} kernels={kernels}>"
+
+    def _check(self, feeds: dict) -> list[np.ndarray]:
+        if not isinstance(feeds, dict):
+            raise ShapeError(f"run takes a dict of input name -> numpy array, not {type(feeds).__name__}")
+        expected = [spec.name for spec in self.inputs]
+        unknown = [name for name in feeds if name not in expected]
+        if unknown:
+            raise ShapeError(f"unknown input {unknown[0]!r}; the model's inputs are {', '.join(expected)}")
+        missing = [name for name in expected if name not in feeds]
+        if missing:
+            raise ShapeError(f"missing input {missing[0]!r}; the model's inputs are {', '.join(expected)}")
+        arrays = []
+        for spec in self.inputs:
+            array = feeds[spec.name]
+            if not isinstance(array, np.ndarray):
+                raise ShapeError(f"input {spec.name!r} must be a numpy array, not {type(array).__name__}")
+            if array.dtype != np.dtype(spec.dtype):
+                raise ShapeError(
+                    f"input {spec.name!r} has dtype {array.dtype}, the model takes {spec.dtype}; "
+                    f"convert it with array.astype({spec.dtype!r})"
+                )
+            if tuple(array.shape) != spec.shape:
+                raise ShapeError(
+                    f"input {spec.name!r} has shape {tuple(array.shape)}, the model takes {spec.shape}; "
+                    "compile with input_shapes (tessel compile --input-shape) for another shape"
+                )
+            arrays.append(np.ascontiguousarray(array))
+        return arrays
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the whole model once through its `run` entry; inputs are checked before any code sees them."""
+        arrays = self._check(feeds)
+        if self.runtime is None:
+            raise TargetError(
+                f"this module was cross-compiled for {self.target.triple} and cannot run on this machine; "
+                "export it and run it on such a device (or under qemu-user)"
+            )
+        results = self.runtime.run(arrays)
+        for position, source in enumerate(item["source"] for item in self.manifest["outputs"]):
+            if source is None:
+                continue
+            spec = self.outputs[position]
+            if source["region"] == "input":
+                results[position] = arrays[source["index"]].copy()
+            elif source["region"] == "output":
+                results[position] = results[source["index"]].copy()
+            else:
+                data = self.params[source["offset"] :]
+                results[position] = np.frombuffer(data, spec.dtype, int(np.prod(spec.shape))).reshape(spec.shape).copy()
+        return {spec.name: array for spec, array in zip(self.outputs, results)}
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs of the right names, shapes and dtypes: standard normal floats, small integers, random bools."""
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for spec in self.inputs:
+            dtype = np.dtype(spec.dtype)
+            if dtype.kind == "f":
+                feeds[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+            elif dtype.kind == "b":
+                feeds[spec.name] = rng.random(spec.shape) < 0.5
+            else:
+                feeds[spec.name] = rng.integers(0, 10, spec.shape).astype(dtype)
+        return feeds
+
+    def benchmark(self, repeat: int = 30, feeds: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+        """Median, min and max milliseconds of `repeat` runs after one warm-up run."""
+        if repeat < 1:
+            raise TesselError(f"benchmark repeat must be at least 1, got {repeat}")
+        feeds = feeds if feeds is not None else self.random_inputs()
+        self.run(feeds)
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            self.run(feeds)
+            times.append((time.perf_counter() - started) * 1000)
+        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
+
+    def export(self, directory: str | Path) -> Path:
+        """Write the bundle (manifest.json, the code, params.bin) into `directory`, atomically."""
+        files = {self.manifest["code"]: self.library, PARAMS_FILE: self.params}
+        path = write_bundle(directory, self.manifest, files)
+        self.manifest = {**self.manifest, "files": json.loads((path / "manifest.json").read_text())["files"]}
+        return path
+
+    def source(self, kind: str = "ll") -> str:
+        """The generated code: "tir" (every kernel and the run entry's calls), "ll" or "asm"."""
+        if kind == "tir":
+            return "\n\n".join(format_func(func) if func.name != ENTRY else _format_entry(func) for func in self.funcs)
+        if self.compiled is None:
+            raise TargetError("a module loaded from a bundle keeps only its linked code; compile it to see its source")
+        if kind == "ll":
+            return self.compiled.ll
+        if kind == "asm":
+            return self.compiled.asm
+        raise TargetError(f"unknown source kind {kind!r}; choose tir, ll or asm")
+
+
+def _format_entry(func: PrimFunc) -> str:
+    """The run entry as text: the printer knows loops, not calls, and this one is only calls."""
+    params = ", ".join(buffer.name for buffer in func.params)
+    calls = [
+        f"  {call.func}({', '.join(f'{buffer.name} + {offset}' for buffer, offset in call.args)})"
+        for call in func.body.stmts
+    ]
+    return "\n".join([f"func {func.name}({params}) {{", *calls, "}"])
+
+
+def load_module(directory: str | Path, num_threads: int | None = None) -> Module:
+    """A Module from a bundle directory, after checking its format version and every file's digest."""
+    manifest, files = read_bundle(directory)
+    code = manifest.get("code")
+    if code not in files or PARAMS_FILE not in files:
+        raise BundleError(f"{directory} is incomplete: its manifest lists no {code or 'code file'} or {PARAMS_FILE}")
+    return Module(manifest, files[code], files[PARAMS_FILE], num_threads)

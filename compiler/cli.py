@@ -35,29 +35,10 @@ def _progress(message: str) -> None:
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]] | None:
-    """`["name=1,3,224,224", ...]` as {name: shape}; ShapeError saying the expected form on anything else."""
-    if not specs:
-        return None
-    shapes: dict[str, tuple[int, ...]] = {}
-    for spec in specs:
-        name, equals, dims = spec.partition("=")
-        name = name.strip()
-        try:
-            if not equals or not name:
-                raise ValueError
-            shape = tuple(int(dim) for dim in dims.split(","))
-        except ValueError:
-            raise ShapeError(
-                f"--input-shape {spec!r} is not of the form NAME=D1,D2,...; for example input=1,3,224,224"
-            ) from None
-        if any(dim <= 0 for dim in shape):
-            raise ShapeError(
-                f"--input-shape {spec!r} has a dimension below 1; every dimension must be a positive integer"
-            )
-        if name in shapes:
-            raise ShapeError(f"--input-shape gives input {name!r} twice; give each input once")
-        shapes[name] = shape
-    return shapes
+    """--input-shape values as load_onnx's input_shapes (None when none were given)."""
+    from compiler.frontend.onnx import parse_input_shapes as parse
+
+    return parse(specs) if specs else None
 
 
 def _load_model_file(path: Path, input_shapes: dict[str, tuple[int, ...]] | None):
@@ -184,26 +165,25 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from compiler import zoo
-    from compiler.data.train_digits import held_out_split
-    from compiler.frontend.onnx import load_onnx
-    from compiler.graph.reference import run_reference
-    from compiler.passes.fuse_ops import group_summary
-    from compiler.passes.pipeline import optimize
+    import numpy as np
 
-    _progress(f"building the digits model from {zoo.DIGITS_PATH}")
-    graph = load_onnx(zoo.build_model("digits"))
-    _progress(f"loaded through the ONNX frontend: {len(graph.nodes)} nodes")
-    fused = optimize(graph, fuse=True)
-    groups = group_summary(fused)
-    _progress(f"optimized into {len(groups)} fused groups: " + ", ".join("+".join(ops) for _, _, ops in groups))
+    from compiler import zoo
+    from compiler.build import compile_model
+    from compiler.data.train_digits import held_out_split
+
+    started = time.perf_counter()
+    _progress(f"compiling the digits model ({zoo.DIGITS_PATH.name}) for wasm")
+    module = compile_model(zoo.build_model("digits"), target="wasm")
+    kernels = ", ".join("+".join(kernel["ops"]) for kernel in module.manifest["kernels"])
+    _progress(
+        f"compiled in {time.perf_counter() - started:.2f} s into {len(module.manifest['kernels'])} kernels: {kernels}"
+    )
     images, labels = held_out_split()
-    input_name = fused.inputs[0].name
-    output_name = fused.outputs[0].name
-    _progress(f"running {len(labels)} held-out digits on the reference executor")
+    input_name, output_name = module.inputs[0].name, module.outputs[0].name
+    _progress(f"classifying {len(labels)} held-out digits in wasmtime, one call of the module's run entry each")
     predictions = []
     for index, image in enumerate(images):
-        probabilities = run_reference(fused, {input_name: image[None]})[output_name]
+        probabilities = module.run({input_name: np.ascontiguousarray(image[None], dtype=np.float32)})[output_name]
         predictions.append(int(probabilities.argmax()))
         if index < args.show:
             verdict = "ok" if predictions[-1] == labels[index] else "WRONG"
@@ -213,6 +193,144 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- compile, run, bench ---------------------------------------------------------------------------------------
+
+
+def _configure_compile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="an .onnx file")
+    parser.add_argument(
+        "--target", default="wasm", help='"wasm" (default), "llvm" or "llvm -mtriple=aarch64-linux-gnu"'
+    )
+    parser.add_argument("-o", "--output", type=Path, help="the bundle directory to write (default MODEL.bundle)")
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="NAME=D1,D2,...",
+        help="fix the shape of an input, e.g. input=1,3,224,224 (repeat for several inputs)",
+    )
+    parser.add_argument("--records", type=Path, help="tuning records (JSON lines) whose best configs to apply")
+    parser.add_argument("--threads", type=int, help="threads for parallel loops when the bundle runs natively")
+    parser.add_argument("--verbose", action="store_true", help="print the kernels and the memory plan")
+
+
+def _run_compile(args: argparse.Namespace) -> int:
+    from compiler.build import compile_model
+
+    started = time.perf_counter()
+
+    def progress(step: str, fraction: float) -> None:
+        if args.verbose or not step.startswith("lowering "):
+            _progress(f"[{fraction * 100:3.0f}%] {step} ({time.perf_counter() - started:.1f} s)")
+
+    if not args.model.is_file():
+        raise ModelError(f"cannot read {args.model}: no such file; give the path of an .onnx model")
+    module = compile_model(
+        args.model,
+        target=args.target,
+        input_shapes=parse_input_shapes(args.input_shape),
+        tuning_records=args.records,
+        num_threads=args.threads,
+        progress=progress,
+    )
+    output = args.output or args.model.with_suffix(".bundle")
+    path = module.export(output)
+    manifest = module.manifest
+    memory = manifest["memory"]
+    if args.verbose:
+        rows = [(k["name"], len(k["groups"]), "+".join(k["ops"])) for k in manifest["kernels"]]
+        print("\n".join(_table(rows, ("kernel", "groups", "ops"))))
+        print(
+            f"arena: {memory['arena_bytes']:,} bytes peak for {memory['intermediate_bytes']:,} bytes of "
+            f"intermediates ({len(manifest['calls'])} kernel calls, {len(manifest['kernels'])} distinct kernels)"
+        )
+        print(f"params: {manifest['params']['bytes']:,} bytes in {len(manifest['params']['layout'])} arrays")
+    print(f"wrote {path} (target {manifest['target']}) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _configure_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, help="a bundle directory from tessel compile")
+    parser.add_argument(
+        "--input",
+        action="append",
+        metavar="[NAME=]FILE.npy",
+        help="an input array (.npy); NAME= picks the input (default: the inputs in order); random when omitted",
+    )
+    parser.add_argument("--output", type=Path, help="write the first output here (.npy); .npz for all outputs")
+    parser.add_argument("--threads", type=int, help="threads for parallel loops (native bundles)")
+
+
+def _read_inputs(module, specs: list[str] | None) -> dict:
+    import numpy as np
+
+    if not specs:
+        return module.random_inputs()
+    names = [spec.name for spec in module.inputs]
+    feeds = {}
+    for position, spec in enumerate(specs):
+        name, equals, file = spec.partition("=")
+        if not equals:
+            if position >= len(names):
+                raise ShapeError(f"--input {spec!r}: the model takes {len(names)} inputs ({', '.join(names)})")
+            name, file = names[position], spec
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise TesselError(f"cannot read --input {file}: {error}") from None
+    return feeds
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from compiler.build import load_module
+
+    module = load_module(args.bundle, num_threads=args.threads)
+    results = module.run(_read_inputs(module, args.input))
+    for name, array in results.items():
+        flat = array.reshape(-1)
+        preview = ", ".join(f"{value:.6g}" for value in flat[:8].tolist()) + (", ..." if flat.size > 8 else "")
+        print(f"{name}: {array.dtype}{list(array.shape)} [{preview}]")
+    if args.output is not None:
+        if args.output.suffix == ".npz":
+            np.savez(args.output, **results)
+        else:
+            np.save(args.output, next(iter(results.values())))
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _configure_bench(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, help="a bundle directory from tessel compile")
+    parser.add_argument("--repeat", type=int, default=30, help="timed runs (default 30)")
+    parser.add_argument("--threads", type=int, help="threads for parallel loops (native bundles)")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from compiler.build import load_module
+
+    module = load_module(args.bundle, num_threads=args.threads)
+    timing = module.benchmark(repeat=args.repeat)
+    print(
+        f"{args.bundle} ({module.target}): median {timing['median_ms']:.3f} ms, "
+        f"min {timing['min_ms']:.3f} ms, max {timing['max_ms']:.3f} ms over {args.repeat} runs"
+    )
+    return 0
+
+
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    # The service is a driver of its own; the CLI only hands it the command line.
+    from server.app import add_arguments
+
+    add_arguments(parser)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from server.app import run_from_args
+
+    return run_from_args(args)
+
+
 COMMANDS: dict[str, Command] = {
     "zoo": Command("write an example model as .onnx", _configure_zoo, _run_zoo),
     "inspect": Command(
@@ -220,7 +338,15 @@ COMMANDS: dict[str, Command] = {
         _configure_inspect,
         _run_inspect,
     ),
-    "demo": Command("run the trained digits model through the compiler's reference path", _configure_demo, _run_demo),
+    "demo": Command(
+        "compile the trained digits model for wasm and classify the held-out digits with it",
+        _configure_demo,
+        _run_demo,
+    ),
+    "compile": Command("compile an .onnx model ahead of time into a bundle", _configure_compile, _run_compile),
+    "run": Command("run a bundle on .npy inputs (random when none are given)", _configure_run, _run_run),
+    "bench": Command("time a bundle's run: median, min and max milliseconds", _configure_bench, _run_bench),
+    "serve": Command("serve the upload-and-compile page, the compile API and the demos", _configure_serve, _run_serve),
 }
 
 

@@ -456,3 +456,28 @@ class _Importer:
         used = {v for node in self.graph.nodes for v in node.inputs if v is not None}
         used.update(self.graph.outputs)
         self.graph.params = {value: array for value, array in self.graph.params.items() if value in used}
+
+
+def parse_input_shapes(specs) -> dict[str, tuple[int, ...]]:
+    """`["name=1,3,224,224", ...]` as {name: shape} for `load_onnx(input_shapes=...)`; a ShapeError saying the
+    expected form on anything else. The CLI's --input-shape and the server's form field both use it."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, equals, dims = spec.partition("=")
+        name = name.strip()
+        try:
+            if not equals or not name:
+                raise ValueError
+            shape = tuple(int(dim) for dim in dims.split(","))
+        except ValueError:
+            raise ShapeError(
+                f"input shape {spec!r} is not of the form NAME=D1,D2,...; for example input=1,3,224,224"
+            ) from None
+        if any(dim < 1 for dim in shape):
+            raise ShapeError(
+                f"input shape {spec!r} has a dimension below 1; every dimension must be a positive integer"
+            )
+        if name in shapes:
+            raise ShapeError(f"input shapes give input {name!r} twice; give each input once")
+        shapes[name] = shape
+    return shapes

@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from compiler.errors import TargetError
 from compiler.runtime import ArgSpec, check_args
 
@@ -65,3 +67,49 @@ class NativeLibrary:
             entry(*(array.ctypes.data for array in arrays))
 
         return call
+
+
+def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
+    """A zeroed uint8 array of `nbytes` whose first byte sits on an `alignment` boundary."""
+    raw = np.zeros(nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start : start + nbytes]
+
+
+class NativeModel:
+    """A whole model in one library: its params are copied once into an aligned buffer, its arena
+    is allocated once, and every call runs the exported entry `run(inputs..., outputs..., params,
+    arena)` on arrays that the caller has already checked."""
+
+    def __init__(
+        self,
+        library: bytes,
+        params: bytes,
+        arena_bytes: int,
+        outputs: list[ArgSpec],
+        entry: str = "run",
+        num_threads: int | None = None,
+    ):
+        self.library = NativeLibrary(library, num_threads)
+        self.params = aligned_buffer(len(params))
+        self.params[:] = np.frombuffer(params, np.uint8)
+        self.arena = aligned_buffer(arena_bytes)
+        self.outputs = outputs
+        self.entry = getattr(self.library.handle, entry)
+        self.entry.restype = None
+
+    @property
+    def num_threads(self) -> int:
+        return self.library.num_threads
+
+    @num_threads.setter
+    def num_threads(self, count: int) -> None:
+        self.library.num_threads = count
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        outputs = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
+        addresses = [array.ctypes.data for array in [*inputs, *outputs]]
+        self.entry(
+            *(ctypes.c_void_p(address) for address in [*addresses, self.params.ctypes.data, self.arena.ctypes.data])
+        )
+        return outputs

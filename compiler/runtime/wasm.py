@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import wasmtime
 
 from compiler.errors import TargetError
@@ -62,3 +63,49 @@ class WasmInstance:
                 ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
 
         return call
+
+
+class WasmModel:
+    """A whole model in one wasm module. Linear memory holds, from __heap_base, the params (copied in
+    once, here), the arena, then one slot per input and output; each call copies the inputs in, runs
+    the exported entry `run(inputs..., outputs..., params, arena)` on those offsets and copies the
+    outputs out."""
+
+    def __init__(
+        self,
+        wasm: bytes,
+        params: bytes,
+        arena_bytes: int,
+        inputs: list[ArgSpec],
+        outputs: list[ArgSpec],
+        entry: str = "run",
+    ):
+        self.instance = WasmInstance(wasm)
+        sizes = [len(params), arena_bytes, *(_nbytes(spec) for spec in [*inputs, *outputs])]
+        self.params_offset, self.arena_offset, *slots = self.instance.reserve(sizes)
+        self.input_offsets, self.output_offsets = slots[: len(inputs)], slots[len(inputs) :]
+        self.outputs = outputs
+        self.entry = self.instance.exports[entry]
+        ctypes.memmove(self._base() + self.params_offset, params, len(params))
+
+    def _base(self) -> int:
+        return ctypes.addressof(self.instance.memory.data_ptr(self.instance.store).contents)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        base = self._base()
+        for offset, array in zip(self.input_offsets, inputs):
+            ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
+        self.entry(
+            self.instance.store, *self.input_offsets, *self.output_offsets, self.params_offset, self.arena_offset
+        )
+        base = self._base()
+        outputs = []
+        for offset, spec in zip(self.output_offsets, self.outputs):
+            array = np.empty(spec.shape, spec.dtype)
+            ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
+            outputs.append(array)
+        return outputs
+
+
+def _nbytes(spec: ArgSpec) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize

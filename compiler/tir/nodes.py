@@ -123,3 +123,12 @@ class PrimFunc:
     name: str
     params: list[Buffer]
     body: Stmt
+
+
+@dataclass(eq=False)
+class KernelCall(Stmt):
+    """Call kernel `func` of the same module; each argument is a buffer's base address plus a byte
+    offset, so a model's `run` entry can hand kernels pointers into its params and its arena."""
+
+    func: str
+    args: tuple[tuple[Buffer, int], ...]

@@ -512,3 +512,18 @@ def test_int64_loop_variables_and_nonzero_loop_starts(target):
     expected = np.zeros_like(x)
     expected[2:9, 4:12] = x[2:9, 4:12] - 1
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_serial_loops_indexed_by_floormod_are_not_misvectorized(target):
+    # LLVM 22's loop vectorizer once read x[(j % 4) * 5 + c] as if j % 4 were j (720 of 960 wrong).
+    from compiler import te
+    from compiler.build import build
+
+    in_shape, out_shape = (3, 4, 5), (6, 16, 10)
+    x = te.placeholder(in_shape, "float32", name="x")
+    y = te.compute(out_shape, lambda *i: x[tuple(v % d for v, d in zip(i, in_shape))], name="y")
+    kernel = build(te.create_schedule([y.op]), [x, y], target, "tile_by_floormod")
+    a, b = np.arange(60, dtype="float32").reshape(in_shape), np.zeros(out_shape, "float32")
+    kernel(a, b)
+    np.testing.assert_array_equal(b, np.tile(a, (2, 4, 2)))

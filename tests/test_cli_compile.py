@@ -1,0 +1,88 @@
+"""`tessel compile`, `tessel run` and `tessel bench` in-process: a bundle compiled from an .onnx file runs
+and matches onnxruntime; every user mistake ends as one `tessel: error:` line and exit status 2."""
+
+import json
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from compiler import zoo
+from compiler.cli import COMMANDS, main
+
+
+@pytest.fixture(scope="module")
+def mlp_bundle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    model = zoo.save_model("mlp", folder / "mlp.onnx")
+    assert main(["compile", str(model), "--target", "wasm", "-o", str(folder / "mlp"), "--verbose"]) == 0
+    return folder / "mlp"
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tessel: error: "), captured.err
+    return lines[0]
+
+
+def test_the_commands_are_registered():
+    assert {"compile", "run", "bench", "zoo", "inspect", "demo"} <= set(COMMANDS)
+
+
+def test_compile_verbose_reports_kernels_memory_and_progress(tmp_path, capsys):
+    model = zoo.save_model("digits", tmp_path / "digits.onnx")
+    assert main(["compile", str(model), "--target", "llvm", "-o", str(tmp_path / "out"), "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"arena: [\d,]+ bytes peak for [\d,]+ bytes of intermediates", out)
+    assert "[100%] done" in out and "linking" in out and "kernel_0" in out
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["target"] == "llvm"
+
+
+def test_run_with_an_input_file_matches_onnxruntime(mlp_bundle, tmp_path, capsys):
+    feeds = zoo.sample_input("mlp", seed=4)
+    np.save(tmp_path / "x.npy", feeds["input"])
+    assert (
+        main(["run", str(mlp_bundle), "--input", f"input={tmp_path / 'x.npy'}", "--output", str(tmp_path / "y.npy")])
+        == 0
+    )
+    assert "output: float32[1, 10]" in capsys.readouterr().out
+    (expected,) = ort.InferenceSession(zoo.build_model("mlp").SerializeToString()).run(None, feeds)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_run_without_inputs_uses_random_ones_and_bench_times(mlp_bundle, capsys):
+    assert main(["run", str(mlp_bundle)]) == 0
+    assert "output: float32[1, 10]" in capsys.readouterr().out
+    assert main(["bench", str(mlp_bundle), "--repeat", "3"]) == 0
+    assert re.search(r"median [\d.]+ ms, min [\d.]+ ms, max [\d.]+ ms over 3 runs", capsys.readouterr().out)
+
+
+def test_user_mistakes_exit_2_with_one_message(mlp_bundle, tmp_path, capsys):
+    model = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    assert "unknown target 'tpu'" in _error(
+        capsys, ["compile", str(model), "--target", "tpu", "-o", str(tmp_path / "o")]
+    )
+    assert "no such file" in _error(capsys, ["compile", str(tmp_path / "absent.onnx")])
+    np.save(tmp_path / "wrong.npy", np.zeros((1, 5), np.float32))
+    assert "shape (1, 5), the model takes (1, 784)" in _error(
+        capsys, ["run", str(mlp_bundle), "--input", str(tmp_path / "wrong.npy")]
+    )
+    np.save(tmp_path / "ints.npy", np.zeros((1, 784), np.int32))
+    assert "dtype int32" in _error(capsys, ["run", str(mlp_bundle), "--input", str(tmp_path / "ints.npy")])
+    assert "unknown input 'image'" in _error(
+        capsys, ["run", str(mlp_bundle), "--input", f"image={tmp_path / 'ints.npy'}"]
+    )
+    assert "no such directory" in _error(capsys, ["bench", str(tmp_path / "nothing")])
+
+
+def test_a_corrupted_bundle_exits_2(tmp_path, capsys):
+    model = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    bundle = tmp_path / "b"
+    assert main(["compile", str(model), "-o", str(bundle)]) == 0
+    data = bytearray((bundle / "params.bin").read_bytes())
+    data[0] ^= 1
+    (bundle / "params.bin").write_bytes(bytes(data))
+    assert "params.bin is corrupted" in _error(capsys, ["run", str(bundle)])

@@ -1,0 +1,169 @@
+"""compile_model end to end: every zoo model, compiled for the host and for wasm, matches onnxruntime;
+the `run` entry calls one kernel per fused group, repeated groups share a kernel, tuning records reach
+the schedules, and wrong inputs or targets are clear errors."""
+
+import json
+import re
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import compiler
+from compiler import zoo
+from compiler.build import compile_model, group_key, task_of
+from compiler.errors import ShapeError, TargetError
+from compiler.frontend.onnx import load_onnx
+from compiler.ops import group_to_te
+from compiler.passes.pipeline import optimize
+from compiler.schedules.cpu import DEFAULTS, schedule_group
+from compiler.tir.lower import lower
+from compiler.tir.printer import format_func
+
+SLOW_MODELS = ("mobilenet_v2", "resnet18")
+
+
+def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_MODELS else name for name in zoo.MODELS]
+)
+def test_zoo_model_matches_onnxruntime(name, target):
+    model = zoo.build_model(name)
+    module = compile_model(model, target=target)
+    feeds = zoo.sample_input(name)
+    results = module.run(feeds)
+    expected = _onnxruntime(model, feeds)
+    assert [spec.name for spec in module.outputs] == [output.name for output in model.graph.output]
+    for (output, actual), wanted in zip(results.items(), expected):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-4, atol=1e-5, err_msg=f"{name} {target} {output}")
+    assert module.manifest["memory"]["arena_bytes"] <= module.manifest["memory"]["intermediate_bytes"]
+
+
+def test_public_api_is_exported():
+    assert compiler.compile_model is compile_model
+    assert compiler.load_module is not None and compiler.Target.parse("wasm").kind == "wasm"
+
+
+@pytest.mark.slow
+def test_repeated_blocks_share_one_kernel_and_run_calls_every_group():
+    module = compile_model(zoo.build_model("mobilenet_v2"), target="llvm")
+    calls, kernels = module.manifest["calls"], module.manifest["kernels"]
+    assert len(kernels) < len(calls)
+    assert sum(len(kernel["groups"]) for kernel in kernels) == len(calls)
+    run = re.search(r"define void @run\(.*?\n}\n", module.source("ll"), re.S).group(0)
+    called = re.findall(r"call void @(kernel_\d+)\(", run)
+    # one call per fused group, in order: the model runs without any loop outside the generated code
+    assert called == [call["kernel"] for call in calls]
+
+
+def test_group_key_is_equal_for_equal_groups_only():
+    fused = optimize(load_onnx(zoo.build_model("mlp")))
+    keys = [group_key(node) for node in fused.nodes]
+    # the two hidden layers have equal shapes (512x512 after the first) but different inputs
+    assert keys[0] != keys[1] != keys[2]
+    assert group_key(fused.nodes[1]) == group_key(optimize(load_onnx(zoo.build_model("mlp"))).nodes[1])
+
+
+def test_tuning_records_choose_the_schedule_knobs(tmp_path):
+    model = zoo.build_model("mlp")
+    fused = optimize(load_onnx(model))
+    target = compiler.Target.parse("llvm")
+    task = task_of(fused.nodes[0], target)
+    assert task["op"] == "Gemm"
+    # every column-tile knob of the dense template at 4: 512 output columns become 128 parallel tiles
+    fastest = {"dense": {key: 4 for key in DEFAULTS["dense"] if "tile_n" in key}}
+    slower = {"dense": {key: 32 for key in DEFAULTS["dense"] if "tile_n" in key}}
+    records = tmp_path / "records.jsonl"
+    lines = [
+        {"task": task, "config": fastest, "seconds": 0.001, "timestamp": 1, "version": 1},
+        {"task": task, "config": slower, "seconds": 0.002, "timestamp": 2, "version": 1},
+        {"task": {**task, "target": "wasm"}, "config": {"dense": {"tile_n": 2}}, "seconds": 0.0, "version": 1},
+    ]
+    records.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    default = compile_model(model, target=target)
+    tuned = compile_model(model, target=target, tuning_records=records)
+    first_default, first_tuned = (module.source("tir").split("\n\n")[0] for module in (default, tuned))
+    assert ", 0, 128) parallel" in first_tuned and ", 0, 128) parallel" not in first_default
+    group = group_to_te(fused.nodes[0])
+    direct = lower(schedule_group(group, target, fastest), [*group.inputs, *group.outputs], "kernel_0")
+    assert first_tuned == format_func(direct)
+    assert tuned.manifest["kernels"][0]["config"] == fastest
+    assert tuned.manifest["kernels"][1]["config"] is None
+    assert tuned.manifest["content_hash"] != default.manifest["content_hash"]
+    feeds = zoo.sample_input("mlp")
+    np.testing.assert_allclose(tuned.run(feeds)["output"], _onnxruntime(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_malformed_tuning_records_are_reported(tmp_path):
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"task": {"op": "Gemm"}}\n')
+    with pytest.raises(compiler.TesselError, match="line 1 is not a record"):
+        compile_model(zoo.build_model("mlp"), target="llvm", tuning_records=records)
+
+
+def test_progress_is_reported_from_start_to_end():
+    steps = []
+    compile_model(zoo.build_model("mlp"), target="wasm", progress=lambda step, fraction: steps.append((step, fraction)))
+    fractions = [fraction for _, fraction in steps]
+    assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert any(step.startswith("lowering") for step, _ in steps) and any("linking" in step for step, _ in steps)
+
+
+@pytest.fixture(scope="module")
+def mlp_wasm():
+    return compile_model(zoo.build_model("mlp"), target="wasm")
+
+
+def test_wrong_input_name_shape_or_dtype_is_a_clear_error(mlp_wasm):
+    good = zoo.sample_input("mlp")["input"]
+    with pytest.raises(ShapeError, match="unknown input 'image'; the model's inputs are input"):
+        mlp_wasm.run({"image": good})
+    with pytest.raises(ShapeError, match=r"missing input 'input'"):
+        mlp_wasm.run({})
+    with pytest.raises(ShapeError, match=r"shape \(2, 784\), the model takes \(1, 784\)"):
+        mlp_wasm.run({"input": np.zeros((2, 784), np.float32)})
+    with pytest.raises(ShapeError, match="dtype float64, the model takes float32"):
+        mlp_wasm.run({"input": good.astype(np.float64)})
+    with pytest.raises(ShapeError, match="must be a numpy array"):
+        mlp_wasm.run({"input": good.tolist()})
+
+
+def test_benchmark_reports_milliseconds(mlp_wasm):
+    timing = mlp_wasm.benchmark(repeat=3)
+    assert set(timing) == {"median_ms", "min_ms", "max_ms"}
+    assert 0 < timing["min_ms"] <= timing["median_ms"] <= timing["max_ms"]
+
+
+def test_unknown_target_lists_the_valid_ones():
+    with pytest.raises(TargetError, match=r"unknown target 'cuda-ish'.*wasm"):
+        compile_model(zoo.build_model("mlp"), target="cuda-ish")
+
+
+def test_cross_module_exports_but_does_not_run(tmp_path):
+    module = compile_model(zoo.build_model("mlp"), target="llvm -mtriple=aarch64-linux-gnu")
+    with pytest.raises(TargetError, match="cross-compiled for aarch64"):
+        module.run(zoo.sample_input("mlp"))
+    assert (module.export(tmp_path / "mlp") / "model.so").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_outputs_that_no_kernel_writes_are_copied():
+    """A graph output that is an input or a constant, and a value listed twice, come back as copies."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]) for name in ("y", "x", "c", "y2")]
+    constant = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "c")
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["y"], ["y2"])]
+    graph = helper.make_graph(nodes, "aliases", [x], outputs, [constant])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.array([[-1, 2, -3], [4, -5, 6]], np.float32)}
+    expected = _onnxruntime(model, feeds)
+    for target in ("llvm", "wasm"):
+        results = compile_model(model, target=target).run(feeds)
+        assert list(results) == ["y", "x", "c", "y2"]
+        for actual, wanted in zip(results.values(), expected):
+            np.testing.assert_array_equal(actual, wanted)
