@@ -1,0 +1,528 @@
+"""The compile service (`tessel serve`): a Starlette app that takes ONNX uploads, queues them on jobs.py's
+worker processes, reports progress as JSON and server-sent events, and serves the bundles from the
+Store with the JS runtime and the pages in static/ that run them in the browser."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import mimetypes
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from compiler.bundle import CODE_FILES
+from compiler.errors import TargetError, TesselError
+from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
+from server.jobs import (
+    FINISHED,
+    Job,
+    JobQueue,
+    QueueFull,
+    bundle_key,
+    default_workers,
+    error_body,
+    error_status,
+    new_job_id,
+)
+from server.store import JOB_ID, Store
+
+ROOT = Path(__file__).resolve().parent.parent
+STATIC_DIR = ROOT / "static"
+RUNTIME_DIR = ROOT / "web_runtime"
+MiB = 2**20
+# Room for the multipart framing and the small form fields around the model file.
+FORM_OVERHEAD = 64 * 1024
+KEEPALIVE_S = 15.0
+PREBUILT_WAIT_S = 30.0
+IMMUTABLE = "public, max-age=31536000, immutable"
+TARGET_LABELS = {
+    "wasm": ("WebAssembly + SIMD: runs in this browser", True),
+    "llvm": ("Native library (.so) for this server's CPU", False),
+}
+ISOLATION_HEADERS = [
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-embedder-policy", b"require-corp"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"x-content-type-options", b"nosniff"),
+]
+CONTENT_TYPES = {
+    ".wasm": "application/wasm",
+    ".json": "application/json",
+    ".js": "text/javascript",
+    ".mjs": "text/javascript",
+    ".zip": "application/zip",
+}
+
+
+def targets() -> list[str]:
+    """Every target the compiler can make a bundle for, wasm (the browser's) first."""
+    return sorted(CODE_FILES, key=lambda name: (name != "wasm", name))
+
+
+class CrossOriginIsolation:
+    """Adds the headers that make a page cross-origin isolated (so WASM threads and SharedArrayBuffer
+    work) to every response, streamed ones included."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_isolated(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *ISOLATION_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_isolated)
+
+
+def error(status: int, message: str, headers: dict | None = None, **details) -> JSONResponse:
+    return JSONResponse({"error": message, **details}, status_code=status, headers=headers)
+
+
+async def _http_error(request: Request, exception: HTTPException) -> Response:
+    messages = {404: f"no such page {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    message = messages.get(exception.status_code, str(exception.detail))
+    return error(exception.status_code, message, headers=exception.headers)
+
+
+async def _server_error(request: Request, exception: Exception) -> Response:
+    # Sent from outside the middleware stack, so the isolation headers are added here.
+    headers = {name.decode(): value.decode() for name, value in ISOLATION_HEADERS}
+    return error(500, "internal server error; the server log has the details", headers=headers)
+
+
+# ---- form parsing --------------------------------------------------------------------------------------
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+async def _limited(stream: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The request body, stopping with UploadTooLarge as soon as more than `limit` bytes arrive."""
+    received = 0
+    async for chunk in stream:
+        received += len(chunk)
+        if received > limit:
+            raise UploadTooLarge
+        yield chunk
+
+
+def parse_targets(values: list[str]) -> list[str]:
+    """Form values such as ["wasm", "llvm"] or ["wasm,llvm"] as known target names, in the compiler's order."""
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()] or ["wasm"]
+    unknown = [name for name in names if name not in CODE_FILES]
+    if unknown:
+        raise TargetError(f"unknown target {unknown[0]!r}; choose from {', '.join(targets())}")
+    return [name for name in targets() if name in names]
+
+
+def parse_input_shapes(values: list[str]) -> dict[str, list[int]]:
+    """Form values such as ["input=1,3,224,224"] (several inputs separated by ';' or given as repeated
+    fields) as {name: shape}, with lists so the job record stays JSON."""
+    specs = [part.strip() for value in values for part in value.replace("\n", ";").split(";") if part.strip()]
+    return {name: list(shape) for name, shape in parse_onnx_input_shapes(specs).items()}
+
+
+def _save_upload(source, destination: Path) -> tuple[str, int]:
+    """Copy the spooled upload into the store, hashing it on the way."""
+    digest, size = hashlib.sha256(), 0
+    source.seek(0)
+    with destination.open("wb") as stream:
+        while chunk := source.read(MiB):
+            digest.update(chunk)
+            size += len(chunk)
+            stream.write(chunk)
+    return digest.hexdigest(), size
+
+
+def _validate(path: Path, input_shapes: dict[str, list[int]]) -> None:
+    """Import the model as the compiler will, so a file that is not ONNX, an op nobody implements or a
+    shape that cannot be fixed is answered at upload time rather than as a failed job. The model goes in
+    as bytes, never as a path: messages then name no server path, and weights in "external files" (which
+    could name any file on the server) are refused."""
+    from compiler.frontend.onnx import load_onnx
+
+    shapes = {name: tuple(shape) for name, shape in input_shapes.items()} or None
+    load_onnx(path.read_bytes(), input_shapes=shapes)
+
+
+# ---- routes --------------------------------------------------------------------------------------------
+
+
+async def compile_model_route(request: Request) -> Response:
+    state = request.app.state
+    limit = state.max_upload_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + FORM_OVERHEAD:
+        return _too_large(limit)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return error(400, "send the model as multipart/form-data with the ONNX file in the field 'file'")
+    parser = MultiPartParser(
+        request.headers,
+        _limited(request.stream(), limit + FORM_OVERHEAD),
+        max_files=1,
+        max_fields=16,
+        max_part_size=FORM_OVERHEAD,
+    )
+    try:
+        form = await parser.parse()
+    except UploadTooLarge:
+        return _too_large(limit)
+    except MultiPartException as exception:
+        return error(400, f"the upload is not valid multipart/form-data: {exception.message}")
+    job_id = new_job_id()
+    upload_path = state.store.upload_path(job_id)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            return error(400, "attach the ONNX model as the form field 'file'")
+        if (upload.size or 0) > limit:
+            return _too_large(limit)
+        try:
+            names = parse_targets([value for value in form.getlist("targets") if isinstance(value, str)])
+            shapes = parse_input_shapes([value for value in form.getlist("input_shapes") if isinstance(value, str)])
+        except TesselError as exception:
+            return error(400, str(exception))
+        digest, size = await asyncio.to_thread(_save_upload, upload.file, upload_path)
+        model = {"filename": upload.filename or "model.onnx", "bytes": size, "sha256": digest}
+        job = Job(job_id, {name: bundle_key(digest, name, shapes) for name in names}, shapes, model)
+        return await _submit(state.queue, job)
+    finally:
+        await form.close()
+        if job_id not in state.queue.jobs:
+            upload_path.unlink(missing_ok=True)
+
+
+async def _submit(queue: JobQueue, job: Job) -> Response:
+    """Queue a job (the caller removes its upload if it is refused), importing its model first unless
+    its bundles are stored or an identical job is in flight."""
+    try:
+        if not queue.all_stored(job.builds) and queue.find_in_flight(job.builds) is None:
+            queue.check_room()
+            await asyncio.to_thread(_validate, queue.store.upload_path(job.id), job.input_shapes)
+        submitted = queue.submit(job)
+    except QueueFull as exception:
+        return error(429, str(exception), headers={"Retry-After": "30"}, max_queue=queue.max_queue)
+    except TesselError as exception:
+        body = error_body(exception)
+        details = {"ops": body["ops"]} if "ops" in body else {}
+        return error(error_status(exception), str(exception), **details)
+    body = {"job": submitted.id, "position": queue.position(submitted), "state": submitted.state}
+    return JSONResponse({**body, "url": f"/api/jobs/{submitted.id}"}, status_code=202)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error(
+        413,
+        f"the upload is larger than this server's limit of {limit / MiB:g} MiB; "
+        "compile it locally with `tessel compile` or ask the operator for a larger --max-upload-mb",
+        limit_bytes=limit,
+    )
+
+
+def _job(request: Request) -> Job | None:
+    job_id = request.path_params["job_id"]
+    return request.app.state.queue.jobs.get(job_id) if JOB_ID.fullmatch(job_id) else None
+
+
+def _no_job(request: Request) -> JSONResponse:
+    return error(404, f"no job {request.path_params['job_id']!r}; jobs are named by the id POST /api/compile returned")
+
+
+async def job_route(request: Request) -> Response:
+    job = _job(request)
+    if job is None:
+        return _no_job(request)
+    return JSONResponse(request.app.state.queue.snapshot(job), headers={"Cache-Control": "no-store"})
+
+
+def _event(name: str, data: dict) -> str:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
+async def _job_events(queue: JobQueue, job: Job) -> AsyncIterator[str]:
+    """Every log line, progress change and state change of a job, from its start, until it finishes."""
+    lines_sent, last_state, last_progress = 0, None, None
+    while True:
+        version = job.version
+        snapshot = queue.snapshot(job)
+        for line in job.log[lines_sent:]:
+            yield _event("log", {"line": line})
+        lines_sent = len(job.log)
+        progress = (snapshot["progress"], snapshot["step"])
+        if progress != last_progress:
+            yield _event("progress", {"progress": progress[0], "step": progress[1]})
+            last_progress = progress
+        state = {key: snapshot[key] for key in ("state", "position", "error", "result")}
+        if state != last_state:
+            yield _event("state", state)
+            last_state = state
+        if job.state in FINISHED:
+            return
+        await queue.wait_changed(job, version, KEEPALIVE_S)
+        if job.version == version:
+            yield ": keepalive\n\n"
+
+
+async def job_events_route(request: Request) -> Response:
+    job = _job(request)
+    if job is None:
+        return _no_job(request)
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(_job_events(request.app.state.queue, job), media_type="text/event-stream", headers=headers)
+
+
+async def targets_route(request: Request) -> Response:
+    entries = []
+    for name in targets():
+        label, in_browser = TARGET_LABELS.get(name, (name, False))
+        entries.append({"name": name, "label": label, "runs_in_browser": in_browser, "default": name == "wasm"})
+    return JSONResponse({"targets": entries})
+
+
+def _content_type(name: str) -> str:
+    return CONTENT_TYPES.get(Path(name).suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+
+
+async def bundle_file_route(request: Request) -> Response:
+    store: Store = request.app.state.store
+    bundle_id, name = request.path_params["bundle_id"], request.path_params["name"]
+    if not store.has_bundle(bundle_id):
+        return _no_bundle(bundle_id)
+    path = store.bundle_file(bundle_id, name)
+    if path is None:
+        listed = ", ".join(store.bundle_files(bundle_id))
+        return error(404, f"bundle {bundle_id} has no file {name!r}; its files are {listed}")
+    return FileResponse(path, media_type=_content_type(name), headers={"Cache-Control": IMMUTABLE})
+
+
+async def bundle_zip_route(request: Request) -> Response:
+    store: Store = request.app.state.store
+    bundle_id = request.path_params["bundle_id"]
+    path = await asyncio.to_thread(store.bundle_zip, bundle_id) if store.has_bundle(bundle_id) else None
+    if path is None:
+        return _no_bundle(bundle_id)
+    return FileResponse(
+        path,
+        media_type="application/zip",
+        filename=f"tessel-{bundle_id[:12]}.zip",
+        headers={"Cache-Control": IMMUTABLE},
+    )
+
+
+def _no_bundle(bundle_id: str) -> JSONResponse:
+    return error(404, f"no bundle {bundle_id!r}; bundle ids come from a finished job's result")
+
+
+def _safe_file(root: Path, relative: str) -> Path | None:
+    """`root/relative` when it is a plain file inside `root` after following every link; None otherwise."""
+    if not relative or relative.startswith("/") or "\\" in relative or ".." in relative.split("/"):
+        return None
+    base = root.resolve()
+    path = (base / relative).resolve()
+    return path if path.is_relative_to(base) and path.is_file() else None
+
+
+def _page_file(root: Path, relative: str, what: str) -> Response:
+    path = _safe_file(root, relative)
+    if path is None:
+        return error(404, f"no {what} {relative!r}")
+    return FileResponse(path, media_type=_content_type(path.name), headers={"Cache-Control": "no-cache"})
+
+
+async def index_route(request: Request) -> Response:
+    return _page_file(request.app.state.static_dir, "index.html", "upload page (static file)")
+
+
+async def static_route(request: Request) -> Response:
+    return _page_file(request.app.state.static_dir, request.path_params["path"], "static file")
+
+
+async def runtime_route(request: Request) -> Response:
+    return _page_file(request.app.state.runtime_dir, request.path_params["path"], "runtime file")
+
+
+async def demo_route(request: Request) -> Response:
+    state = request.app.state
+    name = request.path_params["bundle_id"]
+    if name in state.prebuilt:
+        job = state.queue.jobs[state.prebuilt[name]]
+        # Right after start-up the model may still be compiling: hold the request briefly rather than fail it.
+        deadline = time.monotonic() + PREBUILT_WAIT_S
+        while job.state not in FINISHED and time.monotonic() < deadline:
+            await state.queue.wait_changed(job, job.version, deadline - time.monotonic())
+        if job.state == "failed":
+            return error(500, f"the {name} model failed to compile: {job.error['message']}")
+        if job.state != "done":
+            return error(503, f"the {name} model is still compiling ({job.state}); try again in a moment")
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(f"/demo/{job.result['bundles']['wasm']['id']}{query}", status_code=307)
+    if not state.store.has_bundle(name):
+        return _no_bundle(name)
+    return _page_file(state.static_dir, "demo.html", "demo page (static file)")
+
+
+async def zoo_route(request: Request) -> Response:
+    state = request.app.state
+    models = []
+    for name, job_id in state.prebuilt.items():
+        job = state.queue.jobs[job_id]
+        bundles = {target: bundle["id"] for target, bundle in (job.result or {}).get("bundles", {}).items()}
+        models.append({"name": name, "job": job_id, "state": job.state, "bundles": bundles, "demo": f"/demo/{name}"})
+    return JSONResponse({"models": models})
+
+
+async def health_route(request: Request) -> Response:
+    queue: JobQueue = request.app.state.queue
+    return JSONResponse(
+        {
+            "ok": True,
+            "queued": len(queue.waiting),
+            "running": len(queue.running),
+            "workers": queue.max_workers,
+            "max_queue": queue.max_queue,
+            "compiles": queue.compiles,
+        }
+    )
+
+
+# ---- the app -------------------------------------------------------------------------------------------
+
+
+async def _prebuild(state, names: tuple[str, ...]) -> None:
+    """Queue the zoo models the demo pages use; a cached bundle makes this instant."""
+    from compiler import zoo
+
+    for name in names:
+        data = await asyncio.to_thread(lambda name=name: zoo.build_model(name).SerializeToString())
+        digest = hashlib.sha256(data).hexdigest()
+        model = {"filename": f"{name}.onnx", "bytes": len(data), "sha256": digest}
+        job = Job(new_job_id(), {"wasm": bundle_key(digest, "wasm", {})}, {}, model)
+        state.store.upload_path(job.id).write_bytes(data)
+        state.prebuilt[name] = state.queue.submit(job).id
+
+
+def check_prebuild(names) -> tuple[str, ...]:
+    from compiler import zoo
+
+    names = tuple(names)
+    unknown = [name for name in names if name not in zoo.MODELS]
+    if unknown:
+        raise TesselError(f"unknown zoo model {unknown[0]!r} to prebuild; choose from {', '.join(zoo.MODELS)}")
+    return names
+
+
+def create_app(
+    store_dir: str | Path = "var",
+    max_upload_bytes: int = 256 * MiB,
+    max_workers: int | None = None,
+    max_queue: int = 64,
+    job_timeout_s: float = 600.0,
+    prebuild: tuple[str, ...] = (),
+    static_dir: str | Path = STATIC_DIR,
+    runtime_dir: str | Path = RUNTIME_DIR,
+) -> Starlette:
+    """The service over the store at `store_dir`. Workers start when the app's lifespan starts (the
+    TestClient's `with` block, or uvicorn) and stop with it."""
+    prebuild = check_prebuild(prebuild)
+    store = Store(store_dir)
+    queue = JobQueue(store, max_workers or default_workers(), max_queue, job_timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await queue.start()
+        await _prebuild(app.state, prebuild)
+        try:
+            yield
+        finally:
+            await queue.close()
+
+    routes = [
+        Route("/", index_route),
+        Route("/healthz", health_route),
+        Route("/api/targets", targets_route),
+        Route("/api/zoo", zoo_route),
+        Route("/api/compile", compile_model_route, methods=["POST"]),
+        Route("/api/jobs/{job_id}", job_route),
+        Route("/api/jobs/{job_id}/events", job_events_route),
+        Route("/bundles/{bundle_id}.zip", bundle_zip_route),
+        Route("/bundles/{bundle_id}/{name}", bundle_file_route),
+        Route("/runtime/{path:path}", runtime_route),
+        Route("/static/{path:path}", static_route),
+        Route("/demo/{bundle_id}", demo_route),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(CrossOriginIsolation)],
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )
+    app.state.store = store
+    app.state.queue = queue
+    app.state.max_upload_bytes = max_upload_bytes
+    app.state.static_dir = Path(static_dir)
+    app.state.runtime_dir = Path(runtime_dir)
+    app.state.prebuilt = {}
+    return app
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, store_dir: str | Path = "var", prebuild=(), **limits) -> None:
+    """Run the service with uvicorn until interrupted; `limits` are create_app's keyword arguments."""
+    import uvicorn
+
+    uvicorn.run(create_app(store_dir, prebuild=tuple(prebuild), **limits), host=host, port=port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--store", default="var", help="directory of bundles and job records (default var)")
+    parser.add_argument(
+        "--prebuild",
+        default="",
+        help="comma-separated zoo models to compile for wasm at start-up, e.g. digits,mobilenet_v2",
+    )
+    parser.add_argument("--max-upload-mb", type=float, default=256, help="largest accepted upload in MiB (default 256)")
+    parser.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")
+    parser.add_argument("--max-queue", type=int, default=64, help="most jobs waiting for a worker (default 64)")
+    parser.add_argument("--job-timeout", type=float, default=600, help="seconds one compile may take (default 600)")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if args.workers is not None and args.workers < 1:
+        raise TesselError(f"--workers must be at least 1, got {args.workers}")
+    if args.max_queue < 0 or args.job_timeout <= 0 or args.max_upload_mb <= 0:
+        raise TesselError("--max-queue must be 0 or more, --job-timeout and --max-upload-mb above 0")
+    names = check_prebuild(name.strip() for name in args.prebuild.split(",") if name.strip())
+    serve(
+        args.host,
+        args.port,
+        args.store,
+        prebuild=names,
+        max_upload_bytes=int(args.max_upload_mb * MiB),
+        max_workers=args.workers,
+        max_queue=args.max_queue,
+        job_timeout_s=args.job_timeout,
+    )
+    return 0
+
+
+__all__ = ["add_arguments", "create_app", "run_from_args", "serve"]
