@@ -1,9 +1,10 @@
-# Two commands: `make run` (the main job) and `make test` (the whole suite). Both create or reuse
-# .venv and install what they need, so a fresh clone needs nothing installed by hand.
+# Two commands: `make run` (compile the example models, serve the page on 127.0.0.1:8000) and
+# `make test` (the whole suite). Both create or reuse .venv and install what they need, so a fresh
+# clone needs nothing installed by hand.
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_PACKAGES := qemu-user-static
+SYSTEM_PACKAGES := qemu-user-static chromium
 
 .PHONY: run test system-deps lint
 
@@ -22,7 +23,7 @@ system-deps:
 	fi
 
 run: $(STAMP)
-	$(PY) -m compiler.cli demo
+	$(PY) -m compiler.cli serve --host 127.0.0.1 --port 8000 --prebuild digits,mobilenet_v2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

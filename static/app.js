@@ -1,0 +1,455 @@
+// The upload page: sends an ONNX file to POST /api/compile, follows the job's server-sent events
+// (/api/jobs/{id}/events) into a progress bar and log, then shows one result card per bundle and runs wasm
+// bundles in this tab with web_runtime/tessel.js. The last run is exposed as window.tesselLastRun.
+
+import * as tessel from "/runtime/tessel.js";
+
+const query = new URLSearchParams(location.search);
+const elements = Object.fromEntries(
+  [
+    "upload-form",
+    "dropzone",
+    "drop-title",
+    "drop-detail",
+    "file-input",
+    "targets",
+    "input-shapes",
+    "compile-button",
+    "zoo-links",
+    "upload-error",
+    "progress-card",
+    "progress-bar",
+    "progress-step",
+    "progress-figure",
+    "log",
+    "job-error",
+    "results",
+    "result-template",
+  ].map((id) => [id, document.getElementById(id)]),
+);
+
+let chosenFile = null;
+let targetInfo = [];
+let events = null;
+
+// ---- small helpers -----------------------------------------------------------------------------------
+
+function formatBytes(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KiB`;
+  return `${(bytes / 1024 / 1024).toFixed(2)} MiB`;
+}
+
+function formatMs(ms) {
+  return ms < 10 ? `${ms.toFixed(2)} ms` : `${ms.toFixed(1)} ms`;
+}
+
+function show(element, visible) {
+  element.classList.toggle("hidden", !visible);
+}
+
+function showError(element, message) {
+  element.textContent = message;
+  show(element, Boolean(message));
+}
+
+async function errorMessage(response) {
+  try {
+    const body = await response.json();
+    const ops = body.ops ? `\nunsupported ops: ${body.ops.join(", ")}` : "";
+    return `${body.error || `HTTP ${response.status}`}${ops}`;
+  } catch {
+    return `the server answered HTTP ${response.status}`;
+  }
+}
+
+// A seeded generator (mulberry32) so a run can be repeated: ?seed=N on the page URL fixes the input.
+function seededRandom(seed) {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let mixed = Math.imul(state ^ (state >>> 15), 1 | state);
+    mixed = (mixed + Math.imul(mixed ^ (mixed >>> 7), 61 | mixed)) ^ mixed;
+    return ((mixed ^ (mixed >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function standardNormal(random) {
+  const radius = Math.sqrt(-2 * Math.log(1 - random()));
+  return radius * Math.cos(2 * Math.PI * random());
+}
+
+// ---- the form ----------------------------------------------------------------------------------------
+
+async function loadTargets() {
+  try {
+    const response = await fetch("/api/targets");
+    if (!response.ok) throw new Error(await errorMessage(response));
+    targetInfo = (await response.json()).targets;
+  } catch (error) {
+    elements.targets.innerHTML = "";
+    showError(elements["upload-error"], `cannot list the compiler's targets: ${error.message}`);
+    return;
+  }
+  const legend = document.createElement("legend");
+  legend.textContent = "Targets";
+  elements.targets.replaceChildren(legend);
+  for (const target of targetInfo) {
+    const label = document.createElement("label");
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.name = "targets";
+    box.value = target.name;
+    box.checked = target.default;
+    label.append(box, `${target.name}`);
+    label.title = target.label;
+    elements.targets.append(label);
+  }
+}
+
+async function loadZooLinks() {
+  try {
+    const response = await fetch("/api/zoo");
+    if (!response.ok) return;
+    const { models } = await response.json();
+    const digits = models.find((model) => model.name === "digits" && model.state === "done");
+    if (digits) {
+      const link = document.createElement("a");
+      link.href = digits.demo;
+      link.textContent = "Try the digits drawing demo →";
+      elements["zoo-links"].replaceChildren(link);
+    }
+  } catch {
+    // The demo link is an extra; the page works without it.
+  }
+}
+
+function chooseFile(file) {
+  chosenFile = file || null;
+  elements["compile-button"].disabled = !chosenFile;
+  elements["drop-title"].textContent = chosenFile ? chosenFile.name : "Drop an .onnx file here";
+  elements["drop-detail"].textContent = chosenFile ? formatBytes(chosenFile.size) : "or click to choose one";
+  showError(elements["upload-error"], "");
+}
+
+function wireDropzone() {
+  const zone = elements.dropzone;
+  zone.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    zone.classList.add("dragging");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("dragging"));
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    zone.classList.remove("dragging");
+    chooseFile(event.dataTransfer.files[0]);
+  });
+  elements["file-input"].addEventListener("change", () => chooseFile(elements["file-input"].files[0]));
+}
+
+async function submit(event) {
+  event.preventDefault();
+  if (!chosenFile) return;
+  const form = new FormData();
+  form.append("file", chosenFile, chosenFile.name);
+  const checked = [...elements.targets.querySelectorAll("input:checked")].map((box) => box.value);
+  if (checked.length === 0) {
+    showError(elements["upload-error"], "choose at least one target");
+    return;
+  }
+  for (const name of checked) form.append("targets", name);
+  const shapes = elements["input-shapes"].value.trim();
+  if (shapes) form.append("input_shapes", shapes);
+  elements["compile-button"].disabled = true;
+  showError(elements["upload-error"], "");
+  try {
+    const response = await fetch("/api/compile", { method: "POST", body: form });
+    if (response.status !== 202) throw new Error(await errorMessage(response));
+    follow((await response.json()).job);
+  } catch (error) {
+    showError(elements["upload-error"], error.message);
+  } finally {
+    elements["compile-button"].disabled = false;
+  }
+}
+
+// ---- progress ----------------------------------------------------------------------------------------
+
+function setProgress(fraction, step) {
+  const percent = Math.round(fraction * 100);
+  elements["progress-bar"].style.width = `${percent}%`;
+  elements["progress-figure"].textContent = `${percent}%`;
+  if (step) elements["progress-step"].textContent = step;
+}
+
+function follow(jobId) {
+  if (events) events.close();
+  elements.results.replaceChildren();
+  elements.log.textContent = "";
+  showError(elements["job-error"], "");
+  setProgress(0, "queued");
+  show(elements["progress-card"], true);
+  events = new EventSource(`/api/jobs/${jobId}/events`);
+  // The stream replays the job from its start on every (re)connection, so the log starts over with it.
+  events.addEventListener("open", () => {
+    elements.log.textContent = "";
+  });
+  events.addEventListener("log", (message) => {
+    elements.log.textContent += `${JSON.parse(message.data).line}\n`;
+    elements.log.scrollTop = elements.log.scrollHeight;
+  });
+  events.addEventListener("progress", (message) => {
+    const { progress, step } = JSON.parse(message.data);
+    setProgress(progress, step);
+  });
+  events.addEventListener("state", (message) => {
+    const state = JSON.parse(message.data);
+    if (state.state === "queued") {
+      elements["progress-step"].textContent = state.position ? `queued: position ${state.position}` : "queued";
+    } else if (state.state === "done") {
+      events.close();
+      setProgress(1, "done");
+      showResults(state.result);
+    } else if (state.state === "failed") {
+      events.close();
+      elements["progress-step"].textContent = "failed";
+      const ops = state.error && state.error.ops ? `\nunsupported ops: ${state.error.ops.join(", ")}` : "";
+      showError(elements["job-error"], `${(state.error && state.error.message) || "the compile failed"}${ops}`);
+    }
+  });
+}
+
+// ---- results -----------------------------------------------------------------------------------------
+
+function showResults(result) {
+  const cards = Object.entries(result.bundles).map(([target, bundle]) => resultCard(target, bundle));
+  elements.results.replaceChildren(...cards);
+}
+
+function resultCard(target, bundle) {
+  const card = elements["result-template"].content.firstElementChild.cloneNode(true);
+  const field = (name) => card.querySelector(`[data-field="${name}"]`);
+  const files = Object.entries(bundle.files);
+  field("target").textContent = target;
+  field("groups").textContent = bundle.fused_groups;
+  field("kernels").textContent = bundle.kernels;
+  field("seconds").textContent = bundle.reused ? "cached" : `${bundle.compile_seconds.toFixed(2)} s`;
+  field("total").textContent = formatBytes(files.reduce((sum, [, size]) => sum + size, 0));
+  for (const [name, size] of files) {
+    const row = document.createElement("tr");
+    const link = document.createElement("a");
+    link.href = `${bundle.url}${name}`;
+    link.textContent = name;
+    const nameCell = document.createElement("td");
+    nameCell.append(link);
+    const sizeCell = document.createElement("td");
+    sizeCell.className = "number";
+    sizeCell.textContent = formatBytes(size);
+    row.append(nameCell, sizeCell);
+    field("files").append(row);
+  }
+  field("zip").href = bundle.zip;
+  field("bundle-id").textContent = bundle.id.slice(0, 12);
+  const info = targetInfo.find((item) => item.name === target);
+  show(field("run"), Boolean(info && info.runs_in_browser));
+  card.dataset.target = target;
+  new RunPanel(card, bundle, field);
+  return card;
+}
+
+/** "Run in this browser": loads the bundle once, then runs it on seeded random input or a chosen image. */
+class RunPanel {
+  constructor(card, bundle, field) {
+    this.card = card;
+    this.bundle = bundle;
+    this.field = field;
+    this.model = null;
+    field("run").addEventListener("click", () => this.run(this.randomFeeds()));
+    field("image").addEventListener("change", async () => {
+      const file = field("image").files[0];
+      if (file) this.run(await this.imageFeeds(file));
+    });
+  }
+
+  async ensureModel() {
+    if (this.model) return this.model;
+    const started = performance.now();
+    this.model = await tessel.load(this.bundle.url, {
+      backend: query.get("backend") || "auto",
+      onProgress: ({ phase, loaded, total }) => {
+        const percent = total ? Math.round((100 * loaded) / total) : 0;
+        this.field("backend").textContent = `${phase} ${percent}%`;
+      },
+    });
+    this.field("load-ms").textContent = formatMs(performance.now() - started);
+    this.field("backend").textContent = this.model.backend;
+    const [input] = this.model.inputs;
+    const imageLike = this.model.inputs.length === 1 && input.dtype === "float32" && isImageShape(input.shape);
+    show(this.field("image-picker"), imageLike);
+    const demoLike = isImageShape(input.shape) && input.shape[1] === 1 && input.shape[2] === 8 && input.shape[3] === 8;
+    if (demoLike) {
+      this.field("demo").href = this.bundle.demo;
+      show(this.field("demo"), true);
+    }
+    return this.model;
+  }
+
+  randomFeeds() {
+    return async (model) => {
+      const seed = query.has("seed") ? Number(query.get("seed")) : Math.floor(Math.random() * 2 ** 31);
+      const random = seededRandom(seed);
+      const feeds = {};
+      for (const spec of model.inputs) {
+        const count = spec.shape.reduce((product, size) => product * size, 1);
+        feeds[spec.name] = { data: randomArray(spec.dtype, count, random), dims: spec.shape };
+      }
+      return { feeds, description: `random input, seed ${seed}` };
+    };
+  }
+
+  async imageFeeds(file) {
+    const bitmap = await createImageBitmap(file);
+    return async (model) => {
+      const [spec] = model.inputs;
+      const data = imageToTensor(bitmap, spec.shape);
+      return { feeds: { [spec.name]: { data, dims: spec.shape } }, description: file.name };
+    };
+  }
+
+  async run(makeFeeds) {
+    const panel = this.field("panel");
+    show(panel, true);
+    panel.dataset.state = "running";
+    showError(this.field("run-error"), "");
+    try {
+      const model = await this.ensureModel();
+      const { feeds, description } = await makeFeeds(model);
+      this.field("input-description").textContent = description;
+      const outputs = await model.run(feeds);
+      const latency = await timeRuns(model, feeds);
+      this.field("latency").textContent = formatMs(latency);
+      const views = Object.entries(outputs).map(([name, tensor]) => outputView(name, tensor));
+      this.field("outputs").replaceChildren(...views);
+      window.tesselLastRun = {
+        bundle: this.bundle.id,
+        backend: model.backend,
+        latencyMs: latency,
+        inputs: plainTensors(feeds),
+        outputs: plainTensors(outputs),
+      };
+      panel.dataset.state = "done";
+    } catch (error) {
+      showError(this.field("run-error"), error.message);
+      panel.dataset.state = "failed";
+    }
+  }
+}
+
+/** Tensors as JSON-friendly {name: {dims, data: numbers}}, for tests and the console. */
+function plainTensors(tensors) {
+  const entries = Object.entries(tensors).map(([name, tensor]) => [
+    name,
+    { dims: tensor.dims, data: Array.from(tensor.data, Number) },
+  ]);
+  return Object.fromEntries(entries);
+}
+
+function isImageShape(shape) {
+  return shape.length === 4 && shape[0] === 1 && (shape[1] === 1 || shape[1] === 3);
+}
+
+function randomArray(dtype, count, random) {
+  if (dtype === "float32" || dtype === "float64") {
+    const Type = dtype === "float32" ? Float32Array : Float64Array;
+    return Type.from({ length: count }, () => standardNormal(random));
+  }
+  if (dtype === "int64") return BigInt64Array.from({ length: count }, () => BigInt(Math.floor(random() * 10)));
+  if (dtype === "bool") return Uint8Array.from({ length: count }, () => (random() < 0.5 ? 1 : 0));
+  if (dtype === "int32") return Int32Array.from({ length: count }, () => Math.floor(random() * 10));
+  throw new Error(`the page cannot make random input of dtype ${dtype}`);
+}
+
+// The usual ImageNet preprocessing for 3-channel models (pixels to 0..1, then per-channel mean and std);
+// 1-channel models get grayscale in 0..1. The image is center-cropped to the input's aspect and resized.
+const IMAGENET_MEAN = [0.485, 0.456, 0.406];
+const IMAGENET_STD = [0.229, 0.224, 0.225];
+
+function imageToTensor(bitmap, shape) {
+  const [, channels, height, width] = shape;
+  const canvas = document.createElement("canvas");
+  canvas.width = width;
+  canvas.height = height;
+  const context = canvas.getContext("2d");
+  const scale = Math.max(width / bitmap.width, height / bitmap.height);
+  const cropWidth = width / scale;
+  const cropHeight = height / scale;
+  const left = (bitmap.width - cropWidth) / 2;
+  const top = (bitmap.height - cropHeight) / 2;
+  context.drawImage(bitmap, left, top, cropWidth, cropHeight, 0, 0, width, height);
+  const pixels = context.getImageData(0, 0, width, height).data;
+  const tensor = new Float32Array(channels * height * width);
+  const plane = height * width;
+  for (let index = 0; index < plane; index++) {
+    const rgb = [0, 1, 2].map((channel) => pixels[4 * index + channel] / 255);
+    if (channels === 1) {
+      tensor[index] = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2];
+      continue;
+    }
+    rgb.forEach((value, channel) => {
+      tensor[channel * plane + index] = (value - IMAGENET_MEAN[channel]) / IMAGENET_STD[channel];
+    });
+  }
+  return tensor;
+}
+
+/** The median of a few timed runs after the first, within about half a second. */
+async function timeRuns(model, feeds) {
+  const times = [];
+  const deadline = performance.now() + 500;
+  while (times.length < 3 || (times.length < 20 && performance.now() < deadline)) {
+    const started = performance.now();
+    await model.run(feeds);
+    times.push(performance.now() - started);
+  }
+  times.sort((a, b) => a - b);
+  return times[Math.floor(times.length / 2)];
+}
+
+const BAR_ROW =
+  '<span class="mono"></span><div class="track"><div class="fill"></div></div><span class="figure"></span>';
+
+function outputView(name, tensor) {
+  const section = document.createElement("div");
+  const title = document.createElement("div");
+  title.className = "label";
+  title.textContent = `${name} `;
+  const dims = document.createElement("span");
+  dims.className = "muted mono";
+  dims.textContent = `${tensor.dtype}[${tensor.dims.join(", ")}] · top values`;
+  title.append(dims);
+  const values = Array.from(tensor.data, Number);
+  const top = values
+    .map((value, index) => ({ value, index }))
+    .sort((a, b) => b.value - a.value)
+    .slice(0, 5);
+  const largest = Math.max(...values.map(Math.abs), 1e-12);
+  const bars = document.createElement("div");
+  bars.className = "bars";
+  for (const { value, index } of top) {
+    const row = document.createElement("div");
+    row.className = "bar-row";
+    row.innerHTML = BAR_ROW;
+    row.children[0].textContent = `#${index}`;
+    row.querySelector(".fill").style.width = `${(100 * Math.abs(value)) / largest}%`;
+    row.children[2].textContent = value.toPrecision(4);
+    bars.append(row);
+  }
+  section.append(title, bars);
+  section.style.marginTop = "12px";
+  return section;
+}
+
+wireDropzone();
+elements["upload-form"].addEventListener("submit", submit);
+loadTargets();
+loadZooLinks();

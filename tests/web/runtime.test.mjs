@@ -1,0 +1,297 @@
+// The JavaScript runtime in Node 20: loads the WASM bundles that tests/web/test_node_runtime.py compiled,
+// runs them on its inputs and compares with onnxruntime's outputs written beside them; then checks every
+// error a caller can cause and the backend choice. Run through pytest, which passes TESSEL_WEB_CASES.
+
+import assert from "node:assert/strict";
+import { cp, readFile, writeFile } from "node:fs/promises";
+import { createServer } from "node:http";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { pathToFileURL } from "node:url";
+
+import * as tessel from "../../web_runtime/tessel.js";
+
+const RTOL = 1e-4;
+const ATOL = 1e-5;
+
+const casesFile = process.env.TESSEL_WEB_CASES;
+if (!casesFile) throw new Error("set TESSEL_WEB_CASES to the cases.json that tests/web/test_node_runtime.py writes");
+const { cases, scratch } = JSON.parse(await readFile(casesFile, "utf8"));
+const digits = cases.find((item) => item.name === "digits");
+
+const ARRAY_TYPES = { float32: Float32Array, int64: BigInt64Array, int32: Int32Array };
+
+async function readArray({ file, dtype }) {
+  const bytes = await readFile(file);
+  const Type = ARRAY_TYPES[dtype];
+  return new Type(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+}
+
+async function feedsOf(item) {
+  const feeds = {};
+  for (const [name, spec] of Object.entries(item.inputs)) {
+    feeds[name] = { data: await readArray(spec), dims: spec.shape };
+  }
+  return feeds;
+}
+
+function assertClose(actual, expected, label) {
+  assert.equal(actual.length, expected.length, `${label}: length`);
+  let worst = 0;
+  for (let index = 0; index < expected.length; index++) {
+    const excess = Math.abs(actual[index] - expected[index]) - (ATOL + RTOL * Math.abs(expected[index]));
+    if (!(excess <= 0)) assert.fail(`${label}[${index}] = ${actual[index]}, onnxruntime says ${expected[index]}`);
+    worst = Math.max(worst, Math.abs(actual[index] - expected[index]));
+  }
+  return worst;
+}
+
+async function copyBundle(name, edit) {
+  const directory = join(scratch, name);
+  await cp(digits.bundle, directory, { recursive: true });
+  await edit(directory);
+  return directory;
+}
+
+describe("bundles match onnxruntime", () => {
+  for (const item of cases) {
+    test(item.name, async () => {
+      const model = await tessel.load(item.bundle, { backend: "wasm" });
+      assert.equal(model.backend, "wasm");
+      assert.deepEqual(model.inputNames, Object.keys(item.inputs));
+      assert.deepEqual(model.outputNames, Object.keys(item.expected));
+      const outputs = await model.run(await feedsOf(item));
+      for (const [name, spec] of Object.entries(item.expected)) {
+        assert.deepEqual(outputs[name].dims, spec.shape);
+        assert.equal(outputs[name].dtype, spec.dtype);
+        assertClose(outputs[name].data, await readArray(spec), `${item.name} ${name}`);
+      }
+      model.dispose();
+    });
+  }
+
+  test("repeated runs give the same outputs and do not reuse the caller's arrays", async () => {
+    const model = await tessel.load(digits.bundle);
+    const feeds = await feedsOf(digits);
+    const first = await model.run(feeds);
+    const second = await model.run({ input: feeds.input.data });
+    const name = model.outputNames[0];
+    assert.notEqual(first[name].data, second[name].data);
+    assert.deepEqual(Array.from(first[name].data), Array.from(second[name].data));
+  });
+});
+
+describe("loading", () => {
+  test("reports progress for the manifest, the code and every params byte", async () => {
+    const events = [];
+    await tessel.load(digits.bundle, { onProgress: (event) => events.push(event) });
+    assert.deepEqual([...new Set(events.map((event) => event.phase))], ["manifest", "code", "params", "ready"]);
+    const params = events.filter((event) => event.phase === "params");
+    const manifest = JSON.parse(await readFile(join(digits.bundle, "manifest.json"), "utf8"));
+    assert.equal(params.at(-1).loaded, manifest.params.bytes);
+    assert.equal(params.at(-1).total, manifest.params.bytes);
+  });
+
+  test("takes a file: URL", async () => {
+    const model = await tessel.load(pathToFileURL(digits.bundle));
+    assert.equal(model.outputs[0].name, "probabilities");
+  });
+
+  describe("over HTTP (fetch, streaming compilation)", () => {
+    let server;
+    let base;
+    before(async () => {
+      server = createServer(async (request, response) => {
+        try {
+          const [, file] = request.url.match(/^\/bundles\/digits\/([\w.]+)$/);
+          const data = await readFile(join(digits.bundle, file));
+          const type = request.url.endsWith(".wasm") ? "application/wasm" : "application/octet-stream";
+          response.writeHead(200, { "Content-Type": type, "Content-Length": data.byteLength }).end(data);
+        } catch {
+          response.writeHead(404).end();
+        }
+      });
+      await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+      base = `http://127.0.0.1:${server.address().port}/bundles/digits`;
+    });
+    after(() => server.close());
+
+    test("loads and runs like the disk bundle", async () => {
+      const fromDisk = await tessel.load(digits.bundle);
+      const overHttp = await tessel.load(`${base}/`);
+      const feeds = await feedsOf(digits);
+      const expected = (await fromDisk.run(feeds)).probabilities.data;
+      assert.deepEqual(Array.from((await overHttp.run(feeds)).probabilities.data), Array.from(expected));
+    });
+
+    test("a missing bundle names the URL and the HTTP status", async () => {
+      await assert.rejects(tessel.load(`http://127.0.0.1:${server.address().port}/nothing/`), /HTTP 404/);
+    });
+  });
+
+  test("a corrupted params.bin is refused", async () => {
+    const directory = await copyBundle("corrupted", async (path) => {
+      const params = await readFile(join(path, "params.bin"));
+      params[100] ^= 0xff;
+      await writeFile(join(path, "params.bin"), params);
+    });
+    await assert.rejects(tessel.load(directory), /params\.bin does not match the manifest's sha256/);
+  });
+
+  test("a truncated params.bin is refused", async () => {
+    const directory = await copyBundle("truncated", async (path) => {
+      const params = await readFile(join(path, "params.bin"));
+      await writeFile(join(path, "params.bin"), params.subarray(0, 1000));
+    });
+    await assert.rejects(tessel.load(directory), /params\.bin has 1000 bytes, the manifest says/);
+  });
+
+  test("another bundle format version is refused", async () => {
+    const directory = await copyBundle("future", async (path) => {
+      const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
+      await writeFile(join(path, "manifest.json"), JSON.stringify({ ...manifest, format_version: 99 }));
+    });
+    await assert.rejects(tessel.load(directory), /format version 99; this runtime reads version 1/);
+  });
+
+  test("a directory that is not a bundle names the missing manifest", async () => {
+    await assert.rejects(tessel.load(join(scratch, "no-such-bundle")), /cannot read .*manifest\.json/);
+  });
+});
+
+describe("input validation, before anything runs", () => {
+  let model;
+  before(async () => {
+    model = await tessel.load(digits.bundle);
+  });
+
+  test("an unknown input name", async () => {
+    await assert.rejects(
+      model.run({ input: new Float32Array(64), image: new Float32Array(64) }),
+      /unknown input "image"; the model's inputs are input/,
+    );
+  });
+
+  test("a missing input", async () => {
+    await assert.rejects(model.run({}), /missing input "input"/);
+  });
+
+  test("the wrong dtype", async () => {
+    const wanted = /must be a Float32Array \(dtype float32\), got /;
+    await assert.rejects(model.run({ input: new Float64Array(64) }), new RegExp(`${wanted.source}Float64Array`));
+    await assert.rejects(model.run({ input: Array(64).fill(0) }), new RegExp(`${wanted.source}Array`));
+  });
+
+  test("the wrong number of elements", async () => {
+    await assert.rejects(
+      model.run({ input: new Float32Array(63) }),
+      /has 63 elements, the model takes 64 \(shape \[1, 1, 8, 8\]\)/,
+    );
+  });
+
+  test("the wrong dims", async () => {
+    await assert.rejects(
+      model.run({ input: { data: new Float32Array(64), dims: [1, 64] } }),
+      /has dims \[1, 64\], the model takes \[1, 1, 8, 8\]/,
+    );
+  });
+
+  test("feeds that are not an object of inputs", async () => {
+    await assert.rejects(model.run(new Float32Array(64)), /run takes an object of input name/);
+  });
+
+  test("a disposed model", async () => {
+    const disposed = await tessel.load(digits.bundle);
+    disposed.dispose();
+    await assert.rejects(disposed.run({ input: new Float32Array(64) }), /was disposed/);
+  });
+});
+
+describe("backends", () => {
+  test("the SIMD probe passes in Node 20", () => {
+    assert.equal(tessel.hasWasmSimd(), true);
+  });
+
+  test("an engine without WebAssembly SIMD gets a clear error", async () => {
+    const validate = WebAssembly.validate;
+    WebAssembly.validate = () => false;
+    try {
+      await assert.rejects(tessel.load(digits.bundle, { backend: "wasm" }), /does not support WebAssembly SIMD/);
+      await assert.rejects(tessel.load(digits.bundle), /no backend can run this bundle here.*WebAssembly SIMD/);
+    } finally {
+      WebAssembly.validate = validate;
+    }
+  });
+
+  test("webgpu on a wasm-only bundle is refused with the way out", async () => {
+    await assert.rejects(
+      tessel.load(digits.bundle, { backend: "webgpu" }),
+      /cannot use the webgpu backend: the bundle has no WebGPU code .*\{backend: "wasm"\}/,
+    );
+  });
+
+  test("an unknown backend", async () => {
+    await assert.rejects(
+      tessel.load(digits.bundle, { backend: "cuda" }),
+      /unknown backend "cuda"; choose auto, webgpu, wasm/,
+    );
+  });
+
+  // A bundle that also lists WebGPU dispatches, and a fake navigator.gpu: `auto` must pick WebGPU only when an
+  // executor is registered and the adapter's limits fit, and fall back to wasm otherwise.
+  describe("the WebGPU slot", () => {
+    let bundle;
+    before(async () => {
+      bundle = await copyBundle("with-dispatches", async (path) => {
+        const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
+        const gpu = { dispatches: [], webgpu_limits: { maxStorageBufferBindingSize: 1 << 20 } };
+        await writeFile(join(path, "manifest.json"), JSON.stringify({ ...manifest, ...gpu }));
+      });
+    });
+
+    function withAdapter(limits) {
+      const adapter = { limits };
+      Object.defineProperty(globalThis, "navigator", {
+        value: { gpu: { requestAdapter: async () => adapter } },
+        configurable: true,
+        writable: true,
+      });
+    }
+
+    test("without an executor, auto uses wasm and webgpu says why not", async () => {
+      withAdapter({ maxStorageBufferBindingSize: 1 << 30 });
+      assert.equal((await tessel.load(bundle)).backend, "wasm");
+      await assert.rejects(tessel.load(bundle, { backend: "webgpu" }), /no webgpu executor yet/);
+    });
+
+    test("with an executor, auto picks webgpu when the adapter fits and wasm when it does not", async () => {
+      const created = [];
+      tessel.registerBackend({
+        name: "webgpu",
+        async create(manifest) {
+          created.push(manifest.dispatches);
+          return { run: async () => [new Float32Array(10).fill(0.1)], dispose() {} };
+        },
+      });
+      withAdapter({ maxStorageBufferBindingSize: 1 << 30 });
+      const onGpu = await tessel.load(bundle);
+      assert.equal(onGpu.backend, "webgpu");
+      assert.equal(created.length, 1);
+      assert.equal((await onGpu.run({ input: new Float32Array(64) })).probabilities.data[0], Math.fround(0.1));
+      withAdapter({ maxStorageBufferBindingSize: 1024 });
+      assert.equal((await tessel.load(bundle)).backend, "wasm");
+      await assert.rejects(
+        tessel.load(bundle, { backend: "webgpu" }),
+        /maxStorageBufferBindingSize is 1024, the bundle needs/,
+      );
+    });
+
+    test("registering a backend without its parts is refused", () => {
+      assert.throws(() => tessel.registerBackend({ name: "metal" }), /a backend needs describe/);
+    });
+
+    after(() => {
+      delete globalThis.navigator;
+    });
+  });
+});

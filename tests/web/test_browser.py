@@ -1,0 +1,280 @@
+"""The pages in a real browser: Debian's chromium, headless, driven by Playwright, against the real app
+(server.app.create_app under uvicorn on a free port). A model uploaded through the page is compiled, run in
+the tab on WASM and compared with onnxruntime; the digits demo classifies held-out digits drawn with the
+mouse. Screenshots go to each test's pytest tmp dir, under screenshots/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import struct
+import threading
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from compiler import zoo
+from compiler.data.train_digits import held_out_split
+
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+RTOL, ATOL = 1e-4, 1e-5
+DIGITS_TO_DRAW = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The real app on 127.0.0.1, with the digits demo prebuilt, stopped when the module's tests end."""
+    import uvicorn
+
+    from server.app import create_app
+
+    app = create_app(tmp_path_factory.mktemp("store"), max_workers=2, prebuild=("digits",))
+    port = _free_port()
+    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not instance.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            pytest.fail("the Tessel app did not start under uvicorn within 30 s")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    instance.should_exit = True
+    thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """A headless chromium with a fresh profile; the test fails (it does not skip) when chromium is missing."""
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1100, "height": 900},
+        )
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A new tab whose uncaught script errors fail the test."""
+    tab = browser.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    yield tab
+    tab.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+@pytest.fixture
+def screenshots(tmp_path) -> Path:
+    """Where a test saves its screenshots: tmp_path/screenshots."""
+    folder = tmp_path / "screenshots"
+    folder.mkdir()
+    return folder
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _run_onnxruntime(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return {output.name: result for output, result in zip(session.get_outputs(), session.run(None, feeds))}
+
+
+@pytest.mark.slow
+def test_upload_compile_and_run_in_the_page(server, page, screenshots, tmp_path):
+    model_path = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    page.goto(f"{server}/?seed=7&backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    assert page.evaluate("crossOriginIsolated"), "the page is not cross-origin isolated (COOP/COEP headers)"
+    page.set_input_files("#file-input", str(model_path))
+    page.click("#compile-button")
+    card = page.wait_for_selector(".result[data-target=wasm]", timeout=90_000)
+    page.screenshot(path=str(screenshots / "compiled.png"), full_page=True)
+
+    bundle_id = page.evaluate("document.querySelector('.result [data-field=zip]').getAttribute('href')")
+    bundle_id = bundle_id.removeprefix("/bundles/").removesuffix(".zip")
+    manifest = _get_json(f"{server}/bundles/{bundle_id}/manifest.json")
+    assert card.query_selector("[data-field=groups]").inner_text() == str(len(manifest["calls"]))
+    listed = [row.inner_text().split("\t")[0] for row in card.query_selector_all("[data-field=files] tr")]
+    assert listed == ["manifest.json", "model.wasm", "params.bin"]
+    assert "Compiling" in page.inner_text("#progress-card") and "done" in page.inner_text("#log")
+
+    card.query_selector("[data-field=run]").click()
+    page.wait_for_selector(".result [data-field=panel][data-state=done]", timeout=30_000)
+    page.screenshot(path=str(screenshots / "ran.png"), full_page=True)
+    run = page.evaluate("window.tesselLastRun")
+    assert run["backend"] == "wasm" and card.query_selector("[data-field=backend]").inner_text() == "wasm"
+    assert run["latencyMs"] >= 0 and "ms" in card.query_selector("[data-field=latency]").inner_text()
+    feeds = {name: np.array(item["data"], np.float32).reshape(item["dims"]) for name, item in run["inputs"].items()}
+    expected = _run_onnxruntime(zoo.build_model("mlp"), feeds)
+    for name, result in expected.items():
+        shown = np.array(run["outputs"][name]["data"], np.float32).reshape(run["outputs"][name]["dims"])
+        np.testing.assert_allclose(shown, result, rtol=RTOL, atol=ATOL)
+    top = card.query_selector("[data-field=outputs] .bar-row .figure").inner_text()
+    assert float(top) == pytest.approx(float(expected["output"].max()), rel=1e-3)
+
+
+def _grey_png(pixels: np.ndarray) -> bytes:
+    """An 8-bit greyscale PNG of `pixels` (uint8 [height, width]), written out by hand: no imaging library."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    height, width = pixels.shape
+    rows = b"".join(b"\x00" + row.tobytes() for row in pixels)
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.slow
+def test_an_image_model_runs_on_a_chosen_image(server, page, screenshots):
+    """digits takes 1x1x8x8, so the page offers an image; the same upload as the prebuilt demo is reused."""
+    images, labels = held_out_split()
+    page.goto(f"{server}/?backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", str(zoo.DIGITS_PATH))
+    page.click("#compile-button")
+    card = page.wait_for_selector(".result[data-target=wasm]", timeout=90_000)
+    assert card.query_selector("[data-field=seconds]").inner_text() == "cached"
+    card.query_selector("[data-field=run]").click()
+    page.wait_for_selector(".result [data-field=panel][data-state=done]", timeout=30_000)
+    assert card.query_selector("[data-field=image-picker]").is_visible()
+    assert card.query_selector("[data-field=demo]").is_visible()
+
+    pixels = np.round(images[0, 0] * 255).astype(np.uint8)
+    picture = {"name": "digit.png", "mimeType": "image/png", "buffer": _grey_png(pixels)}
+    card.query_selector("[data-field=image]").set_input_files(picture)
+    page.wait_for_function(
+        "window.tesselLastRun && window.tesselLastRun.inputs.input && "
+        "document.querySelector('[data-field=input-description]').textContent === 'digit.png'"
+    )
+    page.wait_for_selector(".result [data-field=panel][data-state=done]")
+    page.screenshot(path=str(screenshots / "image.png"), full_page=True)
+    run = page.evaluate("window.tesselLastRun")
+    seen = np.array(run["inputs"]["input"]["data"], np.float32).reshape(1, 1, 8, 8)
+    np.testing.assert_allclose(seen[0, 0], pixels / 255, atol=1.5 / 255)
+    expected = _run_onnxruntime(zoo.build_model("digits"), {"input": seen})["probabilities"]
+    shown = np.array(run["outputs"]["probabilities"]["data"], np.float32).reshape(expected.shape)
+    np.testing.assert_allclose(shown, expected, rtol=RTOL, atol=ATOL)
+    assert int(shown.argmax()) == int(labels[0])
+
+
+def _digits_to_draw() -> list[tuple[np.ndarray, int]]:
+    """Held-out digits of different classes that onnxruntime classifies right, with a clear margin, when
+    drawn as strokes of partial coverage (the binarised image at 0.6 and at 1.0 intensity)."""
+    images, labels = held_out_split()
+    session = onnxruntime.InferenceSession(str(zoo.DIGITS_PATH), providers=["CPUExecutionProvider"])
+    chosen: dict[int, np.ndarray] = {}
+    for image, label in zip(images, labels):
+        label = int(label)
+        if label in chosen:
+            continue
+        cells = (image[0] > 0.5).astype(np.float32)
+        sure = all(session.run(None, {"input": (cells * level)[None, None]})[0][0, label] > 0.9 for level in (0.6, 1.0))
+        if sure:
+            chosen[label] = cells
+        if len(chosen) == DIGITS_TO_DRAW:
+            break
+    return [(cells, label) for label, cells in chosen.items()]
+
+
+def _draw(page, cells: np.ndarray) -> None:
+    """Draw each row's runs of inked cells as one horizontal mouse stroke through the cells' centres."""
+    box = page.query_selector("#pad").bounding_box()
+    cell = box["width"] / 8
+
+    def centre(row: int, column: float) -> tuple[float, float]:
+        return box["x"] + (column + 0.5) * cell, box["y"] + (row + 0.5) * cell
+
+    for row in range(8):
+        column = 0
+        while column < 8:
+            if not cells[row, column]:
+                column += 1
+                continue
+            end = column
+            while end + 1 < 8 and cells[row, end + 1]:
+                end += 1
+            page.mouse.move(*centre(row, column - 0.15))
+            page.mouse.down()
+            page.mouse.move(*centre(row, end + 0.15), steps=max(2, 3 * (end - column)))
+            page.mouse.up()
+            column = end + 1
+
+
+@pytest.mark.slow
+def test_digits_demo_classifies_drawn_digits(server, page, screenshots):
+    page.goto(f"{server}/demo/digits?backend=wasm")
+    page.wait_for_selector("body[data-ready=true]", timeout=90_000)
+    assert page.inner_text("#backend") == "wasm"
+    session = onnxruntime.InferenceSession(str(zoo.DIGITS_PATH), providers=["CPUExecutionProvider"])
+    digits = _digits_to_draw()
+    assert len(digits) == DIGITS_TO_DRAW
+    for cells, label in digits:
+        page.click("#clear")
+        runs = page.evaluate("window.tesselDemo.runs")
+        _draw(page, cells)
+        page.wait_for_function(f"window.tesselDemo.runs > {runs}")
+        page.evaluate("new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+        page.screenshot(path=str(screenshots / f"digit-{label}.png"), full_page=True)
+        shown = page.evaluate("window.tesselDemo")
+        drawn = np.array(shown["input"], np.float32).reshape(1, 1, 8, 8)
+        assert ((drawn[0, 0] > 0.25) == cells.astype(bool)).all(), f"the page saw another drawing of {label}:\n{drawn}"
+        expected = session.run(None, {"input": drawn})[0][0]
+        np.testing.assert_allclose(shown["probabilities"], expected, rtol=RTOL, atol=ATOL)
+        assert shown["prediction"] == label, f"drew a {label}, the page says {shown['prediction']}"
+        assert page.inner_text("#prediction") == str(label)
+
+
+@pytest.mark.slow
+def test_demo_explains_a_missing_webgpu_build(server, page):
+    page.goto(f"{server}/demo/digits")
+    page.wait_for_selector("body[data-ready=true]", timeout=90_000)
+    page.goto(f"{page.url}?backend=webgpu")
+    page.wait_for_selector("#error:not(.hidden)", timeout=10_000)
+    assert "the bundle has no WebGPU code" in page.inner_text("#error")
+    assert page.inner_text("#backend") == "unavailable"
+
+
+@pytest.mark.slow
+def test_a_file_that_is_not_onnx_gets_the_servers_message(server, page):
+    page.goto(server)
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", {"name": "notes.onnx", "mimeType": "text/plain", "buffer": b"not a model"})
+    page.click("#compile-button")
+    error = page.wait_for_selector("#upload-error:not(.hidden)", timeout=30_000)
+    assert "is not an ONNX model" in error.inner_text()
+    assert page.is_hidden("#progress-card")

@@ -1,0 +1,589 @@
+// Tessel's JavaScript runtime: the last stage of the pipeline, outside Python. It loads a bundle that
+// compiler/build.py exported (manifest.json, model.wasm, params.bin) in a browser or in Node 20 and runs
+// it; results go back to the caller. No dependencies, no build step: an ES module served as is.
+//
+//   import * as tessel from "/runtime/tessel.js";
+//   const model = await tessel.load("/bundles/<id>/", { backend: "auto", onProgress });
+//   const outputs = await model.run({ input: new Float32Array(64) });  // {name: {data, dims, dtype}}
+
+const PAGE_BYTES = 65536;
+const ALIGNMENT = 64;
+const FORMAT_VERSION = 1;
+
+const TYPED_ARRAYS = {
+  float32: Float32Array,
+  float64: Float64Array,
+  float16: Uint16Array,
+  int8: Int8Array,
+  uint8: Uint8Array,
+  int16: Int16Array,
+  uint16: Uint16Array,
+  int32: Int32Array,
+  uint32: Uint32Array,
+  int64: BigInt64Array,
+  uint64: BigUint64Array,
+  bool: Uint8Array,
+};
+
+// The smallest module that uses a SIMD128 instruction: (func (result v128) (v128.const i32x4 0 0 0 0)).
+// Engines without SIMD reject it, which is the whole test.
+const SIMD_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type section: () -> v128
+  0x03, 0x02, 0x01, 0x00, // function section: one function of type 0
+  0x0a, 0x16, 0x01, 0x14, 0x00, 0xfd, 0x0c, // code section: one body, no locals, v128.const
+  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  0x0b, // end
+]);
+
+/** True when this JavaScript engine runs WebAssembly SIMD128, which every Tessel wasm bundle uses. */
+export function hasWasmSimd() {
+  return typeof WebAssembly === "object" && WebAssembly.validate(SIMD_PROBE);
+}
+
+function roundUp(value, multiple) {
+  return Math.ceil(value / multiple) * multiple;
+}
+
+function elementCount(shape) {
+  return shape.reduce((product, size) => product * size, 1);
+}
+
+function byteSize(spec) {
+  return elementCount(spec.shape) * TYPED_ARRAYS[spec.dtype].BYTES_PER_ELEMENT;
+}
+
+function shapeText(shape) {
+  return `[${shape.join(", ")}]`;
+}
+
+// ---- where the bundle's files come from --------------------------------------------------------------
+
+function isNode() {
+  return typeof process === "object" && process.versions != null && process.versions.node != null;
+}
+
+function reportProgress(onProgress, phase, loaded, total) {
+  if (onProgress) onProgress({ phase, loaded, total });
+}
+
+/** Files fetched over HTTP(S) (browsers, and Node given an http URL); wasm compiles while it downloads. */
+class FetchSource {
+  constructor(base) {
+    this.base = base.endsWith("/") ? base : `${base}/`;
+  }
+
+  async response(name) {
+    const url = new URL(name, this.base).href;
+    let response;
+    try {
+      response = await fetch(url);
+    } catch (error) {
+      throw new Error(`tessel: cannot fetch ${url}: ${error.message}; is the server running?`);
+    }
+    if (!response.ok) {
+      throw new Error(`tessel: fetching ${url} failed with HTTP ${response.status}; check the bundle URL`);
+    }
+    return response;
+  }
+
+  async text(name) {
+    return (await this.response(name)).text();
+  }
+
+  // Streaming compilation overlaps download and compile; a second branch of the body gives the bytes, which
+  // are needed for the memory import's size (known only from the binary) and the digest check.
+  async wasm(name, onProgress) {
+    const response = await this.response(name);
+    const [forCompile, forBytes] = response.body.tee();
+    const headers = { "Content-Type": "application/wasm" };
+    const compiled = WebAssembly.compileStreaming(new Response(forCompile, { headers }));
+    // Awaited below; until then a failed compile must not count as an unhandled rejection.
+    compiled.catch(() => {});
+    const total = Number(response.headers.get("Content-Length")) || 0;
+    const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
+    const bytes = await collect(readStream(forBytes), onLoaded);
+    return { module: await compiled, bytes };
+  }
+
+  async *chunks(name) {
+    yield* readStream((await this.response(name)).body);
+  }
+}
+
+async function* readStream(stream) {
+  const reader = stream.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    yield value;
+  }
+}
+
+async function collect(chunks, onLoaded) {
+  const parts = [];
+  let loaded = 0;
+  for await (const chunk of chunks) {
+    parts.push(chunk);
+    loaded += chunk.byteLength;
+    onLoaded(loaded);
+  }
+  const bytes = new Uint8Array(loaded);
+  let offset = 0;
+  for (const part of parts) {
+    bytes.set(part, offset);
+    offset += part.byteLength;
+  }
+  return bytes;
+}
+
+/** Files read from disk in Node, for a bundle given as a directory path or a file: URL. */
+class DiskSource {
+  constructor(directory) {
+    this.directory = directory;
+  }
+
+  async path(name) {
+    const { join } = await import("node:path");
+    return join(this.directory, name);
+  }
+
+  async text(name) {
+    const { readFile } = await import("node:fs/promises");
+    const path = await this.path(name);
+    try {
+      return await readFile(path, "utf8");
+    } catch (error) {
+      throw new Error(`tessel: cannot read ${path}: ${error.code || error.message}; is this a bundle directory?`);
+    }
+  }
+
+  async wasm(name, onProgress) {
+    const { stat } = await import("node:fs/promises");
+    const path = await this.path(name);
+    const total = await stat(path).then((info) => info.size, () => 0);
+    const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
+    const bytes = await collect(this.chunks(name), onLoaded);
+    return { module: await WebAssembly.compile(bytes), bytes };
+  }
+
+  async *chunks(name) {
+    const { open } = await import("node:fs/promises");
+    const path = await this.path(name);
+    let file;
+    try {
+      file = await open(path, "r");
+    } catch (error) {
+      throw new Error(`tessel: cannot read ${path}: ${error.code || error.message}; is this a bundle directory?`);
+    }
+    try {
+      for (;;) {
+        const buffer = new Uint8Array(1 << 20);
+        const { bytesRead } = await file.read(buffer, 0, buffer.byteLength, null);
+        if (bytesRead === 0) return;
+        yield buffer.subarray(0, bytesRead);
+      }
+    } finally {
+      await file.close();
+    }
+  }
+}
+
+async function openSource(bundleUrl) {
+  const text = bundleUrl instanceof URL ? bundleUrl.href : String(bundleUrl);
+  if (isNode() && !/^https?:/i.test(text)) {
+    if (text.startsWith("file:")) {
+      const { fileURLToPath } = await import("node:url");
+      return new DiskSource(fileURLToPath(text));
+    }
+    return new DiskSource(text);
+  }
+  const base = typeof location === "object" ? new URL(text, location.href).href : text;
+  return new FetchSource(base);
+}
+
+// ---- checks shared by every backend ------------------------------------------------------------------
+
+async function sha256Hex(bytes) {
+  const digest = await globalThis.crypto.subtle.digest("SHA-256", bytes);
+  return Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
+}
+
+// Browsers give crypto.subtle only in secure contexts (https, localhost); elsewhere the check is skipped
+// and the wasm validator and size checks still catch a truncated download.
+async function checkDigest(manifest, name, bytes) {
+  const expected = manifest.files && manifest.files[name];
+  if (!expected || !globalThis.crypto || !globalThis.crypto.subtle) return;
+  if ((await sha256Hex(bytes)) !== expected) {
+    throw new Error(`tessel: ${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
+  }
+}
+
+function checkManifest(manifest) {
+  if (manifest.format_version !== FORMAT_VERSION) {
+    throw new Error(
+      `tessel: bundle format version ${manifest.format_version}; this runtime reads version ${FORMAT_VERSION}: ` +
+        "compile the model again with a matching Tessel",
+    );
+  }
+  for (const spec of [...manifest.inputs, ...manifest.outputs]) {
+    if (!(spec.dtype in TYPED_ARRAYS)) {
+      throw new Error(`tessel: ${spec.name} has dtype ${spec.dtype}, which this runtime cannot hold in a typed array`);
+    }
+  }
+}
+
+/** The feeds as one typed array per manifest input, in manifest order, after checking names, dtypes and sizes. */
+function checkFeeds(feeds, inputs) {
+  if (feeds === null || typeof feeds !== "object" || ArrayBuffer.isView(feeds)) {
+    throw new Error("tessel: run takes an object of input name -> typed array or {data, dims}");
+  }
+  const names = inputs.map((spec) => spec.name);
+  for (const name of Object.keys(feeds)) {
+    if (!names.includes(name)) {
+      throw new Error(`tessel: unknown input "${name}"; the model's inputs are ${names.join(", ")}`);
+    }
+  }
+  return inputs.map((spec) => {
+    if (!(spec.name in feeds)) {
+      throw new Error(`tessel: missing input "${spec.name}"; the model's inputs are ${names.join(", ")}`);
+    }
+    const feed = feeds[spec.name];
+    const data = ArrayBuffer.isView(feed) ? feed : feed && feed.data;
+    const Expected = TYPED_ARRAYS[spec.dtype];
+    if (!(data instanceof Expected)) {
+      const given = [data, feed].find((value) => value != null)?.constructor.name ?? String(feed);
+      throw new Error(
+        `tessel: input "${spec.name}" must be a ${Expected.name} (dtype ${spec.dtype}), got ${given}; ` +
+          `convert it, e.g. ${Expected.name}.from(values)`,
+      );
+    }
+    if (!ArrayBuffer.isView(feed) && feed.dims != null) {
+      const dims = Array.from(feed.dims, Number);
+      if (dims.length !== spec.shape.length || dims.some((size, axis) => size !== spec.shape[axis])) {
+        throw new Error(
+          `tessel: input "${spec.name}" has dims ${shapeText(dims)}, the model takes ${shapeText(spec.shape)}; ` +
+            "compile with another input shape to run other sizes",
+        );
+      }
+    }
+    const count = elementCount(spec.shape);
+    if (data.length !== count) {
+      throw new Error(
+        `tessel: input "${spec.name}" has ${data.length} elements, the model takes ${count} ` +
+          `(shape ${shapeText(spec.shape)})`,
+      );
+    }
+    return data;
+  });
+}
+
+// ---- backends ----------------------------------------------------------------------------------------
+//
+// A backend is {name, describe(manifest), probe(manifest), create(manifest, source, options)}:
+//   describe -> null when the bundle carries code for this backend, else the reason it does not;
+//   probe    -> (async) null when this machine can run it, else the reason it cannot;
+//   create   -> (async) an executor {run(arrays) -> typed arrays in manifest output order, dispose()},
+//               given inputs already checked. The model object around it owns validation and naming.
+
+/** The memory import of a wasm binary ({field, initial, maximum, shared}, sizes in pages), read from its
+ * import section: WebAssembly.Module.imports() names imports but does not give their limits. */
+function wasmMemoryImport(bytes) {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  let offset = 8;
+  const leb = () => {
+    let result = 0;
+    let shift = 0;
+    for (;;) {
+      const byte = view.getUint8(offset++);
+      result += (byte & 0x7f) * 2 ** shift;
+      shift += 7;
+      if ((byte & 0x80) === 0) return result;
+    }
+  };
+  const readName = () => {
+    const length = leb();
+    const text = new TextDecoder().decode(bytes.subarray(offset, offset + length));
+    offset += length;
+    return text;
+  };
+  while (offset < bytes.byteLength) {
+    const id = view.getUint8(offset++);
+    const size = leb();
+    const end = offset + size;
+    if (id === 2) {
+      for (let count = leb(); count > 0; count--) {
+        const field = `${readName()}.${readName()}`;
+        const kind = view.getUint8(offset++);
+        if (kind === 0) leb();
+        else if (kind === 1) {
+          offset++;
+          if (view.getUint8(offset++) & 1) leb();
+          leb();
+        } else if (kind === 3) offset += 2;
+        else if (kind === 2) {
+          const flags = view.getUint8(offset++);
+          const initial = leb();
+          const maximum = flags & 1 ? leb() : undefined;
+          return { field, initial, maximum, shared: (flags & 2) !== 0 };
+        }
+      }
+    }
+    offset = end;
+  }
+  return null;
+}
+
+class WasmExecutor {
+  // Linear memory from __heap_base: params (copied in once), the arena, then one 64-byte-aligned slot per
+  // input and output, the layout compiler/runtime/wasm.py uses, so `run(inputs…, outputs…, params, arena)`
+  // sees the same offsets in every runtime.
+  constructor(manifest, instance, memory) {
+    this.manifest = manifest;
+    this.memory = memory;
+    this.entry = instance.exports[manifest.entry.name];
+    let end = roundUp(instance.exports.__heap_base.value, ALIGNMENT);
+    const reserve = (size) => {
+      const offset = end;
+      end = roundUp(end + Math.max(size, 1), ALIGNMENT);
+      return offset;
+    };
+    this.paramsOffset = reserve(manifest.params.bytes);
+    this.arenaOffset = reserve(manifest.memory.arena_bytes);
+    this.inputOffsets = manifest.inputs.map((spec) => reserve(byteSize(spec)));
+    this.outputOffsets = manifest.outputs.map((spec) => reserve(byteSize(spec)));
+    const missing = end - memory.buffer.byteLength;
+    if (missing > 0) {
+      try {
+        memory.grow(Math.ceil(missing / PAGE_BYTES));
+      } catch (error) {
+        throw new Error(`tessel: cannot grow wasm memory to ${end} bytes for this model: ${error.message}`);
+      }
+    }
+  }
+
+  async loadParams(chunks, onProgress) {
+    const total = this.manifest.params.bytes;
+    let loaded = 0;
+    reportProgress(onProgress, "params", 0, total);
+    for await (const chunk of chunks) {
+      if (loaded + chunk.byteLength > total) {
+        throw new Error(`tessel: params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
+      }
+      new Uint8Array(this.memory.buffer, this.paramsOffset + loaded, chunk.byteLength).set(chunk);
+      loaded += chunk.byteLength;
+      reportProgress(onProgress, "params", loaded, total);
+    }
+    if (loaded !== total) {
+      throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
+    }
+    const params = new Uint8Array(this.memory.buffer, this.paramsOffset, total);
+    await checkDigest(this.manifest, this.manifest.params.file, params);
+  }
+
+  run(arrays) {
+    const { inputs, outputs } = this.manifest;
+    arrays.forEach((array, position) => {
+      new Uint8Array(this.memory.buffer, this.inputOffsets[position], byteSize(inputs[position])).set(
+        new Uint8Array(array.buffer, array.byteOffset, array.byteLength),
+      );
+    });
+    this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
+    const results = outputs.map((spec, position) => {
+      const Type = TYPED_ARRAYS[spec.dtype];
+      const start = this.outputOffsets[position];
+      return new Type(this.memory.buffer.slice(start, start + byteSize(spec)));
+    });
+    // Outputs no kernel writes (an input or a weight passed straight through) are copied here, as in build.py.
+    outputs.forEach((spec, position) => {
+      const from = spec.source;
+      if (!from) return;
+      const Type = TYPED_ARRAYS[spec.dtype];
+      if (from.region === "input") results[position] = Type.from(arrays[from.index]);
+      else if (from.region === "output") results[position] = Type.from(results[from.index]);
+      else {
+        const start = this.paramsOffset + from.offset;
+        results[position] = new Type(this.memory.buffer.slice(start, start + byteSize(spec)));
+      }
+    });
+    return results;
+  }
+
+  dispose() {
+    this.memory = null;
+    this.entry = null;
+  }
+}
+
+const wasmBackend = {
+  name: "wasm",
+  describe(manifest) {
+    return manifest.code && manifest.code.endsWith(".wasm") ? null : `the bundle's code is ${manifest.code}, not wasm`;
+  },
+  async probe() {
+    if (typeof WebAssembly !== "object") return "this JavaScript engine has no WebAssembly";
+    if (!hasWasmSimd()) {
+      return (
+        "this browser does not support WebAssembly SIMD (128-bit), which Tessel's wasm code needs; " +
+        "use a current Chrome, Edge, Firefox or Safari (16.4+)"
+      );
+    }
+    return null;
+  },
+  async create(manifest, source, options) {
+    const { module, bytes } = await source.wasm(manifest.code, options.onProgress);
+    await checkDigest(manifest, manifest.code, bytes);
+    const wanted = wasmMemoryImport(bytes);
+    const imports = WebAssembly.Module.imports(module).map((item) => `${item.module}.${item.name}`);
+    if (!wanted || wanted.field !== "env.memory" || imports.length !== 1) {
+      throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one imports ${imports.join(", ")}`);
+    }
+    const memory = new WebAssembly.Memory({ initial: wanted.initial, maximum: wanted.maximum, shared: wanted.shared });
+    const instance = await WebAssembly.instantiate(module, { env: { memory } });
+    const executor = new WasmExecutor(manifest, instance, memory);
+    await executor.loadParams(source.chunks(manifest.params.file), options.onProgress);
+    return executor;
+  },
+};
+
+// The WebGPU slot: a bundle announces GPU code with a `dispatches` list and the adapter limits it needs
+// (`webgpu_limits`). Choosing the backend lives here; the executor (`create`) arrives with the WebGPU code
+// generator, through registerBackend({name: "webgpu", create}), and until then `auto` passes over it.
+const webgpuBackend = {
+  name: "webgpu",
+  describe(manifest) {
+    if (Array.isArray(manifest.dispatches)) return null;
+    return "the bundle has no WebGPU code (its manifest lists no dispatches)";
+  },
+  async probe(manifest) {
+    const gpu = typeof navigator === "object" && navigator ? navigator.gpu : undefined;
+    if (!gpu) return "this browser has no WebGPU (navigator.gpu is missing)";
+    const adapter = await gpu.requestAdapter();
+    if (!adapter) return "WebGPU gave no adapter on this machine";
+    for (const [limit, needed] of Object.entries(manifest.webgpu_limits || {})) {
+      if (!(adapter.limits[limit] >= needed)) {
+        return `the WebGPU adapter's ${limit} is ${adapter.limits[limit]}, the bundle needs ${needed}`;
+      }
+    }
+    return null;
+  },
+};
+
+const backends = new Map([
+  ["webgpu", webgpuBackend],
+  ["wasm", wasmBackend],
+]);
+
+/**
+ * Add a backend or complete one: the fields given replace those of the backend with the same name (so
+ * registerBackend({name: "webgpu", create}) gives the WebGPU slot its executor). `auto` tries backends in
+ * the order they were first registered: WebGPU, then wasm.
+ */
+export function registerBackend(backend) {
+  const merged = { ...backends.get(backend.name), ...backend };
+  for (const key of ["name", "describe", "probe", "create"]) {
+    if (typeof merged[key] !== (key === "name" ? "string" : "function")) {
+      throw new Error(`tessel: a backend needs ${key}; see docs/web.md`);
+    }
+  }
+  backends.set(backend.name, merged);
+}
+
+async function unusableReason(backend, manifest) {
+  return (
+    backend.describe(manifest) ||
+    (await backend.probe(manifest)) ||
+    (backend.create ? null : `this tessel.js has no ${backend.name} executor yet`)
+  );
+}
+
+async function chooseBackend(manifest, requested) {
+  if (requested === "auto") {
+    const reasons = [];
+    for (const backend of backends.values()) {
+      const reason = await unusableReason(backend, manifest);
+      if (!reason) return backend;
+      reasons.push(`${backend.name}: ${reason}`);
+    }
+    throw new Error(`tessel: no backend can run this bundle here (${reasons.join("; ")})`);
+  }
+  const backend = backends.get(requested);
+  if (!backend) {
+    throw new Error(`tessel: unknown backend "${requested}"; choose auto, ${[...backends.keys()].join(", ")}`);
+  }
+  const reason = await unusableReason(backend, manifest);
+  if (reason) {
+    const others = [...backends.values()].filter((other) => other !== backend && !other.describe(manifest));
+    const hint = others.length ? `; load it with {backend: "${others[0].name}"} or "auto"` : "";
+    throw new Error(`tessel: cannot use the ${requested} backend: ${reason}${hint}`);
+  }
+  return backend;
+}
+
+// ---- the model -----------------------------------------------------------------------------------------
+
+function describeSpec(spec) {
+  return { name: spec.name, shape: [...spec.shape], dtype: spec.dtype };
+}
+
+/** A loaded bundle; create it with load(). */
+export class Model {
+  constructor(manifest, backend, executor) {
+    this.manifest = manifest;
+    this.backend = backend;
+    this.executor = executor;
+    this.inputs = manifest.inputs.map(describeSpec);
+    this.outputs = manifest.outputs.map(describeSpec);
+  }
+
+  get inputNames() {
+    return this.inputs.map((spec) => spec.name);
+  }
+
+  get outputNames() {
+    return this.outputs.map((spec) => spec.name);
+  }
+
+  /** Run once: feeds map each input name to a typed array or {data, dims}; returns {name: {data, dims, dtype}}. */
+  async run(feeds) {
+    if (!this.executor) throw new Error("tessel: this model was disposed; load the bundle again");
+    const arrays = checkFeeds(feeds, this.manifest.inputs);
+    const results = await this.executor.run(arrays);
+    return Object.fromEntries(
+      this.outputs.map((spec, position) => [
+        spec.name,
+        { data: results[position], dims: [...spec.shape], dtype: spec.dtype },
+      ]),
+    );
+  }
+
+  /** Release the backend's memory; the model cannot run afterwards. */
+  dispose() {
+    if (this.executor) this.executor.dispose();
+    this.executor = null;
+  }
+}
+
+/**
+ * Load a bundle directory: an http(s) or relative URL in a browser, a path or file: URL in Node.
+ * options.backend: "auto" (default), "wasm" or "webgpu"; options.onProgress({phase, loaded, total}) is called
+ * as the manifest, code and params arrive (phase "manifest", "code", "params", then "ready").
+ */
+export async function load(bundleUrl, options = {}) {
+  const { backend = "auto", onProgress } = options;
+  const source = await openSource(bundleUrl);
+  reportProgress(onProgress, "manifest", 0, 1);
+  let manifest;
+  try {
+    manifest = JSON.parse(await source.text("manifest.json"));
+  } catch (error) {
+    if (error instanceof SyntaxError) throw new Error(`tessel: manifest.json is not JSON (${error.message})`);
+    throw error;
+  }
+  checkManifest(manifest);
+  reportProgress(onProgress, "manifest", 1, 1);
+  const chosen = await chooseBackend(manifest, backend);
+  const executor = await chosen.create(manifest, source, { onProgress });
+  reportProgress(onProgress, "ready", 1, 1);
+  return new Model(manifest, chosen.name, executor);
+}
