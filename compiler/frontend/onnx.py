@@ -127,9 +127,9 @@ def _check_supported(graph: onnx.GraphProto) -> None:
     missing: dict[str, list[str]] = {}
     for index, node in enumerate(graph.node):
         if node.domain in _DEFAULT_DOMAINS:
-            # Constant is no op at all here: the importer turns it into a param
+            # Constant never becomes a node: the importer turns it into a param
             op_type = node.op_type
-            supported = op_type == "Constant" or is_registered(op_type)
+            supported = is_registered(op_type)
         else:
             op_type, supported = f"{node.domain}.{node.op_type}", False
         if not supported:
@@ -206,22 +206,6 @@ def _attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
         return tuple(s.decode("utf-8") for s in attribute.strings)
     # graphs and type protos belong to control-flow and sequence ops, which are rejected before this
     return onnx.helper.get_attribute_value(attribute)
-
-
-def _constant_array(attrs: dict[str, Any], what: str) -> np.ndarray:
-    if "value" in attrs or "sparse_value" in attrs:
-        return attrs.get("value", attrs.get("sparse_value"))
-    if "value_float" in attrs:
-        return np.array(attrs["value_float"], dtype=np.float32)
-    if "value_floats" in attrs:
-        return np.array(attrs["value_floats"], dtype=np.float32)
-    if "value_int" in attrs:
-        return np.array(attrs["value_int"], dtype=np.int64)
-    if "value_ints" in attrs:
-        return np.array(attrs["value_ints"], dtype=np.int64)
-    if "value_string" in attrs or "value_strings" in attrs:
-        raise TesselError(f"{what} holds strings, which Tessel does not support; remove it from the model")
-    raise ModelError(f"{what} has no value attribute; export the model again")
 
 
 def _as_attribute(array: np.ndarray, op: str) -> Any:
@@ -344,7 +328,10 @@ class _Importer:
         what = f"node {label} ({node.op_type})"
         attrs = {a.name: _attribute_value(a, node.op_type, f"attribute {a.name!r} of {what}") for a in node.attribute}
         if node.op_type == "Constant":
-            array = _constant_array(attrs, what)
+            try:
+                (array,) = get_op("Constant").run_reference([], attrs)
+            except TesselError as error:
+                raise type(error)(f"{what}: {error}") from None
             if str(array.dtype) not in DTYPES:
                 raise TesselError(f"{what} holds {array.dtype} data, which Tessel does not support")
             self._add_param(node.output[0], array)

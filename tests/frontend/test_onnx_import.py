@@ -94,7 +94,7 @@ def test_every_form_of_constant_becomes_a_param(form):
 
 def test_a_string_constant_is_named_in_the_error():
     nodes = [helper.make_node("Constant", [], ["c"], value_string="hello", name="greeting")]
-    with pytest.raises(TesselError, match=r"node greeting \(Constant\) holds strings"):
+    with pytest.raises(TesselError, match=r"node greeting \(Constant\): Constant holds strings"):
         load_onnx(_model(nodes, [_tensor("x", [1])], [_tensor("c", [])]))
 
 

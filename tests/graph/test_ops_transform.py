@@ -229,3 +229,17 @@ def test_transforms_are_injective(op):
 @pytest.mark.parametrize("upper", [0, 1])
 def test_trilu(k, upper):
     check_op("Trilu", [data(2, 4, 5), None if k is None else np.array(k, dtype=np.int64)], {"upper": upper})
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"value_float": 2.5},
+        {"value_floats": (1.0, 2.0)},
+        {"value_int": 7},
+        {"value_ints": (1, 2, 3)},
+        {"value": numpy_helper.from_array(np.arange(6, dtype=np.int32).reshape(2, 3))},
+    ],
+)
+def test_constant_matches_onnxruntime(attrs):
+    check_op("Constant", [], attrs)

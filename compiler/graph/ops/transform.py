@@ -423,6 +423,32 @@ _register(
 )
 
 
+def constant_array(**attrs) -> np.ndarray:
+    """The tensor a Constant node holds, from whichever of its value attributes is set."""
+    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64)):
+        if name in attrs:
+            return np.array(attrs[name], dtype=dtype)
+    if "value_ints" in attrs:
+        return np.array(attrs["value_ints"], dtype=np.int64)
+    if "value" in attrs or "sparse_value" in attrs:
+        return np.asarray(attrs.get("value", attrs.get("sparse_value")))
+    if "value_string" in attrs or "value_strings" in attrs:
+        raise UnsupportedOpError("Constant holds strings, which Tessel does not support; remove it from the model")
+    raise ModelError("Constant has no value attribute; export the model again")
+
+
+def _type_of(array: np.ndarray) -> TensorType:
+    return TensorType(array.shape, str(array.dtype))
+
+
+# Constant takes no inputs, so constant folding always turns it into a param before kernels are made.
+_register(
+    "Constant",
+    lambda types, **attrs: [_type_of(constant_array(**attrs))],
+    lambda **attrs: constant_array(**attrs),
+)
+
+
 def _range_dtype(*bounds) -> np.dtype:
     """The dtype of Range's bounds: numpy scalars keep theirs; plain Python numbers (how the frontend
     hands over 0-d constants) read as int64 or float32, the dtypes exporters emit for Range."""
