@@ -2,9 +2,10 @@
 
 Each compute mirrors the numpy reference of its registry entry (`compiler/graph/ops/nn.py`, whose geometry helpers it
 reuses) and tags its stages so `compiler/schedules/` can pick a template: the anchors are tagged "conv2d",
-"group_conv2d", "depthwise_conv2d", "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"),
-"batch_matmul", "pool_max", "pool_avg", "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions
-"reduce", padding stages "injective" and epilogues "elemwise"/"broadcast".
+"group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
+"conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "pool_max", "pool_avg",
+"global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
+LayoutTransform "injective" and epilogues "elemwise"/"broadcast".
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from compiler.graph.ops.nn import (
     NEAREST_MODES,
     RESIZE_MODES,
     attr_string,
+    blocked_conv_types,
     conv_geometry,
     pool_geometry,
     resize_plan,
@@ -169,6 +171,108 @@ def conv(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) 
             shape, lambda n, m, *spatial: plain[(n, m, *spatial)] + bias[m].astype(acc), name="bias", tag="broadcast"
         )
     return [_cast(result, x.dtype)]
+
+
+def _pad_blocked(x: te.Tensor, begins, ends, fill=0.0) -> te.Tensor:
+    """An NCHW[x]c tensor padded with `fill` on its two spatial axes (2 and 3 of the 5), reads clamped into the
+    input."""
+    batch, outer, height, width, block = x.shape
+    if not any(begins) and not any(ends):
+        return x
+    sizes = (height, width)
+    shape = (batch, outer, height + begins[0] + ends[0], width + begins[1] + ends[1], block)
+
+    def body(n, c, row, column, inner):
+        inside, source = [], []
+        for axis, index in enumerate((row, column)):
+            position = index - begins[axis]
+            if begins[axis] > 0:
+                inside.append(position >= 0)
+            if ends[axis] > 0:
+                inside.append(position < sizes[axis])
+            source.append(_clamp(position, 0, sizes[axis] - 1))
+        value = x[n, c, source[0], source[1], inner]
+        return te.select(te.all(*inside), value, te.as_expr(fill, x.dtype)) if inside else value
+
+    return te.compute(shape, body, name="pad", tag="injective")
+
+
+def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """A 2-D convolution in NCHW[x]c (group 1, or depthwise) over a packed weight (M / x, C / group, kh, kw, x).
+    The innermost axis of the result is the filter block: a vector over it loads the block's weights contiguously
+    and broadcasts one input value (group 1) or loads the matching input channels (depthwise)."""
+    x, w, bias = (list(inputs) + [None, None])[:3]
+    plain_x, plain_w = blocked_conv_types(_type(x), _type(w), attrs)
+    group, window = conv_geometry("ConvNCHWc", plain_x, plain_w, attrs)
+    acc = _accumulator(x.dtype)
+    padded = _pad_blocked(x, window.pads_begin, window.read_end)
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+    (stride_h, stride_w), (dilation_h, dilation_w) = window.strides, window.dilations
+    shape = output_types[0].shape
+    block = shape[-1]
+
+    def source(row, column):
+        return row * stride_h + taps[0] * dilation_h, column * stride_w + taps[1] * dilation_w
+
+    if group > 1:
+
+        def body(n, outer, row, column, inner):
+            value = padded[(n, outer, *source(row, column), inner)].astype(acc)
+            return te.sum(value * w[outer, 0, taps[0], taps[1], inner].astype(acc), axis=taps)
+
+        tag = "depthwise_conv2d_nchwc"
+    else:
+        input_block = x.shape[-1]
+        channel_outer = te.reduce_axis((0, x.shape[1]), "rco")
+        channel_inner = te.reduce_axis((0, input_block), "rci")
+
+        def body(n, outer, row, column, inner):
+            value = padded[(n, channel_outer, *source(row, column), channel_inner)].astype(acc)
+            weight = w[outer, channel_outer * input_block + channel_inner, taps[0], taps[1], inner].astype(acc)
+            return te.sum(value * weight, axis=[channel_outer, *taps, channel_inner])
+
+        tag = "conv2d_nchwc"
+    result = te.compute(shape, body, name="conv", tag=tag)
+    if bias is not None:
+        plain = result
+        result = te.compute(
+            shape,
+            lambda n, outer, row, column, inner: (
+                plain[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
+            ),
+            name="bias",
+            tag="broadcast",
+        )
+    return [_cast(result, x.dtype)]
+
+
+def max_pool_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """MaxPool over the spatial axes of an NCHW[x]c tensor: a vector over the channel block loads contiguously."""
+    (x,) = inputs[:1]
+    plain = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
+    window = pool_geometry("MaxPoolNCHWc", plain, attrs)
+    padded = _pad_blocked(x, window.pads_begin, window.read_end, _lowest(x.dtype))
+    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+
+    def body(n, outer, row, column, inner):
+        source = _window_source(window, (row, column), taps)
+        return te.max(padded[(n, outer, *source, inner)], axis=taps)
+
+    return [te.compute(output_types[0].shape, body, name="max_pool", tag="pool_max")]
+
+
+def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    (x,) = inputs[:1]
+    shape = output_types[0].shape
+    if len(shape) == 5:
+        block = shape[-1]
+        return [
+            te.compute(
+                shape, lambda n, outer, h, w, inner: x[n, outer * block + inner, h, w], name="nchwc", tag="injective"
+            )
+        ]
+    block = x.shape[-1]
+    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="injective")]
 
 
 def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
@@ -832,6 +936,9 @@ def upsample(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTyp
 
 
 set_compute("Conv", conv)
+set_compute("ConvNCHWc", conv_nchwc)
+set_compute("LayoutTransform", layout_transform)
+set_compute("MaxPoolNCHWc", max_pool_nchwc)
 set_compute("ConvTranspose", conv_transpose)
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)

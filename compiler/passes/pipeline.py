@@ -1,4 +1,5 @@
-"""The graph pass pipeline: the frontend's graph goes through PASSES in order, then fusion.
+"""The graph pass pipeline: the frontend's graph goes through PASSES in order, then (given a target) the layout
+pass for it, then fusion.
 
 Hands the kernel stage a verified graph of fused groups (or, with fuse=False, the simplified graph).
 """
@@ -7,11 +8,13 @@ from __future__ import annotations
 
 from compiler.errors import TesselError
 from compiler.graph.ir import Graph, GraphError
+from compiler.passes.alter_layout import alter_layout
 from compiler.passes.eliminate_dead import eliminate_dead
 from compiler.passes.fold_batchnorm import fold_batchnorm
 from compiler.passes.fold_constants import fold_constants
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.passes.simplify import simplify
+from compiler.target import Target
 
 # folding again after simplify catches constants that only became foldable once Identity/Reshape chains went away
 PASSES = [
@@ -24,10 +27,20 @@ PASSES = [
 ]
 
 
-def optimize(graph: Graph, fuse: bool = True) -> Graph:
-    """Run every pass of PASSES, then fuse_ops when `fuse`, verifying the graph before and after each one."""
+def optimize(graph: Graph, fuse: bool = True, target: Target | str | None = None) -> Graph:
+    """Run every pass of PASSES, then alter_layout for `target` (every target is a CPU one; None keeps the ONNX
+    layouts) and eliminate_dead for the weights it replaced, then fuse_ops when `fuse`, verifying the graph before
+    and after each one."""
     graph.verify()
-    for graph_pass in [*PASSES, fuse_ops] if fuse else PASSES:
+    passes = list(PASSES)
+    if target is not None:
+        target = Target.parse(target)
+
+        def alter_layout_for_target(graph: Graph) -> Graph:
+            return alter_layout(graph, target)
+
+        passes += [alter_layout_for_target, eliminate_dead]
+    for graph_pass in [*passes, fuse_ops] if fuse else passes:
         graph = graph_pass(graph)
         try:
             graph.verify()

@@ -72,6 +72,30 @@ CASES = {
     "depthwise_multiplier": ("Conv", [(1, 3, 7, 6), (6, 1, 3, 3)], {"group": 3, "pads": [1, 1, 1, 1]}),
     "conv_1d": ("Conv", [(1, 3, 11), (2, 3, 3), (2,)], {"pads": [2, 1], "strides": [2]}),
     "conv_1x1": ("Conv", [(1, 8, 5, 6), (16, 8, 1, 1)], {}),
+    # NCHW[x]c layouts and packed (M / x, C / group, kh, kw, x) weights, as the alter_layout pass makes them
+    "conv_nchwc_bias_stride_pads": (
+        "ConvNCHWc",
+        [(1, 2, 9, 8, 4), (2, 8, 3, 3, 4), (8,)],
+        {"strides": [2, 2], "pads": [1, 0, 2, 1]},
+    ),
+    "conv_nchwc_image_block": ("ConvNCHWc", [(1, 1, 9, 8, 3), (2, 3, 3, 3, 8), (16,)], {"pads": [1, 1, 1, 1]}),
+    "conv_nchwc_1x1_dilations_same_upper": (
+        "ConvNCHWc",
+        [(2, 1, 9, 8, 2), (1, 2, 3, 3, 4)],
+        {"dilations": [2, 1], "auto_pad": "SAME_UPPER"},
+    ),
+    "conv_nchwc_depthwise": (
+        "ConvNCHWc",
+        [(1, 2, 9, 8, 4), (2, 1, 3, 3, 4), (8,)],
+        {"group": 8, "strides": [2, 2], "pads": [1, 0, 1, 2]},
+    ),
+    "max_pool_nchwc_pads_ceil": (
+        "MaxPoolNCHWc",
+        [(1, 2, 7, 8, 4)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 0], "ceil_mode": 1},
+    ),
+    "layout_transform_to_blocked": ("LayoutTransform", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NCHW4c"}),
+    "layout_transform_to_plain": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW"}),
     "conv_transpose": (
         "ConvTranspose",
         [(1, 3, 4, 5), (3, 2, 3, 3), (2,)],

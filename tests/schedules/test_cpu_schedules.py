@@ -14,14 +14,16 @@ from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules import DEFAULTS, schedule_group
 from compiler.schedules.cpu import divisor_at_most, knobs, vector_factor
+from compiler.target import Target
 
 TARGETS = ["llvm", "wasm"]
 RNG = np.random.default_rng(0)
 
 
-def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dict | None = None):
-    """Optimise and fuse `graph`, build each group as one kernel, run them in order; (outputs, kernels)."""
-    fused = optimize(graph)
+def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dict | None = None, packed=False):
+    """Optimise and fuse `graph` (with the target's layout pass when `packed`), build each group as one kernel, run
+    them in order; (outputs, kernels)."""
+    fused = optimize(graph, target=target if packed else None)
     env = {v: feeds[v.name] for v in fused.inputs}
     env.update(fused.params)
     kernels = []
@@ -36,9 +38,9 @@ def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dic
     return {v.name: env[v] for v in fused.outputs}, kernels
 
 
-def check(graph: Graph, feeds: dict, target: str, config: dict | None = None):
+def check(graph: Graph, feeds: dict, target: str, config: dict | None = None, packed: bool = False):
     expected = run_reference(graph, feeds)
-    actual, kernels = compile_and_run(graph, feeds, target, config)
+    actual, kernels = compile_and_run(graph, feeds, target, config, packed)
     for name, value in expected.items():
         np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
     return kernels
@@ -106,6 +108,16 @@ def test_depthwise_scale_shift_relu_is_one_kernel(target):
     graph, feeds = conv_graph((1, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
     tir = anchor_kernel(check(graph, feeds, target))
     assert_tile_epilogue(tir, "conv")
+    # one channel's padded plane is made inside the channel loop, right before its taps read it
+    assert tir.index(") parallel {") < tir.index("allocate pad: float32[1, 1, 26, 26] local"), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_with_a_large_plane_pads_at_the_root(target):
+    config = {"depthwise_conv2d": {"local_pad_floats": 100}}
+    graph, feeds = conv_graph((1, 4, 12, 12), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "none")
+    tir = anchor_kernel(check(graph, feeds, target, config))
+    assert tir.index("allocate pad: float32[1, 4, 14, 14] global") < tir.index(") parallel {"), tir
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -123,6 +135,65 @@ def test_gemm_relu_is_register_blocked(target):
     graph.outputs = [y]
     tir = anchor_kernel(check(graph, {"x": RNG.standard_normal((5, 24)).astype(np.float32)}, target))
     assert_tile_epilogue(tir, "dense")
+
+
+def blocked_conv_kernel(kernels) -> str:
+    """The loop IR of the first kernel that computes an NCHW[x]c convolution."""
+    return next(source for source in (kernel.source("tir") for kernel in kernels) if "allocate conv:" in source)
+
+
+def then_pointwise_conv(graph: Graph) -> Graph:
+    """`graph` with a 1x1 conv after its output: a lone conv stays NCHW, a chain of two is blocked."""
+    (y,) = graph.outputs
+    channels = y.type.shape[1]
+    graph.outputs = graph.add_node("Conv", [y, param(graph, (channels, channels, 1, 1))])
+    return graph
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
+    graph, feeds = conv_graph((1, 8, 9, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": strides}, "residual_relu")
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
+    assert_tile_epilogue(tir, "conv")
+    match = re.search(r"allocate conv: float32\[1, (\d+), 1, (\d+), (\d+)\] local", tir)
+    assert match, tir
+    assert target != "wasm" or (int(match[1]), int(match[3])) == (2, 8)
+    # every tap: the tile's filter blocks and columns unrolled, each a multiply-add over a block's contiguous filters
+    blocks = r"(\s*for \(outer: int32, 0, 2\) unrolled \{\n)?" if target == "wasm" else "()"
+    assert re.search(
+        rf"for \(rci: .*\n{blocks}\s*for \(column: int32, 0, \d+\) unrolled \{{\n\s*for \(inner: .* vectorized", tir
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_blocked_depthwise_after_a_conv(target, stride):
+    graph, feeds = conv_graph((1, 3, 10, 14), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "none")
+    (y,) = graph.outputs
+    attrs = {"group": 16, "pads": [1, 1, 1, 1], "strides": [stride, stride]}
+    (y,) = graph.add_node("Conv", [y, param(graph, (16, 1, 3, 3)), param(graph, (16,))], attrs)
+    graph.outputs = graph.add_node("Clip", [y], {"min": np.float32(0.0), "max": np.float32(6.0)})
+    kernels = check(graph, feeds, target, packed=True)
+    depthwise = [kernel.source("tir") for kernel in kernels if "allocate conv:" in kernel.source("tir")][1]
+    assert re.search(
+        r"for \(r1: .*\n\s*for \(column: int32, 0, \d+\) unrolled \{\n\s*for \(inner: .* vectorized", depthwise
+    )
+    # strided, the 3 padded rows an output row reads are made inside its task (5 x 3 rows instead of 12 at once)
+    pad = re.search(r"allocate pad: float32\[([\d, ]+)\] (local|global)", depthwise)
+    assert pad, depthwise
+    if stride == 2:
+        assert (pad[1], pad[2]) == ("1, 1, 3, 15, 8" if target == "wasm" else "1, 1, 3, 15, 16", "local"), depthwise
+        assert depthwise.index(") parallel {") < depthwise.index("allocate pad:"), depthwise
+    else:
+        assert pad[2] == "global" and depthwise.index("allocate pad:") < depthwise.index(") parallel {"), depthwise
+
+
+def test_blocked_conv_tile_knob():
+    graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
+    config = {"conv2d_nchwc": {"tile_ow": 2}}
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, "wasm", config, packed=True))
+    assert "allocate conv: float32[1, 1, 1, 2, 8] local" in tir
 
 
 def test_config_knobs_set_the_tile():
@@ -173,5 +244,12 @@ def test_split_factors_divide_their_extents():
 
 def test_knobs_overlay_defaults():
     assert knobs("conv2d", None) == DEFAULTS["conv2d"]
+    assert knobs("conv2d_nchwc", None, Target.parse("wasm")) == {
+        **DEFAULTS["conv2d_nchwc"],
+        "tile_ow": 8,
+        "tile_blocks": 2,
+    }
+    assert knobs("conv2d_nchwc", None, Target.parse("llvm -mattr=-avx512f")) == DEFAULTS["conv2d_nchwc"]
+    assert knobs("conv2d_nchwc", {"tile_blocks": 3}, Target.parse("wasm"))["tile_blocks"] == 3
     assert knobs("conv2d", {"conv2d": {"tile_oc": 4}})["tile_oc"] == 4
     assert knobs("dense", {"tile_n": 8})["tile_n"] == 8

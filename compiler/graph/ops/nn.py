@@ -233,6 +233,101 @@ def _conv(x, w, bias=None, *, group=1, **attrs):
 register_op("Conv", infer=_infer_conv, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv)
 
 
+# -- blocked layouts (NCHW[x]c) made by the alter_layout pass -------------------------------------------------------
+# An NCHW[x]c tensor (N, C / x, H, W, x) holds channel c at [n, c // x, h, w, c % x]: the x channels a CPU kernel
+# computes in one vector are adjacent. A packed conv weight (M / x, C / group, kh, kw, x) likewise holds filter m at
+# [m // x, ..., m % x].
+
+
+def _blocked_layout(op: str, text: str) -> int:
+    """The channel block of a layout named "NCHW" (0) or "NCHW<x>c"."""
+    digits = text[4:-1] if text.startswith("NCHW") and text.endswith("c") else ""
+    if text == "NCHW":
+        return 0
+    if not digits.isdigit() or int(digits) < 1:
+        raise ShapeError(f"{op} layout {text!r} is neither NCHW nor NCHW<x>c with a whole x")
+    return int(digits)
+
+
+def block_channels(x: np.ndarray, block: int) -> np.ndarray:
+    """NCHW -> NCHW[block]c."""
+    batch, channels, *spatial = x.shape
+    return np.ascontiguousarray(np.moveaxis(x.reshape(batch, channels // block, block, *spatial), 2, -1))
+
+
+def unblock_channels(x: np.ndarray) -> np.ndarray:
+    """NCHW[x]c -> NCHW."""
+    return np.ascontiguousarray(np.moveaxis(x, -1, 2)).reshape(x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:-1])
+
+
+def _infer_layout_transform(types, attrs):
+    (x,) = _inputs("LayoutTransform", types, 1, 1)
+    source = _blocked_layout("LayoutTransform", str(attrs.get("src", "")))
+    target = _blocked_layout("LayoutTransform", str(attrs.get("dst", "")))
+    if (source == 0) == (target == 0):
+        raise ShapeError(
+            f"LayoutTransform goes from NCHW to NCHW<x>c or back, got src={attrs.get('src')!r} dst={attrs.get('dst')!r}"
+        )
+    if source == 0:
+        if len(x.shape) != 4 or x.shape[1] % target:
+            raise ShapeError(f"LayoutTransform to NCHW{target}c needs (N, C, H, W) with C divisible by {target}")
+        return [TensorType((x.shape[0], x.shape[1] // target, *x.shape[2:], target), x.dtype)]
+    if len(x.shape) != 5 or x.shape[-1] != source:
+        raise ShapeError(
+            f"LayoutTransform from NCHW{source}c needs (N, C/{source}, H, W, {source}), got {list(x.shape)}"
+        )
+    return [TensorType((x.shape[0], x.shape[1] * source, *x.shape[2:4]), x.dtype)]
+
+
+def _layout_transform(x, *, src, dst, **_):
+    target = _blocked_layout("LayoutTransform", dst)
+    return block_channels(x, target) if target else unblock_channels(x)
+
+
+register_op("LayoutTransform", infer=_infer_layout_transform, pattern=Pattern.INJECTIVE, reference=_layout_transform)
+
+
+def unpack_weight(packed_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The (M, C / group, kernel...) shape a packed weight of `packed_shape` stands for."""
+    return (packed_shape[0] * packed_shape[-1], *packed_shape[1:-1])
+
+
+def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[TensorType, TensorType]:
+    """The NCHW input and OIHW weight types a ConvNCHWc stands for; ShapeError unless it is a 2-D conv with
+    group 1, or a depthwise one (group = channels = filters) whose input and filter blocks agree."""
+    if len(x.shape) != 5 or len(w.shape) != 5:
+        raise ShapeError(
+            f"ConvNCHWc needs an NCHW[x]c input and a packed (M/x, C/group, kh, kw, x) weight, "
+            f"got {list(x.shape)} and {list(w.shape)}"
+        )
+    plain_x = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
+    plain_w = TensorType(unpack_weight(w.shape), w.dtype)
+    group = int(attrs.get("group", 1))
+    depthwise = group == plain_x.shape[1] == plain_w.shape[0] and x.shape[-1] == w.shape[-1]
+    if group != 1 and not depthwise:
+        raise ShapeError(
+            f"ConvNCHWc with group={group} must be depthwise (group = channels = filters, one block size); "
+            f"input {list(x.shape)}, weight {list(w.shape)}"
+        )
+    return plain_x, plain_w
+
+
+def _infer_conv_nchwc(types, attrs):
+    x, w, bias = _inputs("ConvNCHWc", types, 2, 3)
+    plain_x, plain_w = blocked_conv_types(x, w, attrs)
+    (plain,) = _infer_conv([plain_x, plain_w, bias], attrs)
+    block = w.shape[-1]
+    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+
+def _conv_nchwc(x, w, bias=None, **attrs):
+    weight = np.moveaxis(w, -1, 1).reshape(unpack_weight(w.shape))
+    return block_channels(_conv(unblock_channels(x), weight, bias, **attrs), w.shape[-1])
+
+
+register_op("ConvNCHWc", infer=_infer_conv_nchwc, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_nchwc)
+
+
 # -- ConvTranspose ------------------------------------------------------------------------------------------------
 
 
@@ -695,6 +790,28 @@ def _max_pool(x, *, storage_order=0, _outputs=1, **attrs):
 
 
 register_op("MaxPool", infer=_infer_max_pool, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_max_pool)
+
+
+def _plain_of_blocked(op: str, x: TensorType) -> TensorType:
+    if len(x.shape) != 5:
+        raise ShapeError(f"{op} needs an NCHW[x]c input (N, C/x, H, W, x), got {list(x.shape)}")
+    return TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
+
+
+def _infer_max_pool_nchwc(types, attrs):
+    (x,) = _inputs("MaxPoolNCHWc", types, 1, 1)
+    _single_output("MaxPoolNCHWc", attrs)
+    (plain,) = _infer_max_pool([_plain_of_blocked("MaxPoolNCHWc", x)], attrs)
+    block = x.shape[-1]
+    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+
+def _max_pool_nchwc(x, **attrs):
+    return block_channels(_max_pool(unblock_channels(x), **attrs), x.shape[-1])
+
+
+# MaxPool (its values only) in NCHW[x]c, made by the alter_layout pass between blocked convolutions
+register_op("MaxPoolNCHWc", infer=_infer_max_pool_nchwc, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_max_pool_nchwc)
 
 
 def _infer_average_pool(types, attrs):

@@ -1,0 +1,210 @@
+"""alter_layout: convolution chains move to NCHW[x]c with packed weights; LayoutTransform only where the layout
+changes; the reference executor (the unaltered graph is the oracle) gives the same outputs."""
+
+import numpy as np
+import pytest
+
+from compiler.errors import ShapeError
+from compiler.graph.ir import Graph, TensorType
+from compiler.graph.ops.nn import block_channels, unblock_channels
+from compiler.graph.registry import get_op
+from compiler.passes.alter_layout import alter_layout, channel_block, pack_weight
+from compiler.passes.eliminate_dead import eliminate_dead
+from compiler.passes.pipeline import optimize
+
+RNG = np.random.default_rng(5)
+WASM_BLOCK = 8
+
+
+def param(graph: Graph, shape, name="p"):
+    return graph.add_param(name, RNG.standard_normal(shape).astype(np.float32))
+
+
+def ops(graph: Graph) -> list[str]:
+    return [node.op for node in graph.nodes]
+
+
+def test_channel_block_per_target():
+    assert channel_block("wasm") == WASM_BLOCK
+    assert channel_block("llvm -mtriple=aarch64-linux-gnu") == 8
+    assert channel_block("llvm -mcpu=haswell -mattr=-avx512f") == 8
+
+
+def test_block_and_pack_layouts():
+    x = RNG.standard_normal((2, 16, 3, 5))
+    blocked = block_channels(x, 8)
+    assert blocked.shape == (2, 2, 3, 5, 8)
+    np.testing.assert_array_equal(blocked[1, 1, 2, 3, 5], x[1, 13, 2, 3])
+    np.testing.assert_array_equal(unblock_channels(blocked), x)
+    weight = RNG.standard_normal((8, 3, 3, 3))
+    packed = pack_weight(weight, 4)
+    for filter_index in range(8):
+        np.testing.assert_array_equal(packed[filter_index // 4, ..., filter_index % 4], weight[filter_index])
+
+
+def chain() -> Graph:
+    """conv(3 -> 16) -> relu -> depthwise -> scale-shift -> conv(16 -> 8) + residual-free add of a param -> pool."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 3, 10, 9), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (16, 3, 3, 3)), param(graph, (16,))], {"pads": (1, 1, 1, 1)})
+    (y,) = graph.add_node("Relu", [y])
+    attrs = {"group": 16, "pads": (1, 0, 1, 2), "strides": (2, 1)}
+    (d,) = graph.add_node("Conv", [y, param(graph, (16, 1, 3, 3))], attrs)
+    (d,) = graph.add_node("Mul", [d, param(graph, (16, 1, 1))])
+    (d,) = graph.add_node("Add", [d, param(graph, (1, 16, 1, 1))])
+    (z,) = graph.add_node("Conv", [d, param(graph, (8, 16, 1, 1))])
+    (z,) = graph.add_node("Clip", [z], {"min": np.float32(0.0), "max": np.float32(6.0)})
+    (p,) = graph.add_node("GlobalAveragePool", [z])
+    graph.outputs = [p, d]
+    return graph
+
+
+def test_chain_is_blocked_between_two_conversions(assert_same_results):
+    graph = chain()
+    text = str(graph)
+    altered = eliminate_dead(alter_layout(graph, "wasm"))
+    assert str(graph) == text, "the pass changed its input graph"
+    assert ops(altered) == [
+        "LayoutTransform",  # the 3-channel image as one block of 3
+        "ConvNCHWc",
+        "Relu",
+        "ConvNCHWc",  # depthwise, its input already blocked
+        "Mul",
+        "Add",
+        "ConvNCHWc",
+        "Clip",
+        "LayoutTransform",  # back to NCHW for the pool
+        "GlobalAveragePool",
+        "LayoutTransform",  # the second graph output, in NCHW
+    ]
+    transforms = [node.attrs for node in altered.nodes if node.op == "LayoutTransform"]
+    assert transforms == [
+        {"src": "NCHW", "dst": "NCHW3c"},
+        {"src": "NCHW8c", "dst": "NCHW"},
+        {"src": "NCHW8c", "dst": "NCHW"},
+    ]
+    assert [v.name for v in altered.outputs] == [v.name for v in graph.outputs]
+    shapes = {tuple(v.type.shape) for v in altered.params}
+    assert {(2, 3, 3, 3, 8), (2, 1, 3, 3, 8), (1, 16, 1, 1, 8), (2, 1, 1, 8)} <= shapes
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_unblockable_convs_stay_nchw():
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 16, 6, 6), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (16, 16, 1, 1))])
+    (y,) = graph.add_node("Conv", [y, param(graph, (16, 16, 1, 1))])
+    (odd,) = graph.add_node("Conv", [y, param(graph, (6, 16, 1, 1))])  # 6 filters: neither 8 nor 4 divides
+    (grouped,) = graph.add_node("Conv", [y, param(graph, (8, 8, 1, 1))], {"group": 2})
+    w = graph.add_input("w", TensorType((8, 16, 1, 1), "float32"))
+    (unknown,) = graph.add_node("Conv", [y, w])  # weight not a param
+    graph.outputs = [odd, grouped, unknown]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == ["LayoutTransform", "ConvNCHWc", "ConvNCHWc", "LayoutTransform", "Conv", "Conv", "Conv"]
+
+
+def test_channels_the_block_misses_take_half_of_it(assert_same_results):
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 5, 5), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (12, 8, 3, 3))], {"pads": (1, 1, 1, 1)})
+    (y,) = graph.add_node("Relu", [y])
+    graph.outputs = graph.add_node("Conv", [y, param(graph, (8, 12, 1, 1))])
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == ["LayoutTransform", "ConvNCHWc", "Relu", "ConvNCHWc", "LayoutTransform"]
+    assert [tuple(node.outputs[0].type.shape) for node in altered.nodes[1:4]] == [(1, 3, 5, 5, 4)] * 2 + [
+        (1, 1, 5, 5, 8)
+    ]
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_isolated_convs_stay_nchw():
+    """Each conv alone between conversions (as in the digits model), a lone depthwise one too."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 6, 6), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (8, 8, 3, 3))], {"pads": (1, 1, 1, 1)})
+    (y,) = graph.add_node("Relu", [y])
+    (y,) = graph.add_node("MaxPool", [y], {"kernel_shape": (2, 2), "strides": (2, 2)})
+    (y,) = graph.add_node("Conv", [y, param(graph, (8, 1, 3, 3))], {"group": 8, "pads": (1, 1, 1, 1)})
+    (y,) = graph.add_node("Conv", [y, param(graph, (8, 4, 1, 1))], {"group": 2})
+    graph.outputs = [y]
+    assert ops(alter_layout(graph, "wasm")) == ["Conv", "Relu", "MaxPool", "Conv", "Conv"]
+
+
+def test_an_isolated_conv_with_enough_work_is_blocked():
+    """A stem conv like resnet18's: 7x7 over an image, its result read by a pool."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 3, 64, 64), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (32, 3, 7, 7))], {"pads": (3, 3, 3, 3)})
+    graph.outputs = graph.add_node("MaxPool", [y], {"kernel_shape": (2, 2), "strides": (2, 2)})
+    assert ops(alter_layout(graph, "wasm")) == ["LayoutTransform", "ConvNCHWc", "MaxPoolNCHWc", "LayoutTransform"]
+
+
+def test_max_pool_after_a_blocked_conv_stays_blocked(assert_same_results):
+    """resnet18's stem: conv, relu, max pool, then the first block's convs."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 3, 48, 48), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (16, 3, 7, 7))], {"pads": (3, 3, 3, 3)})
+    (y,) = graph.add_node("Relu", [y])
+    attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}
+    (y,) = graph.add_node("MaxPool", [y], attrs)
+    (y,) = graph.add_node("Add", [y, param(graph, (1, 16, 1, 1))])
+    (y,) = graph.add_node("Conv", [y, param(graph, (16, 16, 1, 1))])
+    (y,) = graph.add_node("Relu", [y])
+    graph.outputs = graph.add_node("Conv", [y, param(graph, (8, 16, 1, 1))])
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == [
+        "LayoutTransform",
+        "ConvNCHWc",
+        "Relu",
+        "MaxPoolNCHWc",
+        "Add",
+        "ConvNCHWc",
+        "Relu",
+        "ConvNCHWc",
+        "LayoutTransform",
+    ]
+    assert altered.nodes[3].attrs == attrs
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_elementwise_follows_only_blocked_values(assert_same_results):
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 4, 4), "float32"))
+    other = graph.add_input("other", TensorType((1, 8, 4, 4), "float32"))
+    (y,) = graph.add_node("Relu", [other])  # nothing blocked yet: stays
+    (z,) = graph.add_node("Conv", [x, param(graph, (8, 8, 1, 1))])
+    (z,) = graph.add_node("Add", [z, y])  # the plain operand is converted to join
+    (z,) = graph.add_node("Conv", [z, param(graph, (8, 8, 1, 1))])
+    (z,) = graph.add_node("Mul", [z, param(graph, (4, 1))])  # a non-channel param: back to NCHW
+    graph.outputs = [z]
+    altered = alter_layout(graph, "wasm")
+    expected = ["Relu", "LayoutTransform", "ConvNCHWc", "LayoutTransform", "Add", "ConvNCHWc", "LayoutTransform", "Mul"]
+    assert ops(altered) == expected
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_pipeline_alters_layout_only_for_a_target():
+    assert "ConvNCHWc" not in ops(optimize(chain(), fuse=False))
+    altered = optimize(chain(), fuse=False, target="wasm")
+    assert ops(altered).count("ConvNCHWc") == 3
+    assert all(value.type.shape[-1] in (8, 16) or len(value.type.shape) < 5 for value in altered.params), (
+        "an unpacked weight was not pruned"
+    )
+    assert not any(len(value.type.shape) == 4 and value.type.shape[2:] == (3, 3) for value in altered.params)
+
+
+def test_layout_ops_reject_bad_shapes():
+    transform = get_op("LayoutTransform")
+    x = TensorType((1, 12, 4, 4), "float32")
+    with pytest.raises(ShapeError, match="divisible by 8"):
+        transform.infer([x], {"src": "NCHW", "dst": "NCHW8c"})
+    with pytest.raises(ShapeError, match="NCHW<x>c"):
+        transform.infer([x], {"src": "NCHW", "dst": "NHWC"})
+    conv = get_op("ConvNCHWc")
+    blocked = TensorType((1, 2, 4, 4, 8), "float32")
+    with pytest.raises(ShapeError, match="depthwise"):
+        conv.infer([blocked, TensorType((2, 8, 3, 3, 8), "float32")], {"group": 2})
+    with pytest.raises(ShapeError, match="packed"):
+        conv.infer([blocked, TensorType((16, 16, 3, 3), "float32")], {})
+    with pytest.raises(ShapeError, match="NCHW"):
+        get_op("MaxPoolNCHWc").infer([TensorType((1, 16, 4, 4), "float32")], {"kernel_shape": (2, 2)})
