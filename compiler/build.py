@@ -5,6 +5,7 @@ read back by `load_module`. docs/modules.md describes the run entry's ABI and th
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import statistics
@@ -245,7 +246,7 @@ def compile_model(
     progress("loading the model", 0.0)
     graph, model_bytes = _model_source(model, input_shapes)
     progress("optimizing the graph", 0.05)
-    fused = optimize(graph, fuse=True)
+    fused = optimize(graph, fuse=True, target=target)
     configs = load_tuning_records(tuning_records) if tuning_records is not None else {}
 
     kernels: dict[str, PrimFunc] = {}
@@ -270,7 +271,8 @@ def compile_model(
     progress(f"generating code for {len(kernels)} kernels", 0.6)
     compiled = compile_funcs([*kernels.values(), run], target)
     progress("linking", 0.9)
-    library = link(compiled, [ENTRY])
+    # Kernels are exported beside the entry so Module.profile can call them one at a time.
+    library = link(compiled, [ENTRY, *(func.name for func in kernels.values())])
     options = {
         "input_shapes": {name: list(shape) for name, shape in sorted((input_shapes or {}).items())},
         "tuning_records": hashlib.sha256(Path(tuning_records).read_bytes()).hexdigest() if tuning_records else None,
@@ -295,7 +297,15 @@ def compile_model(
         "inputs": [_spec_json(spec) for spec in inputs],
         "outputs": [{**_spec_json(spec), "source": source} for spec, source in zip(outputs, output_sources)],
         "kernels": list(kernel_entries.values()),
-        "calls": [{"kernel": name, "group": node.name} for name, node in zip(kernel_of, fused.nodes)],
+        "calls": [
+            {
+                "kernel": name,
+                "group": node.name,
+                "pattern": node.attrs.get("pattern", ""),
+                "args": [[buffer.name, offset] for buffer, offset in call.args],
+            }
+            for name, node, call in zip(kernel_of, fused.nodes, run.body.stmts)
+        ],
         "memory": {"arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.total_bytes, "alignment": ALIGNMENT},
         "params": {"file": PARAMS_FILE, "bytes": len(params), "layout": params_layout},
         "options": options,
@@ -403,6 +413,18 @@ class Module:
         else:
             self.runtime = None
 
+    @property
+    def num_threads(self) -> int:
+        """Threads for parallel loops (0: libgomp's default, 1: no thread pool); native modules only."""
+        return getattr(self.runtime, "num_threads", 1)
+
+    @num_threads.setter
+    def num_threads(self, count: int) -> None:
+        if count < 0:
+            raise TesselError(f"num_threads must be 0 (every core) or a positive count, got {count}")
+        if hasattr(self.runtime, "num_threads"):
+            self.runtime.num_threads = count
+
     def __repr__(self) -> str:
         kernels = len(self.manifest["kernels"])
         return f"<Module {self.manifest['content_hash'][:12]} target={self.target} kernels={kernels}>"
@@ -443,7 +465,10 @@ class Module:
                 f"this module was cross-compiled for {self.target.triple} and cannot run on this machine; "
                 "export it and run it on such a device (or under qemu-user)"
             )
-        results = self.runtime.run(arrays)
+        return self._named_outputs(arrays, self.runtime.run(arrays))
+
+    def _named_outputs(self, arrays: list[np.ndarray], results: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Fill in the outputs no kernel writes (copied on the host) and name every output."""
         for position, source in enumerate(item["source"] for item in self.manifest["outputs"]):
             if source is None:
                 continue
@@ -484,6 +509,54 @@ class Module:
             times.append((time.perf_counter() - started) * 1000)
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
 
+    def replay(self, feeds: dict[str, np.ndarray], repeat: int = 1) -> tuple[dict[str, np.ndarray], list[list[float]]]:
+        """Run the model as `run` does, but call each group's kernel from the host, one call at a time,
+        `repeat` times in a row (a kernel never writes what it reads, so repeats are idempotent). Gives the
+        outputs and, per call in graph order, the milliseconds of each repeat."""
+        if repeat < 1:
+            raise TesselError(f"profile repeat must be at least 1, got {repeat}")
+        arrays = self._check(feeds)
+        if self.runtime is None:
+            raise TargetError(
+                f"this module was cross-compiled for {self.target.triple} and cannot be profiled on this machine"
+            )
+        calls = self.manifest["calls"]
+        if any("args" not in call for call in calls):
+            raise BundleError("this bundle's manifest has no kernel call arguments; export it again to profile it")
+        if isinstance(self.runtime, WasmModel):
+            replayer = _WasmReplay(self.runtime, arrays)
+        else:
+            replayer = _NativeReplay(self.runtime, arrays)
+        times = []
+        for call in calls:
+            kernel = replayer.kernel(call["kernel"], call["args"])
+            samples = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                kernel()
+                samples.append((time.perf_counter() - started) * 1000)
+            times.append(samples)
+        return self._named_outputs(arrays, replayer.outputs()), times
+
+    def profile(self, repeat: int = 10, feeds: dict[str, np.ndarray] | None = None) -> list[dict]:
+        """Milliseconds per fused group, in graph order: each group's kernel called on its own, from the
+        host, with the arguments the run entry passes it (one untimed call, then `repeat` timed ones).
+        Each entry: group, kernel, pattern, ops (member ops), median_ms and min_ms."""
+        feeds = feeds if feeds is not None else self.random_inputs()
+        _, times = self.replay(feeds, repeat + 1)
+        ops = {kernel["name"]: kernel["ops"] for kernel in self.manifest["kernels"]}
+        return [
+            {
+                "group": call["group"],
+                "kernel": call["kernel"],
+                "pattern": call.get("pattern", ""),
+                "ops": ops.get(call["kernel"], []),
+                "median_ms": statistics.median(samples[1:]),
+                "min_ms": min(samples[1:]),
+            }
+            for call, samples in zip(self.manifest["calls"], times)
+        ]
+
     def export(self, directory: str | Path) -> Path:
         """Write the bundle (manifest.json, the code, params.bin) into `directory`, atomically."""
         files = {self.manifest["code"]: self.library, PARAMS_FILE: self.params}
@@ -502,6 +575,53 @@ class Module:
         if kind == "asm":
             return self.compiled.asm
         raise TargetError(f"unknown source kind {kind!r}; choose tir, ll or asm")
+
+
+class _NativeReplay:
+    """Kernel calls against a NativeModel's params and arena, the caller's inputs and fresh outputs."""
+
+    def __init__(self, runtime: NativeModel, inputs: list[np.ndarray]):
+        self.runtime = runtime
+        self.results = [np.empty(spec.shape, spec.dtype) for spec in runtime.outputs]
+        self.bases = {"params": runtime.params.ctypes.data, "arena": runtime.arena.ctypes.data}
+        self.bases.update({f"input_{position}": array.ctypes.data for position, array in enumerate(inputs)})
+        self.bases.update({f"output_{position}": array.ctypes.data for position, array in enumerate(self.results)})
+
+    def kernel(self, name: str, args: list) -> Callable[[], None]:
+        function = getattr(self.runtime.library.handle, name)
+        function.restype = None
+        pointers = [ctypes.c_void_p(self.bases[buffer] + offset) for buffer, offset in args]
+        return lambda: function(*pointers)
+
+    def outputs(self) -> list[np.ndarray]:
+        return self.results
+
+
+class _WasmReplay:
+    """Kernel calls on offsets into a WasmModel's linear memory: the inputs are copied in first."""
+
+    def __init__(self, runtime: WasmModel, inputs: list[np.ndarray]):
+        self.runtime = runtime
+        base = runtime._base()
+        for offset, array in zip(runtime.input_offsets, inputs):
+            ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
+        self.bases = {"params": runtime.params_offset, "arena": runtime.arena_offset}
+        self.bases.update({f"input_{position}": offset for position, offset in enumerate(runtime.input_offsets)})
+        self.bases.update({f"output_{position}": offset for position, offset in enumerate(runtime.output_offsets)})
+
+    def kernel(self, name: str, args: list) -> Callable[[], None]:
+        function, store = self.runtime.instance.exports[name], self.runtime.instance.store
+        offsets = [self.bases[buffer] + offset for buffer, offset in args]
+        return lambda: function(store, *offsets)
+
+    def outputs(self) -> list[np.ndarray]:
+        base = self.runtime._base()
+        results = []
+        for offset, spec in zip(self.runtime.output_offsets, self.runtime.outputs):
+            array = np.empty(spec.shape, spec.dtype)
+            ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
+            results.append(array)
+        return results
 
 
 def _format_entry(func: PrimFunc) -> str:

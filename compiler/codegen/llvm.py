@@ -511,7 +511,13 @@ class _FunctionEmitter:
             b.store(value, b.gep(closure_value, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type))
         gomp = context.function("GOMP_parallel", ir.VoidType(), [_PTR, _PTR, _I32, _I32])
         num_threads = b.load(context.num_threads, typ=_I32)
-        b.call(gomp, [outlined, closure_value, num_threads, ir.Constant(_I32, 0)])
+        # One thread means no thread pool at all: the body runs on the caller's thread, where libgomp's
+        # omp_get_thread_num/omp_get_num_threads answer 0 and 1, so it takes the whole range.
+        with b.if_else(b.icmp_signed("==", num_threads, ir.Constant(_I32, 1))) as (serial, pooled):
+            with serial:
+                b.call(outlined, [closure_value])
+            with pooled:
+                b.call(gomp, [outlined, closure_value, num_threads, ir.Constant(_I32, 0)])
 
     # ---- expressions -----------------------------------------------------------------------------
 

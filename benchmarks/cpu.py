@@ -1,0 +1,146 @@
+"""Tessel against onnxruntime natively, side by side in one process: each zoo model is compiled for the host,
+its outputs checked against onnxruntime's, then the two are timed interleaved (A B A B ...) on the same input
+with the same thread count. Prints a markdown table (docs/benchmarks.md keeps the latest) and the slowest
+fused groups from Module.profile. Run: .venv/bin/python benchmarks/cpu.py [--threads 1] [--models ...]"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import time
+from functools import partial
+
+import onnxruntime as ort
+from common import (
+    DEFAULT_MODELS,
+    check_close,
+    copy_bandwidth,
+    fma_peak_gflops,
+    model_bytes,
+    model_flops,
+    print_slowest,
+    print_table,
+    summary,
+)
+
+import compiler
+from compiler import zoo
+
+WARMUP = 5
+
+
+def machine() -> str:
+    """lscpu's model name and the core count, for the tables' caption."""
+    try:
+        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
+        name = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        name = platform.processor() or platform.machine()
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def onnxruntime_session(model, threads: int, spin: bool) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def interleaved(first, second, repeat: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of `repeat` runs of each, alternating, after WARMUP runs of each."""
+    for _ in range(WARMUP):
+        first()
+        second()
+    times = ([], [])
+    for _ in range(repeat):
+        for run, samples in zip((first, second), times):
+            started = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="threads for both Tessel and onnxruntime")
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=zoo.MODELS)
+    parser.add_argument("--repeat", type=int, default=30, help="timed runs of each, after warm-up (at least 30)")
+    parser.add_argument(
+        "--idle",
+        choices=("spin", "sleep"),
+        default="sleep",
+        help="idle worker threads: sleep (libgomp passive, onnxruntime not spinning) or spin (both defaults; "
+        "interleaved, one side's spinning workers steal the cores the other side's run needs)",
+    )
+    parser.add_argument("--slowest", type=int, default=5, help="slowest fused groups to list per model")
+    arguments = parser.parse_args()
+    threads, repeat = arguments.threads, max(30, arguments.repeat)
+    spin = arguments.idle == "spin"
+    if not spin:
+        # libgomp reads this when it is loaded, at the first compile.
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+    # Other processes may share the machine: the best of many short runs, before and after the models.
+    peak, bandwidth = fma_peak_gflops(threads), copy_bandwidth(threads)
+
+    measured, profiles = [], {}
+    for name in arguments.models:
+        model = zoo.build_model(name)
+        module = compiler.compile_model(model, target="llvm", num_threads=threads)
+        session = onnxruntime_session(model, threads, spin)
+        feeds = zoo.sample_input(name)
+        ours = module.run(feeds)
+        check_close(name, [ours[spec.name] for spec in module.outputs], session.run(None, feeds))
+        tessel_ms, onnxruntime_ms = interleaved(partial(module.run, feeds), partial(session.run, None, feeds), repeat)
+        tessel, rival = summary(tessel_ms), summary(onnxruntime_ms)
+        measured.append((name, tessel, rival, model_flops(model), model_bytes(model)))
+        profiles[name] = module.profile(repeat=10, feeds=feeds)
+
+    peak, bandwidth = max(peak, fma_peak_gflops(threads)), max(bandwidth, copy_bandwidth(threads))
+    print(
+        f"{datetime.date.today()}, {machine()}, onnxruntime {ort.__version__}, {threads} thread(s), idle threads {arguments.idle}"
+    )
+    print(f"measured FMA peak {peak:.1f} GFLOP/s, copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)\n")
+    rows = []
+    for name, tessel, rival, flops, traffic in measured:
+        gflops = flops / (tessel["median"] / 1000) / 1e9
+        floor = ""
+        if name == "dwconv_block":
+            floor_ms = traffic / bandwidth * 1000
+            floor = f"{floor_ms:.2f} ms ({tessel['median'] / floor_ms:.2f}×)"
+        rows.append(
+            [
+                name,
+                "{median:.2f} / {min:.2f} / {max:.2f}".format(**tessel),
+                "{median:.2f} / {min:.2f} / {max:.2f}".format(**rival),
+                f"{tessel['median'] / rival['median']:.2f}×",
+                f"{gflops:.1f}",
+                f"{100 * gflops / peak:.0f}%",
+                floor,
+            ]
+        )
+    print_table(
+        [
+            "model",
+            "Tessel ms (median / min / max)",
+            "onnxruntime ms (median / min / max)",
+            "Tessel / onnxruntime",
+            "Tessel GFLOP/s",
+            "% of FMA peak",
+            "bandwidth floor (Tessel ×)",
+        ],
+        rows,
+    )
+    for name, profile in profiles.items():
+        print_slowest(name, profile, arguments.slowest)
+
+
+if __name__ == "__main__":
+    main()
