@@ -28,7 +28,7 @@ from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
 from compiler.runtime.native import NativeLibrary, NativeModel
-from compiler.runtime.wasm import WasmInstance, WasmModel
+from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
 from compiler.schedules.cpu import schedule_group
 from compiler.target import Target
 from compiler.tir.lower import lower
@@ -306,7 +306,12 @@ def compile_model(
             }
             for name, node, call in zip(kernel_of, fused.nodes, run.body.stmts)
         ],
-        "memory": {"arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.total_bytes, "alignment": ALIGNMENT},
+        "memory": {
+            "arena_bytes": plan.arena_bytes,
+            "intermediate_bytes": plan.total_bytes,
+            "alignment": ALIGNMENT,
+            **({"wasm_import": memory_import(library)} if target.kind == "wasm" else {}),
+        },
         "params": {"file": PARAMS_FILE, "bytes": len(params), "layout": params_layout},
         "options": options,
     }

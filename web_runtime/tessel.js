@@ -91,19 +91,19 @@ class FetchSource {
     return (await this.response(name)).text();
   }
 
-  // Streaming compilation overlaps download and compile; a second branch of the body gives the bytes, which
-  // are needed for the memory import's size (known only from the binary) and the digest check.
-  async wasm(name, onProgress) {
+  // Streaming instantiation overlaps download and compile; a second branch of the body gives the bytes for
+  // the digest check.
+  async wasm(name, imports, onProgress) {
     const response = await this.response(name);
     const [forCompile, forBytes] = response.body.tee();
     const headers = { "Content-Type": "application/wasm" };
-    const compiled = WebAssembly.compileStreaming(new Response(forCompile, { headers }));
+    const instantiated = WebAssembly.instantiateStreaming(new Response(forCompile, { headers }), imports);
     // Awaited below; until then a failed compile must not count as an unhandled rejection.
-    compiled.catch(() => {});
+    instantiated.catch(() => {});
     const total = Number(response.headers.get("Content-Length")) || 0;
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
     const bytes = await collect(readStream(forBytes), onLoaded);
-    return { module: await compiled, bytes };
+    return { ...(await instantiated), bytes };
   }
 
   async *chunks(name) {
@@ -158,13 +158,13 @@ class DiskSource {
     }
   }
 
-  async wasm(name, onProgress) {
+  async wasm(name, imports, onProgress) {
     const { stat } = await import("node:fs/promises");
     const path = await this.path(name);
     const total = await stat(path).then((info) => info.size, () => 0);
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
     const bytes = await collect(this.chunks(name), onLoaded);
-    return { module: await WebAssembly.compile(bytes), bytes };
+    return { ...(await WebAssembly.instantiate(bytes, imports)), bytes };
   }
 
   async *chunks(name) {
@@ -286,54 +286,6 @@ function checkFeeds(feeds, inputs) {
 //   create   -> (async) an executor {run(arrays) -> typed arrays in manifest output order, dispose()},
 //               given inputs already checked. The model object around it owns validation and naming.
 
-/** The memory import of a wasm binary ({field, initial, maximum, shared}, sizes in pages), read from its
- * import section: WebAssembly.Module.imports() names imports but does not give their limits. */
-function wasmMemoryImport(bytes) {
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  let offset = 8;
-  const leb = () => {
-    let result = 0;
-    let shift = 0;
-    for (;;) {
-      const byte = view.getUint8(offset++);
-      result += (byte & 0x7f) * 2 ** shift;
-      shift += 7;
-      if ((byte & 0x80) === 0) return result;
-    }
-  };
-  const readName = () => {
-    const length = leb();
-    const text = new TextDecoder().decode(bytes.subarray(offset, offset + length));
-    offset += length;
-    return text;
-  };
-  while (offset < bytes.byteLength) {
-    const id = view.getUint8(offset++);
-    const size = leb();
-    const end = offset + size;
-    if (id === 2) {
-      for (let count = leb(); count > 0; count--) {
-        const field = `${readName()}.${readName()}`;
-        const kind = view.getUint8(offset++);
-        if (kind === 0) leb();
-        else if (kind === 1) {
-          offset++;
-          if (view.getUint8(offset++) & 1) leb();
-          leb();
-        } else if (kind === 3) offset += 2;
-        else if (kind === 2) {
-          const flags = view.getUint8(offset++);
-          const initial = leb();
-          const maximum = flags & 1 ? leb() : undefined;
-          return { field, initial, maximum, shared: (flags & 2) !== 0 };
-        }
-      }
-    }
-    offset = end;
-  }
-  return null;
-}
-
 class WasmExecutor {
   // Linear memory from __heap_base: params (copied in once), the arena, then one 64-byte-aligned slot per
   // input and output, the layout compiler/runtime/wasm.py uses, so `run(inputs…, outputs…, params, arena)`
@@ -431,15 +383,21 @@ const wasmBackend = {
     return null;
   },
   async create(manifest, source, options) {
-    const { module, bytes } = await source.wasm(manifest.code, options.onProgress);
-    await checkDigest(manifest, manifest.code, bytes);
-    const wanted = wasmMemoryImport(bytes);
-    const imports = WebAssembly.Module.imports(module).map((item) => `${item.module}.${item.name}`);
-    if (!wanted || wanted.field !== "env.memory" || imports.length !== 1) {
-      throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one imports ${imports.join(", ")}`);
+    const limits = manifest.memory.wasm_import;
+    if (!limits) throw new Error("tessel: the bundle's manifest has no memory.wasm_import; compile it again");
+    const memory = new WebAssembly.Memory({
+      initial: limits.initial_pages,
+      ...(limits.maximum_pages === null ? {} : { maximum: limits.maximum_pages }),
+    });
+    let instantiated;
+    try {
+      instantiated = await source.wasm(manifest.code, { env: { memory } }, options.onProgress);
+    } catch (error) {
+      if (!(error instanceof WebAssembly.LinkError)) throw error;
+      throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one does not link: ${error.message}`);
     }
-    const memory = new WebAssembly.Memory({ initial: wanted.initial, maximum: wanted.maximum, shared: wanted.shared });
-    const instance = await WebAssembly.instantiate(module, { env: { memory } });
+    const { instance, bytes } = instantiated;
+    await checkDigest(manifest, manifest.code, bytes);
     const executor = new WasmExecutor(manifest, instance, memory);
     await executor.loadParams(source.chunks(manifest.params.file), options.onProgress);
     return executor;

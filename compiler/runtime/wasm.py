@@ -20,14 +20,30 @@ def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
 
 
+def memory_import(wasm: bytes) -> dict:
+    """The limits of the module's imported memory, in 64 KiB pages: what a host must create before it
+    instantiates the module (the JS runtime reads them from the manifest to stream-instantiate)."""
+    engine = wasmtime.Engine(_config())
+    imports = wasmtime.Module(engine, wasm).imports
+    if [(item.module, item.name) for item in imports] != [("env", "memory")]:
+        wanted = ", ".join(f"{item.module}.{item.name}" for item in imports)
+        raise TargetError(f"a Tessel wasm module imports only env.memory; this one imports {wanted}")
+    limits = imports[0].type.limits
+    return {"initial_pages": limits.min, "maximum_pages": limits.max}
+
+
+def _config() -> wasmtime.Config:
+    config = wasmtime.Config()
+    config.wasm_simd = True
+    return config
+
+
 class WasmInstance:
     """One instantiated module with a bump allocator above __heap_base, reset at every call (a
     kernel call holds no memory afterwards)."""
 
     def __init__(self, wasm: bytes):
-        config = wasmtime.Config()
-        config.wasm_simd = True
-        self.engine = wasmtime.Engine(config)
+        self.engine = wasmtime.Engine(_config())
         self.store = wasmtime.Store(self.engine)
         module = wasmtime.Module(self.engine, wasm)
         if [(item.module, item.name) for item in module.imports] != [("env", "memory")]:
