@@ -184,7 +184,7 @@ def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
     return dense
 
 
-def _attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
+def attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
     kind = attribute.type
     if (op_type, attribute.name) in _DTYPE_ATTRIBUTES and kind == AttributeProto.INT:
         return _dtype_name(attribute.i, what)
@@ -208,7 +208,7 @@ def _attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
     return onnx.helper.get_attribute_value(attribute)
 
 
-def _as_attribute(array: np.ndarray, op: str) -> Any:
+def as_attribute(array: np.ndarray, op: str) -> Any:
     """A constant input as the contract hands it to ops: 0-d → scalar, 1-d → tuple, else the array."""
     if array.ndim == 0:
         # Range's output dtype is that of its bounds, which a Python scalar would lose
@@ -326,7 +326,7 @@ class _Importer:
 
     def _convert(self, node: onnx.NodeProto, label: str) -> None:
         what = f"node {label} ({node.op_type})"
-        attrs = {a.name: _attribute_value(a, node.op_type, f"attribute {a.name!r} of {what}") for a in node.attribute}
+        attrs = {a.name: attribute_value(a, node.op_type, f"attribute {a.name!r} of {what}") for a in node.attribute}
         if node.op_type == "Constant":
             try:
                 (array,) = get_op("Constant").run_reference([], attrs)
@@ -376,7 +376,7 @@ class _Importer:
             # Resize before opset 13 required roi and scales, passing empty tensors to mean 'absent'
             if op == "Resize" and array.size == 0:
                 continue
-            attrs[attr] = _as_attribute(array, op)
+            attrs[attr] = as_attribute(array, op)
         taken = {index for index, _ in const_inputs}
         remaining = [v for index, v in enumerate(inputs) if index not in taken]
         while remaining and remaining[-1] is None:

@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from single_node import run_registry
 
 from compiler.graph.ir import TensorType
 from compiler.graph.registry import get_op
@@ -22,15 +23,6 @@ class NodeRun:
     inferred: list[TensorType]  # the registry shape rule's output types
 
 
-def as_attr_value(array: np.ndarray):
-    """A constant input as the frontend hands it over: 0-d → scalar, 1-d → tuple, else the array."""
-    if array.ndim == 0:
-        return array.item()
-    if array.ndim == 1:
-        return tuple(array.tolist())
-    return array
-
-
 def run_node(
     op: str,
     inputs: list[np.ndarray | None],
@@ -39,43 +31,28 @@ def run_node(
     opset: int = 21,
     oracle: str = "onnxruntime",
 ) -> NodeRun:
-    attrs = dict(attrs or {})
-    op_def = get_op(op)
-    const_names = dict(op_def.const_inputs)
+    const_names = dict(get_op(op).const_inputs)
     while inputs and inputs[-1] is None:
         inputs = inputs[:-1]
     graph_inputs, initializers, names = [], [], []
     feeds: dict[str, np.ndarray] = {}
-    types: list[TensorType | None] = []
-    ours = dict(attrs)
-    tensors: list[np.ndarray | None] = []
     for index, array in enumerate(inputs):
+        names.append("" if array is None else f"input{index}")
         if array is None:
-            names.append("")
-            if index not in const_names:
-                types.append(None)
-                tensors.append(None)
             continue
-        name = f"input{index}"
-        names.append(name)
         if index in const_names:
-            initializers.append(numpy_helper.from_array(array, name))
-            ours[const_names[index]] = as_attr_value(array)
+            initializers.append(numpy_helper.from_array(array, names[-1]))
         else:
             elem = helper.np_dtype_to_tensor_dtype(array.dtype)
-            graph_inputs.append(helper.make_tensor_value_info(name, elem, array.shape))
-            feeds[name] = array
-            types.append(TensorType(array.shape, str(array.dtype)))
-            tensors.append(array)
-    if outputs > 1:
-        ours["_outputs"] = outputs
-    inferred = op_def.infer(types, ours)
+            graph_inputs.append(helper.make_tensor_value_info(names[-1], elem, array.shape))
+            feeds[names[-1]] = array
     output_names = [f"output{i}" for i in range(outputs)]
+    node = helper.make_node(op, names, output_names, **(attrs or {}))
+    inferred, actual = run_registry(node, list(inputs))
     graph_outputs = [
         helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), None)
         for name, t in zip(output_names, inferred, strict=True)
     ]
-    node = helper.make_node(op, names, output_names, **attrs)
     graph = helper.make_graph([node], "single", graph_inputs, graph_outputs, initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
@@ -84,7 +61,6 @@ def run_node(
         expected = session.run(None, feeds)
     else:
         expected = [np.asarray(array) for array in ReferenceEvaluator(model).run(None, feeds)]
-    actual = op_def.run_reference(tensors, ours)
     return NodeRun(expected, actual, inferred)
 
 

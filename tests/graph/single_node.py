@@ -11,37 +11,14 @@ import onnx
 import onnxruntime
 from onnx import helper, numpy_helper
 
+from compiler.frontend.onnx import as_attribute, attribute_value
 from compiler.graph.ir import TensorType
 from compiler.graph.registry import get_op
 
-DTYPE_ATTRIBUTES = {"to"}
-
-
-def const_value(array: np.ndarray):
-    """A constant input as the frontend hands it over: 0-d → Python scalar, 1-d → tuple."""
-    array = np.asarray(array)
-    if array.ndim == 0:
-        return array.item()
-    if array.ndim == 1:
-        return tuple(array.tolist())
-    return array
-
 
 def registry_attrs(node: onnx.NodeProto) -> dict:
-    """ONNX attributes converted as the op contract says (dtype enums → numpy dtype names)."""
-    attrs = {}
-    for attribute in node.attribute:
-        value = helper.get_attribute_value(attribute)
-        if attribute.name in DTYPE_ATTRIBUTES:
-            value = str(np.dtype(helper.tensor_dtype_to_np_dtype(value)))
-        elif attribute.type == onnx.AttributeProto.TENSOR:
-            value = numpy_helper.to_array(value)
-        elif isinstance(value, bytes):
-            value = value.decode()
-        elif isinstance(value, list):
-            value = tuple(item.decode() if isinstance(item, bytes) else item for item in value)
-        attrs[attribute.name] = value
-    return attrs
+    """The node's attributes converted exactly as the frontend converts them for the registry."""
+    return {a.name: attribute_value(a, node.op_type, f"attribute {a.name}") for a in node.attribute}
 
 
 def run_registry(node: onnx.NodeProto, arrays: list[np.ndarray | None]):
@@ -54,7 +31,7 @@ def run_registry(node: onnx.NodeProto, arrays: list[np.ndarray | None]):
     for index, array in enumerate(arrays):
         if index in const_indices:
             if array is not None:
-                attrs[const_indices[index]] = const_value(array)
+                attrs[const_indices[index]] = as_attribute(np.asarray(array), node.op_type)
         else:
             tensors.append(array)
     while tensors and tensors[-1] is None:
