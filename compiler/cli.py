@@ -105,17 +105,25 @@ def _run_zoo(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- inspect ---------------------------------------------------------------------------------------------------
-
-
-def _configure_inspect(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, help="an .onnx file")
+def _add_input_shape(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input-shape",
         action="append",
         metavar="NAME=D1,D2,...",
         help="fix the shape of an input, e.g. input=1,3,224,224 (repeat for several inputs)",
     )
+
+
+def _add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, help="threads for parallel loops when a bundle runs natively")
+
+
+# -- inspect ---------------------------------------------------------------------------------------------------
+
+
+def _configure_inspect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="an .onnx file")
+    _add_input_shape(parser)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
@@ -202,14 +210,9 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
         "--target", default="wasm", help='"wasm" (default), "llvm" or "llvm -mtriple=aarch64-linux-gnu"'
     )
     parser.add_argument("-o", "--output", type=Path, help="the bundle directory to write (default MODEL.bundle)")
-    parser.add_argument(
-        "--input-shape",
-        action="append",
-        metavar="NAME=D1,D2,...",
-        help="fix the shape of an input, e.g. input=1,3,224,224 (repeat for several inputs)",
-    )
+    _add_input_shape(parser)
     parser.add_argument("--records", type=Path, help="tuning records (JSON lines) whose best configs to apply")
-    parser.add_argument("--threads", type=int, help="threads for parallel loops when the bundle runs natively")
+    _add_threads(parser)
     parser.add_argument("--verbose", action="store_true", help="print the kernels and the memory plan")
 
 
@@ -257,7 +260,7 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
         help="an input array (.npy); NAME= picks the input (default: the inputs in order); random when omitted",
     )
     parser.add_argument("--output", type=Path, help="write the first output here (.npy); .npz for all outputs")
-    parser.add_argument("--threads", type=int, help="threads for parallel loops (native bundles)")
+    _add_threads(parser)
 
 
 def _read_inputs(module, specs: list[str] | None) -> dict:
@@ -303,7 +306,7 @@ def _run_run(args: argparse.Namespace) -> int:
 def _configure_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", type=Path, help="a bundle directory from tessel compile")
     parser.add_argument("--repeat", type=int, default=30, help="timed runs (default 30)")
-    parser.add_argument("--threads", type=int, help="threads for parallel loops (native bundles)")
+    _add_threads(parser)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
