@@ -264,9 +264,10 @@ async def _job_events(queue: JobQueue, job: Job) -> AsyncIterator[str]:
     while True:
         version = job.version
         snapshot = queue.snapshot(job)
-        for line in job.log[lines_sent:]:
-            yield _event("log", {"line": line})
-        lines_sent = len(job.log)
+        # The log can grow while a line is being sent, so count only the lines actually sent.
+        while lines_sent < len(job.log):
+            yield _event("log", {"line": job.log[lines_sent]})
+            lines_sent += 1
         progress = (snapshot["progress"], snapshot["step"])
         if progress != last_progress:
             yield _event("progress", {"progress": progress[0], "step": progress[1]})

@@ -2,6 +2,7 @@
 bundle against onnxruntime, reuse of identical uploads, and the pages and runtime files it serves."""
 
 import argparse
+import asyncio
 import io
 import json
 import zipfile
@@ -15,6 +16,8 @@ import server.app
 from compiler import load_module, zoo
 from compiler.errors import TesselError
 from server.app import add_arguments, create_app, run_from_args
+from server.jobs import Job, JobQueue
+from server.store import Store
 
 ONNX_RTOL, ONNX_ATOL = 1e-4, 1e-5
 
@@ -111,6 +114,25 @@ def test_events_stream_progress_and_log_until_the_job_is_done(serve):
     # A finished job's stream replays its history and ends at once.
     assert [name for name, _ in read_events(client, job_id)].count("state") == 1
     assert lines == client.get(f"/api/jobs/{job_id}").json()["log"]
+
+
+def test_event_stream_sends_log_lines_appended_while_it_was_sending(tmp_path):
+    """A line logged while the stream is suspended on a send is sent too, in order (a lost line once
+    failed CI)."""
+
+    async def consume() -> list[str]:
+        queue = JobQueue(Store(tmp_path), max_workers=1, max_queue=1, job_timeout_s=60)
+        job = Job(id="a" * 32, builds={}, input_shapes={}, model={}, log=["queued", "started"])
+        lines = []
+        async for text in server.app._job_events(queue, job):
+            if text.startswith("event: log"):
+                lines.append(json.loads(text.split("data: ", 1)[1])["line"])
+                if len(lines) == 1:
+                    job.log.append("logged during a send")
+                    job.state = "done"
+        return lines
+
+    assert asyncio.run(consume()) == ["queued", "started", "logged during a send"]
 
 
 def test_identical_uploads_reuse_the_stored_bundle_without_compiling(serve):
