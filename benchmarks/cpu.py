@@ -11,6 +11,7 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import onnxruntime as ort
@@ -32,6 +33,36 @@ from compiler import zoo
 WARMUP = 5
 
 
+@dataclass(frozen=True)
+class IdlePolicy:
+    omp_wait_policy: str | None  # None: Tessel's runtime default (a brief spin, compiler/runtime/native.py)
+    onnxruntime_spins: bool
+    # onnxruntime with its default spinning workers, timed alone after the interleaved runs (threads > 1 only)
+    spinning_reference: bool
+    describe: str
+
+
+IDLE_POLICIES = {
+    "default": IdlePolicy(
+        None,
+        False,
+        True,
+        "Tessel's default (libgomp spins briefly, then sleeps), onnxruntime not spinning: its spinning workers do "
+        "not go back to sleep between runs and would take the cores Tessel's runs need; onnxruntime with spinning "
+        "is then timed alone for reference",
+    ),
+    "sleep": IdlePolicy(
+        "PASSIVE", False, False, "libgomp passive, onnxruntime not spinning (every parallel loop wakes)"
+    ),
+    "spin": IdlePolicy(
+        "ACTIVE",
+        True,
+        False,
+        "libgomp active (never sleeps), onnxruntime spinning: interleaved, they steal each other's cores",
+    ),
+}
+
+
 def machine() -> str:
     """lscpu's model name and the core count, for the tables' caption."""
     try:
@@ -42,25 +73,25 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
-def onnxruntime_session(model, threads: int, spin: bool) -> ort.InferenceSession:
+def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if not spin:
+    if not spins:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def interleaved(first, second, repeat: int) -> tuple[list[float], list[float]]:
-    """Milliseconds of `repeat` runs of each, alternating, after WARMUP runs of each."""
+def interleaved(runs, repeat: int) -> list[list[float]]:
+    """Milliseconds of `repeat` runs of each of `runs`, alternating (A B A B ...), after WARMUP runs of each."""
     for _ in range(WARMUP):
-        first()
-        second()
-    times = ([], [])
+        for run in runs:
+            run()
+    times = [[] for _ in runs]
     for _ in range(repeat):
-        for run, samples in zip((first, second), times):
+        for run, samples in zip(runs, times):
             started = time.perf_counter()
             run()
             samples.append((time.perf_counter() - started) * 1000)
@@ -74,34 +105,39 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30, help="timed runs of each, after warm-up (at least 30)")
     parser.add_argument(
         "--idle",
-        choices=("spin", "sleep"),
-        default="sleep",
-        help="idle worker threads: sleep (libgomp passive, onnxruntime not spinning) or spin (both defaults; "
-        "interleaved, one side's spinning workers steal the cores the other side's run needs)",
+        choices=tuple(IDLE_POLICIES),
+        default="default",
+        help="idle worker threads: "
+        + "; ".join(f"{name}: {policy.describe}" for name, policy in IDLE_POLICIES.items()),
     )
     parser.add_argument("--slowest", type=int, default=5, help="slowest fused groups to list per model")
     arguments = parser.parse_args()
     threads, repeat = arguments.threads, max(30, arguments.repeat)
-    spin = arguments.idle == "spin"
-    if not spin:
+    policy = IDLE_POLICIES[arguments.idle]
+    if policy.omp_wait_policy:
         # libgomp reads this when it is loaded, at the first compile.
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ["OMP_WAIT_POLICY"] = policy.omp_wait_policy
 
     # Other processes may share the machine: the best of many short runs, before and after the models.
     peak, bandwidth = fma_peak_gflops(threads), copy_bandwidth(threads)
 
-    measured, profiles = [], {}
+    measured, profiles, references = [], {}, []
     for name in arguments.models:
         model = zoo.build_model(name)
         module = compiler.compile_model(model, target="llvm", num_threads=threads)
-        session = onnxruntime_session(model, threads, spin)
+        session = onnxruntime_session(model, threads, policy.onnxruntime_spins)
         feeds = zoo.sample_input(name)
         ours = module.run(feeds)
         check_close(name, [ours[spec.name] for spec in module.outputs], session.run(None, feeds))
-        tessel_ms, onnxruntime_ms = interleaved(partial(module.run, feeds), partial(session.run, None, feeds), repeat)
+        tessel_ms, onnxruntime_ms = interleaved([partial(module.run, feeds), partial(session.run, None, feeds)], repeat)
         tessel, rival = summary(tessel_ms), summary(onnxruntime_ms)
         measured.append((name, tessel, rival, model_flops(model), model_bytes(model)))
         profiles[name] = module.profile(repeat=10, feeds=feeds)
+        if policy.spinning_reference and threads > 1:
+            spinning = onnxruntime_session(model, threads, spins=True)
+            (alone,) = map(summary, interleaved([partial(spinning.run, None, feeds)], repeat))
+            references.append((name, alone, tessel))
+            del spinning  # its workers would spin through the next model's runs
 
     peak, bandwidth = max(peak, fma_peak_gflops(threads)), max(bandwidth, copy_bandwidth(threads))
     print(
@@ -138,6 +174,13 @@ def main() -> None:
         ],
         rows,
     )
+    if references:
+        print("\nonnxruntime with its spinning workers, timed alone (not interleaved), for reference:")
+        for name, alone, tessel in references:
+            print(
+                f"- {name}: {alone['median']:.2f} ms median; Tessel's interleaved median is "
+                f"{tessel['median'] / alone['median']:.2f}× that"
+            )
     for name, profile in profiles.items():
         print_slowest(name, profile, arguments.slowest)
 
