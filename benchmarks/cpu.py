@@ -37,7 +37,7 @@ WARMUP = 5
 class IdlePolicy:
     omp_wait_policy: str | None  # None: Tessel's runtime default (a brief spin, compiler/runtime/native.py)
     onnxruntime_spins: bool
-    # onnxruntime with its default spinning workers, timed alone after the interleaved runs (threads > 1 only)
+    # Tessel and onnxruntime with its default spinning workers, each timed alone after the interleaved runs (threads > 1)
     spinning_reference: bool
     describe: str
 
@@ -49,7 +49,7 @@ IDLE_POLICIES = {
         True,
         "Tessel's default (libgomp spins briefly, then sleeps), onnxruntime not spinning: its spinning workers do "
         "not go back to sleep between runs and would take the cores Tessel's runs need; onnxruntime with spinning "
-        "is then timed alone for reference",
+        "and Tessel are then timed alone for reference",
     ),
     "sleep": IdlePolicy(
         "PASSIVE", False, False, "libgomp passive, onnxruntime not spinning (every parallel loop wakes)"
@@ -135,8 +135,11 @@ def main() -> None:
         profiles[name] = module.profile(repeat=10, feeds=feeds)
         if policy.spinning_reference and threads > 1:
             spinning = onnxruntime_session(model, threads, spins=True)
-            (alone,) = map(summary, interleaved([partial(spinning.run, None, feeds)], repeat))
-            references.append((name, alone, tessel))
+            alone = [
+                summary(interleaved([run], repeat)[0])
+                for run in (partial(module.run, feeds), partial(spinning.run, None, feeds))
+            ]
+            references.append((name, *alone))
             del spinning  # its workers would spin through the next model's runs
 
     peak, bandwidth = max(peak, fma_peak_gflops(threads)), max(bandwidth, copy_bandwidth(threads))
@@ -175,11 +178,11 @@ def main() -> None:
         rows,
     )
     if references:
-        print("\nonnxruntime with its spinning workers, timed alone (not interleaved), for reference:")
-        for name, alone, tessel in references:
+        print("\nEach timed alone (not interleaved), onnxruntime with its spinning workers, for reference:")
+        for name, tessel, rival in references:
             print(
-                f"- {name}: {alone['median']:.2f} ms median; Tessel's interleaved median is "
-                f"{tessel['median'] / alone['median']:.2f}× that"
+                f"- {name}: Tessel {tessel['median']:.2f} ms, onnxruntime {rival['median']:.2f} ms (medians), "
+                f"{tessel['median'] / rival['median']:.2f}×"
             )
     for name, profile in profiles.items():
         print_slowest(name, profile, arguments.slowest)

@@ -46,6 +46,7 @@ from compiler.tir.nodes import (
 )
 
 NUM_THREADS_GLOBAL = "tessel_num_threads"
+CONTRACTED = {"add": ir.IRBuilder.fadd, "sub": ir.IRBuilder.fsub, "mul": ir.IRBuilder.fmul}
 # Larger allocations go to the heap (native) or a static array (wasm) so no stack can overflow.
 _STACK_LIMIT_BYTES = 64 * 1024
 # A vectorized loop wider than this is emitted as a loop: LLVM would split such vectors anyway.
@@ -144,6 +145,43 @@ def _coefficient(expr: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
         for node in _walk(expr)
     )
     return None if depends else 0
+
+
+def _clamp_bounds(expr: Expr) -> tuple[Expr, int, int] | None:
+    """(x, low, high) when expr is max(min(x, high), low) or min(max(x, low), high) with constant bounds."""
+    if not (isinstance(expr, Binary) and expr.op in ("min", "max") and isinstance(expr.b, Const)):
+        return None
+    inner = expr.a
+    other = "max" if expr.op == "min" else "min"
+    if not (isinstance(inner, Binary) and inner.op == other and isinstance(inner.b, Const)):
+        return None
+    bounds = sorted((int(expr.b.value), int(inner.b.value)))
+    return inner.a, bounds[0], bounds[1]
+
+
+def _without(expr: Expr, old: Expr, new: Expr) -> Expr:
+    """expr with the node `old` replaced by `new`, rebuilding the index arithmetic on the way."""
+    if expr is old:
+        return new
+    if isinstance(expr, Binary):
+        return Binary(expr.op, _without(expr.a, old, new), _without(expr.b, old, new))
+    if isinstance(expr, Cast):
+        return Cast(expr.dtype, _without(expr.value, old, new))
+    return expr
+
+
+def _clamped_run(index: Expr, var: Var, lets: dict[Var, Expr]) -> tuple[Expr, int, int, Expr] | None:
+    """(position, low, high, unclamped index) when `index` reads clamp(position, low, high) with position stepping
+    by one per lane of `var`, and is contiguous in `var` once that clamp is dropped: a padded row read in vectors
+    (compiler/ops/nn.py clamps pad reads into bounds so that the select around them stays a plain select)."""
+    for node in _walk(index):
+        bounds = _clamp_bounds(node)
+        if bounds is None or _coefficient(bounds[0], var, lets) != 1:
+            continue
+        unclamped = _without(index, node, bounds[0])
+        if _coefficient(unclamped, var, lets) == 1:
+            return (*bounds, unclamped)
+    return None
 
 
 def _can_widen(body: Stmt, var: Var) -> bool:
@@ -310,11 +348,71 @@ class _FunctionEmitter:
             return self.load_scalar(node.buffer, index)
         if _coefficient(node.index, self.vector_var, self.lets) == 1:
             return self.load_scalar(node.buffer, index)
+        clamped = _clamped_run(node.index, self.vector_var, self.lets)
+        if clamped is not None:
+            return self.load_clamped_run(node.buffer, *clamped)
+        return self.gather(node.buffer, index)
+
+    def load_clamped_run(self, buffer: Buffer, position: Expr, low: int, high: int, unclamped: Expr) -> ir.Value:
+        """A vector of buffer[... clamp(position, low, high) ...] where position steps by one per lane. With no lane
+        clamped (the interior of a padded row) it is one contiguous load. Else the lanes inside [low, high] come
+        from one masked load (the others are not touched, so an address before or past the buffer is safe) and
+        the clamped lanes take the element at low or at high."""
+        b = self.builder
+        positions = self.expr(position)
+        start = self.expr(unclamped)  # lane i reads start[0] + i before clamping
+        first = b.extract_element(positions, _zero())
+        lanes = _lanes(positions)
+        kind = positions.type.element
+
+        def bound(value: int, vector: bool = False) -> ir.Constant:
+            return ir.Constant(ir.VectorType(kind, lanes), [value] * lanes) if vector else ir.Constant(kind, value)
+
+        inside = b.and_(
+            b.icmp_signed(">=", first, bound(low)), b.icmp_signed("<=", b.add(first, bound(lanes - 1)), bound(high))
+        )
+        with b.if_else(inside, likely=True) as (contiguous, clamped):
+            with contiguous:
+                run = self.load_scalar(buffer, start)
+                run_block = b.block
+            with clamped:
+                below, above = (
+                    b.icmp_signed("<", positions, bound(low, True)),
+                    b.icmp_signed(">", positions, bound(high, True)),
+                )
+                memory_type = _vector(storage_type(buffer.dtype, self.target), lanes)
+                masked_load = self.context.function(
+                    f"llvm.masked.load.{_intrinsic_suffix(memory_type)}.p0",
+                    memory_type,
+                    [_PTR, _I32, ir.VectorType(ir.IntType(1), lanes), memory_type],
+                )
+                pointer = self.element_pointer(buffer, b.extract_element(start, _zero()))
+                mask = b.not_(b.or_(below, above))
+                align = ir.Constant(_I32, element_bytes(buffer.dtype))
+                loaded = self.from_memory(
+                    b.call(masked_load, [pointer, align, mask, ir.Constant(memory_type, None)]), buffer.dtype
+                )
+
+                def element_at(value: int) -> ir.Value:
+                    offset = b.sub(bound(value), first)
+                    return self.broadcast(
+                        self.load_scalar(buffer, b.add(b.extract_element(start, _zero()), offset)), lanes
+                    )
+
+                edges = b.select(below, element_at(low), element_at(high))
+                gathered = b.select(mask, loaded, edges)
+                gather_block = b.block
+        result = b.phi(run.type)
+        result.add_incoming(run, run_block)
+        result.add_incoming(gathered, gather_block)
+        return result
+
+    def gather(self, buffer: Buffer, index: ir.Value) -> ir.Value:
         b = self.builder
         lanes = _lanes(index)
-        result = ir.Constant(ir.VectorType(value_type(node.buffer.dtype), lanes), ir.Undefined)
+        result = ir.Constant(ir.VectorType(value_type(buffer.dtype), lanes), ir.Undefined)
         for lane in range(lanes):
-            element = self.load_scalar(node.buffer, b.extract_element(index, ir.Constant(_I32, lane)))
+            element = self.load_scalar(buffer, b.extract_element(index, ir.Constant(_I32, lane)))
             result = b.insert_element(result, element, ir.Constant(_I32, lane))
         return result
 
@@ -595,9 +693,12 @@ class _FunctionEmitter:
     def float_binary(self, op: str, left: ir.Value, right: ir.Value) -> ir.Value:
         """float16 values stay float32 here: rounding to half happens at stores and casts only."""
         b = self.builder
-        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}
-        if op in simple:
-            return simple[op](left, right)
+        if op in CONTRACTED:
+            # `contract` lets LLVM fuse a multiply and the add or subtract of its product into one FMA (one
+            # rounding instead of two, within every tolerance the tests hold), as C compilers do by default.
+            return CONTRACTED[op](b, left, right, flags=("contract",))
+        if op == "div":
+            return b.fdiv(left, right)
         if op in ("min", "max"):
             # minimum/maximum propagate NaN like numpy and ONNX, and are single instructions on wasm.
             return self.call("minimum" if op == "min" else "maximum", left, right)

@@ -37,6 +37,14 @@ def test_float32_arithmetic(target, lanes):
     np.testing.assert_allclose(out, (a + b) * c - a / c, rtol=1e-6)
 
 
+def test_multiply_adds_may_contract_into_fma():
+    func = elementwise("madd", ["float32"] * 3, "float32", 64, lambda a, b, c: a * b + c, lanes=16)
+    kernel = build_func(func, "llvm")
+    assert "fmul contract" in kernel.source("ll") and "fadd contract" in kernel.source("ll")
+    if "+fma" in kernel.target.features.split(","):
+        assert "vfmadd" in kernel.source("asm")
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("lanes", [0, 8])
 def test_float16_storage_with_float32_arithmetic(target, lanes):
@@ -386,7 +394,9 @@ def test_parallel_loop(target, num_threads):
     kernel, (_, _, out) = run(
         PrimFunc("scale_rows", [x_buffer, scale, out_buffer], stmt), target, x, s, num_threads=num_threads
     )
-    np.testing.assert_allclose(out, s[:, None] * x + 0.25, rtol=1e-6)
+    # the multiply-add may be one FMA (one rounding): near a cancellation that differs from numpy's two roundings
+    # by up to half an ulp of the product (~0.3 here)
+    np.testing.assert_allclose(out, s[:, None] * x + 0.25, rtol=1e-6, atol=3e-8)
     calls = kernel.source("ll").count("call void @GOMP_parallel")
     assert calls == (1 if target == "llvm" else 0)
 
@@ -451,6 +461,26 @@ def test_nested_if_let_and_guarded_reads(target):
     positions = np.arange(size)
     expected = np.where(positions % 2 == 0, padded_x * 4, np.where(positions > 20, -1.0, padded_x))
     np.testing.assert_array_equal(out, expected.astype("float32"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("width", "shift", "lanes"), [(40, 3, 8), (40, -5, 8), (5, 2, 8), (16, 1, 16), (12, 7, 4)])
+def test_vectorized_clamped_reads(target, width, shift, lanes):
+    """out[r, j] = x[r, clamp(j - shift, 0, width - 1)] over padded rows, vectorized along j: the codegen loads a
+    vector with no clamped lane in one go and the others with a masked load plus the edge elements (a row
+    narrower than the vector has lanes clamped at both ends). Compared with numpy's clipped indexing."""
+    rows, padded = 3, lanes * (width // lanes + 3)
+    x_buffer, out_buffer = Buffer("x", (rows, width), "float32"), Buffer("out", (rows, padded), "float32")
+    r, outer, inner = Var("r"), Var("outer"), Var("inner")
+    column = outer * index(lanes) + inner
+    clamped = Binary("max", Binary("min", column - index(shift), index(width - 1)), index(0))
+    body = Store(out_buffer, r * index(padded) + column, Load(x_buffer, r * index(width) + clamped))
+    stmt = loop(r, rows, loop(outer, padded // lanes, loop(inner, lanes, body, ForKind.VECTORIZED)))
+    x = RNG.standard_normal((rows, width)).astype("float32")
+    kernel, (_, out) = run(PrimFunc("clamped_rows", [x_buffer, out_buffer], stmt), target, x)
+    assert "llvm.masked.load" in kernel.source("ll")
+    expected = x[:, np.clip(np.arange(padded) - shift, 0, width - 1)]
+    np.testing.assert_array_equal(out, expected)
 
 
 def test_generate_module_holds_many_kernels_and_one_thread_global():
