@@ -320,10 +320,11 @@ def conv_transpose(inputs: Inputs, attrs: dict[str, Any], output_types: list[Ten
 # -- Gemm and MatMul ------------------------------------------------------------------------------------------------
 
 
-def _split_lanes(inner: int) -> int:
-    """How many interleaved partial sums a transposed-B dense keeps: a vector's worth that divides K."""
+def _split_lanes(inner: int, widest: int) -> int:
+    """How many interleaved partial sums a transposed-B dense keeps: at most `widest` (a target's vector, set by
+    alter_layout as the Gemm's split_lanes), dividing K."""
     for lanes in (16, 8, 4):
-        if inner % lanes == 0 and inner >= 2 * lanes:
+        if lanes <= widest and inner % lanes == 0 and inner >= 2 * lanes:
             return lanes
     return 1
 
@@ -335,7 +336,7 @@ def gemm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) 
     rows, columns = output_types[0].shape
     inner = a.shape[0] if trans_a else a.shape[1]
     acc = _accumulator(a.dtype)
-    lanes = _split_lanes(inner) if trans_b else 1
+    lanes = _split_lanes(inner, int(attrs.get("split_lanes", 16))) if trans_b else 1
 
     def left(i, k):
         return (a[k, i] if trans_a else a[i, k]).astype(acc)

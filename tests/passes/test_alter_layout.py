@@ -208,3 +208,27 @@ def test_layout_ops_reject_bad_shapes():
         conv.infer([blocked, TensorType((16, 16, 3, 3), "float32")], {})
     with pytest.raises(ShapeError, match="NCHW"):
         get_op("MaxPoolNCHWc").infer([TensorType((1, 16, 4, 4), "float32")], {"kernel_shape": (2, 2)})
+
+
+@pytest.mark.parametrize(
+    ("target", "lanes"),
+    [
+        ("wasm", 4),
+        ("llvm -mtriple=aarch64-linux-gnu", 4),
+        ("llvm -mcpu=haswell -mattr=-avx512f", 8),
+        ("llvm -mcpu=znver4 -mattr=+avx512f", 16),
+    ],
+)
+def test_transposed_gemm_sums_one_vector_of_partial_products(target, lanes, assert_same_results):
+    """A Gemm with transB gets the target's float32 vector width as split_lanes; one without keeps its attrs; the
+    compiled result is checked against onnxruntime in tests/test_model_build.py (mlp)."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((2, 64), "float32"))
+    (y,) = graph.add_node("Gemm", [x, param(graph, (32, 64), "w"), param(graph, (32,), "b")], {"transB": 1})
+    (z,) = graph.add_node("Gemm", [y, param(graph, (32, 8), "v")])
+    graph.outputs = [z]
+    altered = alter_layout(graph, target)
+    first, second = altered.nodes
+    assert first.attrs == {"transB": 1, "split_lanes": lanes}
+    assert second.attrs == {}
+    assert_same_results(graph, altered)
