@@ -134,12 +134,11 @@ def main() -> None:
         measured.append((name, tessel, rival, model_flops(model), model_bytes(model)))
         profiles[name] = module.profile(repeat=10, feeds=feeds)
         if policy.spinning_reference and threads > 1:
+            # Tessel first: the spinning session's workers spin from the moment it is created
+            (alone,) = interleaved([partial(module.run, feeds)], repeat)
             spinning = onnxruntime_session(model, threads, spins=True)
-            alone = [
-                summary(interleaved([run], repeat)[0])
-                for run in (partial(module.run, feeds), partial(spinning.run, None, feeds))
-            ]
-            references.append((name, *alone))
+            (rival_alone,) = interleaved([partial(spinning.run, None, feeds)], repeat)
+            references.append((name, summary(alone), summary(rival_alone)))
             del spinning  # its workers would spin through the next model's runs
 
     peak, bandwidth = max(peak, fma_peak_gflops(threads)), max(bandwidth, copy_bandwidth(threads))

@@ -26,7 +26,6 @@ MAIN_C = r"""
 #include <stdlib.h>
 void run(const void *input, void *output, const void *params, void *arena);
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned flags) { fn(data); }
-int omp_get_thread_num(void) { return 0; }
 int omp_get_num_threads(void) { return 1; }
 static void *read_file(const char *path) {
     FILE *file = fopen(path, "rb");

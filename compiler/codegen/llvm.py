@@ -46,6 +46,9 @@ from compiler.tir.nodes import (
 )
 
 NUM_THREADS_GLOBAL = "tessel_num_threads"
+# chunks of a parallel loop's range per thread, claimed from a shared counter: more balance the load when a
+# thread starts late, each costs one atomic add
+CHUNKS_PER_THREAD = 4
 CONTRACTED = {"add": ir.IRBuilder.fadd, "sub": ir.IRBuilder.fsub, "mul": ir.IRBuilder.fmul}
 # Larger allocations go to the heap (native) or a static array (wasm) so no stack can overflow.
 _STACK_LIMIT_BYTES = 64 * 1024
@@ -566,13 +569,16 @@ class _FunctionEmitter:
             del self.values[node.var]
 
     def parallel_loop(self, node: For, start: ir.Value, extent: ir.Value) -> None:
-        """Outline the body into fn(closure) and run it through GOMP_parallel; each thread takes one
-        contiguous chunk of the iteration range."""
+        """Outline the body into fn(closure) and run it through GOMP_parallel. The threads claim chunks of the
+        iteration range from a shared counter (CHUNKS_PER_THREAD per thread), so a thread that starts late (a
+        sleeping worker takes tens of microseconds to wake, more on a virtual machine) does fewer chunks instead
+        of the others waiting for it."""
         free_vars = [v for v in dict.fromkeys(n for n in _walk(node.body) if isinstance(n, Var)) if v in self.values]
         buffers = [n.buffer for n in _walk(node.body) if isinstance(n, (Load, Store))]
         free_buffers = [buffer for buffer in dict.fromkeys(buffers) if buffer in self.buffers]
         captured = [start, extent, *(self.values[v] for v in free_vars), *(self.buffers[b] for b in free_buffers)]
-        closure_type = ir.LiteralStructType([value.type for value in captured])
+        counter_field = len(captured)
+        closure_type = ir.LiteralStructType([*(value.type for value in captured), _I64])
 
         context = self.context
         context.counter += 1
@@ -592,25 +598,33 @@ class _FunctionEmitter:
         child.buffers.update(zip(free_buffers, fields[2 + len(free_vars) :]))
         cb = child.builder
         index_type = child_extent.type
-        thread = cb.sext(cb.call(context.function("omp_get_thread_num", _I32, []), []), _I64)
         threads = cb.sext(cb.call(context.function("omp_get_num_threads", _I32, []), []), _I64)
         total = cb.sext(child_extent, _I64) if index_type.width < 64 else child_extent
-        chunk = cb.sdiv(cb.add(total, cb.sub(threads, ir.Constant(_I64, 1))), threads)
-        begin = _smin(cb, cb.mul(thread, chunk), total)
+        pieces = cb.mul(threads, ir.Constant(_I64, CHUNKS_PER_THREAD))
+        chunk = cb.sdiv(cb.add(total, cb.sub(pieces, ir.Constant(_I64, 1))), pieces)
+        counter = cb.gep(closure, [_zero(), ir.Constant(_I32, counter_field)], source_etype=closure_type)
+        claim, work, done = (outlined.append_basic_block(name) for name in ("claim", "work", "done"))
+        cb.branch(claim)
+        cb.position_at_end(claim)
+        begin = cb.atomic_rmw("add", counter, chunk, "monotonic")
+        cb.cbranch(cb.icmp_signed("<", begin, total), work, done)
+        cb.position_at_end(work)
         end = _smin(cb, cb.add(begin, chunk), total)
         if index_type.width < 64:
             begin, end = cb.trunc(begin, index_type), cb.trunc(end, index_type)
         child.serial_loop(node.var, child_start, begin, end, node.body)
+        cb.branch(claim)
+        cb.position_at_end(done)
         child.finish()
 
         b = self.builder
         closure_value = _opaque(self.entry.alloca(closure_type))
-        for position, value in enumerate(captured):
+        for position, value in enumerate([*captured, ir.Constant(_I64, 0)]):
             b.store(value, b.gep(closure_value, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type))
         gomp = context.function("GOMP_parallel", ir.VoidType(), [_PTR, _PTR, _I32, _I32])
         num_threads = b.load(context.num_threads, typ=_I32)
         # One thread means no thread pool at all: the body runs on the caller's thread, where libgomp's
-        # omp_get_thread_num/omp_get_num_threads answer 0 and 1, so it takes the whole range.
+        # omp_get_num_threads answers 1, so it claims every chunk itself.
         with b.if_else(b.icmp_signed("==", num_threads, ir.Constant(_I32, 1))) as (serial, pooled):
             with serial:
                 b.call(outlined, [closure_value])

@@ -20,10 +20,12 @@ DEFAULTS: dict[str, dict[str, int]] = {
     "injective": {"vector_lanes": 1},
     # output channels x output columns held in registers; the pad stage is materialized once
     "conv2d": {"tile_oc": 8, "tile_ow": 16, "unroll_oc": 1},
-    # the padded input is made per channel inside the channel loop when a plane holds at most local_pad_floats;
-    # 4 rows x 16 columns of accumulators (dwconv_block at 2 threads: 0.46 ms, against 1.0 ms with 1 row, whose
-    # single accumulator chain waits on each multiply-add)
-    "depthwise_conv2d": {"tile_oh": 4, "tile_ow": 16, "local_pad_floats": 16384},
+    # the padded input is made inside the channel loop when a channel's plane holds at most local_pad_floats: the
+    # tile_oh + kh - 1 rows one row tile reads, right before it (local_pad_rows; reading the input and writing
+    # the output at once streams better from memory than a plane at a time: dwconv_block with a cold cache, 2
+    # threads, 0.94 ms against 1.42), else the whole plane. 4 rows x 16 columns of accumulators (0.46 ms against
+    # 1.0 ms with 1 row, whose single accumulator chain waits on each multiply-add)
+    "depthwise_conv2d": {"tile_oh": 4, "tile_ow": 16, "local_pad_floats": 16384, "local_pad_rows": 1},
     # an NCHW[x]c conv's register tile: tile_blocks filter blocks x tile_ow output columns, both unrolled, each
     # filter block a vector (two on 16-byte targets, see NARROW_VECTOR_DEFAULTS)
     "conv2d_nchwc": {"tile_ow": 14, "tile_blocks": 1},
@@ -385,9 +387,10 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
         return
     pad = schedule[pad]
     if pad.op.shape[1] == output.op.shape[1] and math.prod(pad.op.shape[2:]) <= values["local_pad_floats"]:
-        # one channel's padded plane, filled right before its taps read it, stays in cache
+        # the padded rows one row tile reads (or one channel's padded plane), filled right before its taps read
+        # them, stay in cache
         pad.set_scope("local")
-        pad.compute_at(output, channels)
+        pad.compute_at(output, oh_outer if values["local_pad_rows"] else channels)
     _schedule_rows(pad, target)
 
 

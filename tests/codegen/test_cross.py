@@ -64,7 +64,6 @@ MAIN_C = """
 void cross_kernel(float *x, int *n, float *out, int *q, unsigned short *half);
 /* The static test program has no libgomp: parallel loops run on the calling thread. */
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned flags) { fn(data); }
-int omp_get_thread_num(void) { return 0; }
 int omp_get_num_threads(void) { return 1; }
 static float x[SIZE] = {X};
 static int n[SIZE] = {N};

@@ -401,6 +401,18 @@ def test_parallel_loop(target, num_threads):
     assert calls == (1 if target == "llvm" else 0)
 
 
+@pytest.mark.parametrize("num_threads", [1, 2, 3, 5])
+@pytest.mark.parametrize("extent", [1, 2, 7, 21, 1000])
+def test_parallel_loop_chunks_run_every_iteration_once(num_threads, extent):
+    """Threads claim chunks of the range from a shared counter: each iteration increments its element once, so a
+    chunk run twice or skipped shows as a 2 or a 0, whatever the thread count and however the range divides."""
+    counts = Buffer("counts", (extent,), "int32")
+    i = Var("i")
+    stmt = loop(i, extent, Store(counts, i, Load(counts, i) + index(1)), ForKind.PARALLEL)
+    _, (counted,) = run(PrimFunc("count", [counts], stmt), "llvm", np.zeros(extent, "int32"), num_threads=num_threads)
+    np.testing.assert_array_equal(counted, np.ones(extent, "int32"))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_thread_bound_loops_and_barrier_run_serially(target):
     """A GPU-style block reverse: each block loads its slice into shared memory, waits at a

@@ -108,7 +108,16 @@ def test_depthwise_scale_shift_relu_is_one_kernel(target):
     graph, feeds = conv_graph((1, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
     tir = anchor_kernel(check(graph, feeds, target))
     assert_tile_epilogue(tir, "conv")
-    # one channel's padded plane is made inside the channel loop, right before its taps read it
+    # the 4 + 2 padded rows one tile of 4 output rows reads are made inside the channel loop, right before the
+    # taps read them
+    assert tir.index(") parallel {") < tir.index("allocate pad: float32[1, 1, 6, 26] local"), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_can_pad_a_whole_plane_per_channel(target):
+    config = {"depthwise_conv2d": {"local_pad_rows": 0}}
+    graph, feeds = conv_graph((1, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
+    tir = anchor_kernel(check(graph, feeds, target, config))
     assert tir.index(") parallel {") < tir.index("allocate pad: float32[1, 1, 26, 26] local"), tir
 
 
