@@ -6,7 +6,8 @@ time as (M / x, C / group, kh, kw, x); the elementwise ops after it (ReLU, Clip,
 with per-channel params, repacked too) follow it into the blocked layout, and so does a MaxPool of a blocked value
 (MaxPoolNCHWc). LayoutTransform nodes convert only where the layout must change: into the first blocked op, and back
 to NCHW before an op that needs it (GlobalAveragePool, Flatten, a graph output). Hands fusion a graph whose
-convolution groups read and write blocked tensors.
+convolution groups read and write blocked tensors. A Gemm with transB gets the target's float32 vector width as
+its split_lanes attribute (see alter_layout).
 """
 
 from __future__ import annotations
