@@ -103,22 +103,22 @@ def test_conv_residual_add_relu(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_depthwise_scale_shift_relu_is_one_kernel(target):
-    """The seeds' depthwise_conv2d -> scale_shift -> relu at a reduced size."""
-    graph, feeds = conv_graph((1, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
-    tir = anchor_kernel(check(graph, feeds, target))
-    assert_tile_epilogue(tir, "conv")
-    # the 4 + 2 padded rows one tile of 4 output rows reads are made inside the channel loop, right before the
-    # taps read them
-    assert tir.index(") parallel {") < tir.index("allocate pad: float32[1, 1, 6, 26] local"), tir
-
-
-@pytest.mark.parametrize("target", TARGETS)
-def test_depthwise_can_pad_a_whole_plane_per_channel(target):
-    config = {"depthwise_conv2d": {"local_pad_rows": 0}}
+@pytest.mark.parametrize(
+    ("config", "pad"),
+    [
+        # the 4 + 2 padded rows one tile of 4 output rows reads, made right before the taps read them
+        (None, "float32[1, 1, 6, 26]"),
+        # or one channel's whole padded plane
+        ({"depthwise_conv2d": {"local_pad_rows": 0}}, "float32[1, 1, 26, 26]"),
+    ],
+)
+def test_depthwise_scale_shift_relu_is_one_kernel(target, config, pad):
+    """The seeds' depthwise_conv2d -> scale_shift -> relu at a reduced size; its padding is made inside the
+    channel loop."""
     graph, feeds = conv_graph((1, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
     tir = anchor_kernel(check(graph, feeds, target, config))
-    assert tir.index(") parallel {") < tir.index("allocate pad: float32[1, 1, 26, 26] local"), tir
+    assert_tile_epilogue(tir, "conv")
+    assert tir.index(") parallel {") < tir.index(f"allocate pad: {pad} local"), tir
 
 
 @pytest.mark.parametrize("target", TARGETS)
