@@ -719,16 +719,21 @@ def _infer_softmax(op: str):
     return infer
 
 
-def _softmax(x, *, axis=-1, **_):
+def _shifted(x, axis: int) -> np.ndarray:
+    """x minus its maximum along `axis`, in the compute dtype. An infinite maximum gives inf - inf = NaN, which is
+    the answer ONNX's own reference gives for such a row, so numpy's warning about it is silenced."""
     dtype = _compute_dtype(x.dtype)
-    shifted = x.astype(dtype, copy=False) - x.max(axis=axis, keepdims=True).astype(dtype, copy=False)
-    exponentials = np.exp(shifted)
+    with np.errstate(invalid="ignore"):
+        return x.astype(dtype, copy=False) - x.max(axis=axis, keepdims=True).astype(dtype, copy=False)
+
+
+def _softmax(x, *, axis=-1, **_):
+    exponentials = np.exp(_shifted(x, axis))
     return (exponentials / exponentials.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
 def _log_softmax(x, *, axis=-1, **_):
-    dtype = _compute_dtype(x.dtype)
-    shifted = x.astype(dtype, copy=False) - x.max(axis=axis, keepdims=True).astype(dtype, copy=False)
+    shifted = _shifted(x, axis)
     return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)
 
 
