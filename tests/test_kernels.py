@@ -6,6 +6,7 @@ import pytest
 import compiler.te as te
 from compiler.build import build
 from compiler.te import TEError
+from compiler.te.expr import Logical, Select
 
 TARGETS = ["llvm", "wasm"]
 RNG = np.random.default_rng(0)
@@ -221,6 +222,15 @@ def depthwise_conv2d(batch, in_channel, in_height, in_width, channel_multiplier,
         name="DepthwiseConv2d",
     )
     return Input, Filter, PaddedInput, Output
+
+
+def test_the_seeds_depthwise_conv_is_expressible_as_written():
+    Input, Filter, PaddedInput, Output = depthwise_conv2d(1, 4, 8, 8, 2, 3, 3)
+    assert Output.shape == (1, 8, 8, 8)
+    assert [axis.name for axis in Output.op.reduce_axis] == ["di", "dj"]
+    assert set(map(id, Output.op.input_tensors)) == {id(PaddedInput), id(Filter)}
+    assert isinstance(PaddedInput.op.body, Select)
+    assert isinstance(PaddedInput.op.body.cond, Logical)
 
 
 def depthwise_reference(x, w):

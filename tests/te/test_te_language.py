@@ -6,7 +6,7 @@ import pytest
 
 import compiler.te as te
 from compiler.te import TEError
-from compiler.te.expr import Binary, Call, IfThenElse, Logical, Select
+from compiler.te.expr import Binary, Call, IfThenElse
 from compiler.te.tensor import DATA_PAR, REDUCE, THREAD, identity_element
 
 
@@ -58,42 +58,6 @@ def test_reduce_axis_and_reducers():
 def test_reducer_identity_elements(combiner, dtype, expected):
     identity = identity_element(combiner, dtype)
     assert identity.dtype == dtype and identity.value == expected
-
-
-def test_the_seeds_depthwise_conv_is_expressible_as_written():
-    batch, in_channel, in_height, in_width = 1, 4, 8, 8
-    channel_multiplier, filter_height, filter_width = 2, 3, 3
-    stride_h = stride_w = 1
-    pad_top = pad_left = 1
-    height_after_pad, width_after_pad = in_height + 2, in_width + 2
-    out_channel = in_channel * channel_multiplier
-    Input = te.placeholder((batch, in_channel, in_height, in_width), name="Input")
-    Filter = te.placeholder((in_channel, channel_multiplier, filter_height, filter_width), name="Filter")
-    PaddedInput = te.compute(
-        (batch, in_channel, height_after_pad, width_after_pad),
-        lambda b, c, i, j: te.select(
-            te.all(i >= pad_top, i - pad_top < in_height, j >= pad_left, j - pad_left < in_width),
-            Input[b, c, i - pad_top, j - pad_left],
-            te.const(0.0),
-        ),
-        name="PaddedInput",
-    )
-    di = te.reduce_axis((0, filter_height), name="di")
-    dj = te.reduce_axis((0, filter_width), name="dj")
-    Output = te.compute(
-        (batch, out_channel, in_height, in_width),
-        lambda b, c, i, j: te.sum(
-            PaddedInput[b, c // channel_multiplier, i * stride_h + di, j * stride_w + dj]
-            * Filter[c // channel_multiplier, c % channel_multiplier, di, dj],
-            axis=[di, dj],
-        ),
-        name="DepthwiseConv2d",
-    )
-    assert Output.shape == (1, 8, 8, 8)
-    assert Output.op.reduce_axis == (di, dj)
-    assert set(map(id, Output.op.input_tensors)) == {id(PaddedInput), id(Filter)}
-    assert isinstance(PaddedInput.op.body, Select)
-    assert isinstance(PaddedInput.op.body.cond, Logical)
 
 
 def test_elementwise_helpers_build_the_right_nodes():
