@@ -167,3 +167,38 @@ def test_outputs_that_no_kernel_writes_are_copied():
         assert list(results) == ["y", "x", "c", "y2"]
         for actual, wanted in zip(results.values(), expected):
             np.testing.assert_array_equal(actual, wanted)
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_conv_chain_with_silu_is_fused_and_matches_onnxruntime(target):
+    """Two convs with SiLU (x * sigmoid(x)) after each, as EfficientNet and YOLO write them: each SiLU joins its
+    conv's kernel, in the blocked layout, and the outputs match onnxruntime's."""
+    rng = np.random.default_rng(3)
+    weights = [
+        numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+        for name, shape in (("w1", (16, 3, 3, 3)), ("w2", (16, 16, 3, 3)))
+    ]
+    nodes = []
+    x = "x"
+    for number, weight in enumerate(("w1", "w2")):
+        conv, gate, out = f"conv{number}", f"gate{number}", f"silu{number}"
+        nodes += [
+            helper.make_node("Conv", [x, weight], [conv], pads=[1, 1, 1, 1]),
+            helper.make_node("Sigmoid", [conv], [gate]),
+            helper.make_node("Mul", [conv, gate], [out]),
+        ]
+        x = out
+    graph = helper.make_graph(
+        nodes,
+        "silu_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 16, 12, 12])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    module = compile_model(model, target=target)
+    groups = [call["group"] for call in module.manifest["calls"]]
+    assert sum("sigmoid_mul" in group for group in groups) == 2, groups
+    feeds = {"x": rng.standard_normal((1, 3, 12, 12)).astype(np.float32)}
+    (actual,) = module.run(feeds).values()
+    np.testing.assert_allclose(actual, _onnxruntime(model, feeds)[0], rtol=1e-4, atol=1e-5)

@@ -16,7 +16,8 @@ EPILOGUE_OWNERS = (Pattern.OUT_EWISE_FUSABLE, Pattern.REDUCE)
 
 def fuse_ops(graph: Graph) -> Graph:
     """Group ops as TVM does: an out-elementwise-fusable op or a reduction absorbs the elementwise/broadcast chain
-    after it, elementwise/broadcast/injective ops fuse with each other, a reduction absorbs injective producers that
+    after it (a diamond too, such as x * sigmoid(x), when it closes inside the group), elementwise/broadcast/
+    injective ops fuse with each other, a reduction absorbs injective producers that
     only it reads, two out-elementwise-fusable ops never share a group, and opaque ops stand alone."""
     grouping = _Grouping(graph)
     for index in range(len(graph.nodes)):
@@ -75,9 +76,11 @@ class _Grouping:
         node, pattern, group_pattern = self.nodes[index], self.patterns[index], self.pattern(group)
         links = [v for v in node.inputs if v in self.producer and self.group_of[self.producer[v]] == group]
         if pattern <= Pattern.BROADCAST and group_pattern in EPILOGUE_OWNERS:
-            # the epilogue runs on the anchor's output in place: it must be the only reader and keep the shape
+            # the epilogue runs on the anchor's output in place: nothing outside the group may read it, and the
+            # shape stays
             allowed = all(
-                self.consumers[v] == [index] and all(out.type.shape == v.type.shape for out in node.outputs)
+                self._read_only_by_epilogue(v, group, index)
+                and all(out.type.shape == v.type.shape for out in node.outputs)
                 for v in links
             )
         elif pattern <= Pattern.INJECTIVE:
@@ -89,6 +92,27 @@ class _Grouping:
         else:
             allowed = False
         return allowed and not self._creates_cycle([*self.members[group], index], index)
+
+    def _read_only_by_epilogue(self, v: Value, group: int, index: int) -> bool:
+        """Whether every reader of `v` besides node `index` is already in `group`, or is one later elementwise
+        node that closes a diamond: it reads an output of node `index`, and besides those only `v` and values no
+        node makes (params, graph inputs), keeping the shape. x * sigmoid(x) after a conv (SiLU) is such a diamond: Sigmoid
+        joins first, then the Mul, which by then finds every other reader of x in the group."""
+        others = [c for c in self.consumers[v] if c != index and self.group_of[c] != group]
+        if not others:
+            return True
+        if len(others) > 1:
+            return False
+        (closing,) = others
+        closer = self.nodes[closing]
+        joined = self.nodes[index].outputs
+        return (
+            closing > index
+            and any(u in joined for u in closer.inputs)
+            and self.patterns[closing] <= Pattern.BROADCAST
+            and all(out.type.shape == v.type.shape for out in closer.outputs)
+            and all(u is None or u is v or u in joined or u not in self.producer for u in closer.inputs)
+        )
 
     def _creates_cycle(self, united: list[int], last: int) -> bool:
         """Whether some path leaves the united nodes and comes back through other groups.

@@ -266,3 +266,26 @@ def test_anchor_epilogue_wins_over_a_later_injective_group(assert_same_results):
         ("fused_0_transpose", "INJECTIVE", ["Transpose"]),
         ("fused_1_conv_add", "OUT_EWISE_FUSABLE", ["Conv", "Add"]),
     ]
+
+
+def test_silu_after_a_conv_closes_a_diamond_into_its_group(assert_same_results):
+    """x * sigmoid(x) on a conv's output: both readers of x end up in the conv's group, so x stays inside it."""
+    graph = Graph()
+    x = graph.add_input("x", IMAGE)
+    features = conv(graph, x, "conv")
+    (gate,) = graph.add_node("Sigmoid", [features])
+    graph.outputs = graph.add_node("Mul", [features, gate])
+    fused = fuse_checked(graph, assert_same_results)
+    assert group_summary(fused) == [("fused_0_conv_sigmoid_mul", "OUT_EWISE_FUSABLE", ["Conv", "Sigmoid", "Mul"])]
+    assert fused.nodes[0].outputs == graph.outputs
+
+
+def test_a_diamond_whose_anchor_output_has_a_third_reader_stays_apart(assert_same_results):
+    graph = Graph()
+    x = graph.add_input("x", IMAGE)
+    features = conv(graph, x, "conv")
+    (gate,) = graph.add_node("Sigmoid", [features])
+    (silu,) = graph.add_node("Mul", [features, gate])
+    graph.outputs = graph.add_node("Add", [silu, features])
+    fused = fuse_checked(graph, assert_same_results)
+    assert [members for _, _, members in group_summary(fused)] == [["Conv"], ["Sigmoid", "Mul", "Add"]]

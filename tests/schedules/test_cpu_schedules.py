@@ -65,6 +65,9 @@ def conv_graph(x_shape, w_shape, attrs, epilogue: str, bias: bool = True):
         residual = graph.add_input("residual", TensorType(y.type.shape, "float32"))
         (y,) = graph.add_node("Add", [y, residual])
         (y,) = graph.add_node("Relu", [y])
+    elif epilogue == "silu":
+        (gate,) = graph.add_node("Sigmoid", [y])
+        (y,) = graph.add_node("Mul", [y, gate])
     elif epilogue == "scale_shift_relu":
         (y,) = graph.add_node("Mul", [y, param(graph, (w_shape[0], 1, 1))])
         (y,) = graph.add_node("Add", [y, param(graph, (w_shape[0], 1, 1))])
@@ -94,6 +97,13 @@ def test_conv_folded_batchnorm_relu6_is_one_tiled_kernel(target):
     tir = anchor_kernel(check(graph, feeds, target))
     assert_tile_epilogue(tir, "conv")
     assert "allocate pad:" in tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_silu_is_one_tiled_kernel(target):
+    """x * sigmoid(x) reads the conv's output twice; both reads come from the register tile."""
+    graph, feeds = conv_graph((1, 8, 10, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "silu")
+    assert_tile_epilogue(anchor_kernel(check(graph, feeds, target)), "conv")
 
 
 @pytest.mark.parametrize("target", TARGETS)
