@@ -871,12 +871,12 @@ def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
     mode = attr_string(attrs, "mode", "nearest", RESIZE_MODES)
     coordinates = attr_string(attrs, "coordinate_transformation_mode", "half_pixel", COORDINATE_MODES)
     rounding = attr_string(attrs, "nearest_mode", "round_prefer_floor", NEAREST_MODES)
-    if mode == "cubic":
-        raise _unsupported("Resize", "with mode='cubic'")
-    if int(attrs.get("antialias", 0)) and mode == "linear" and any(s < 1 for s in plan.scales):
+    if int(attrs.get("antialias", 0)) and mode != "nearest" and any(s < 1 for s in plan.scales):
         raise _unsupported("Resize", "with antialias=1 when downscaling")
-    if mode == "linear" and not x.dtype.startswith("float"):
-        raise _unsupported("Resize", f"in linear mode on {x.dtype}")
+    if mode != "nearest" and not x.dtype.startswith("float"):
+        raise _unsupported("Resize", f"in {mode} mode on {x.dtype}")
+    cubic_a = float(attrs.get("cubic_coeff_a", -0.75))
+    exclude_outside = bool(int(attrs.get("exclude_outside", 0)))
     extrapolation = float(attrs.get("extrapolation_value", 0.0))
     resized = []
     for axis, (size, output, scale) in enumerate(zip(x.shape, plan.output, plan.scales)):
@@ -894,7 +894,7 @@ def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
                 outside += [position < 0.0, position > float(size - 1)]
             if mode == "nearest":
                 per_axis[axis] = [(_nearest(position, rounding, size), None)]
-            else:
+            elif mode == "linear":
                 below = te.floor(position)
                 fraction = position - below
                 first = below.astype("int32")
@@ -902,6 +902,8 @@ def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
                     (_clamp(first, 0, size - 1), 1.0 - fraction),
                     (_clamp(first + 1, 0, size - 1), fraction),
                 ]
+            else:
+                per_axis[axis] = _cubic_taps(position, size, cubic_a, exclude_outside)
         terms = [([], None)]
         for axis, choices in per_axis.items():
             terms = [
@@ -926,6 +928,29 @@ def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
         return value
 
     return te.compute(shape, body, name="resize", tag="injective")
+
+
+def _cubic_taps(position, size: int, a: float, exclude_outside: bool) -> list:
+    """(input index, weight) of the 4 taps of cubic interpolation at `position` on an axis of `size`: the
+    Keys kernel with coefficient a at distances 1 + t, t, 1 - t, 2 - t (t the fractional part), indices clamped
+    to the axis (edge pixels repeat), or with exclude_outside the taps past the edges weighted 0 and the rest
+    renormalized, as ONNX's reference does."""
+    below = te.floor(position)
+    fraction = position - below
+    first = below.astype("int32")
+    taps = []
+    for offset, distance in ((-1, fraction + 1.0), (0, fraction), (1, 1.0 - fraction), (2, 2.0 - fraction)):
+        if offset in (0, 1):
+            weight = ((a + 2) * distance - (a + 3)) * distance * distance + 1.0
+        else:
+            weight = ((a * distance - 5 * a) * distance + 8 * a) * distance - 4 * a
+        taps.append((first + offset, weight))
+    if exclude_outside:
+        taps = [(tap, te.select(te.all(tap >= 0, tap < size), weight, 0.0)) for tap, weight in taps]
+        total = taps[0][1] + taps[1][1] + taps[2][1] + taps[3][1]
+        total = te.select(total == 0.0, 1.0, total)
+        taps = [(tap, weight / total) for tap, weight in taps]
+    return [(_clamp(tap, 0, size - 1), weight) for tap, weight in taps]
 
 
 def resize(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:

@@ -163,6 +163,17 @@ CASES = {
         [(1, 2, 4, 5)],
         {"scales": [1, 1, 2, 1.5], "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
     ),
+    "resize_cubic": ("Resize", [(1, 2, 4, 5)], {"scales": [1, 1, 2, 1.5], "mode": "cubic"}),
+    "resize_cubic_exclude_outside": (
+        "Resize",
+        [(1, 1, 5, 4)],
+        {"scales": [1, 1, 0.6, 1.75], "mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5},
+    ),
+    "resize_cubic_align_corners": (
+        "Resize",
+        [(1, 1, 4, 4)],
+        {"sizes": [1, 1, 7, 3], "mode": "cubic", "coordinate_transformation_mode": "align_corners"},
+    ),
     "resize_linear_sizes": ("Resize", [(1, 2, 4, 5)], {"sizes": [1, 2, 7, 3], "mode": "linear"}),
     "resize_linear_align_corners": (
         "Resize",
@@ -195,7 +206,7 @@ def test_nn_op_matches_reference(case, target):
     ("op", "shapes", "attrs", "named"),
     [
         ("Resize", [(1, 1, 4, 4)], {"scales": [1, 1, 0.5, 0.5], "mode": "linear", "antialias": 1}, "antialias"),
-        ("Resize", [(1, 1, 4, 4)], {"scales": [1, 1, 2, 2], "mode": "cubic"}, "cubic"),
+        ("Resize", [(1, 1, 4, 4)], {"scales": [1, 1, 0.5, 0.5], "mode": "cubic", "antialias": 1}, "antialias"),
     ],
 )
 def test_unsupported_configuration_names_itself(op, shapes, attrs, named):
