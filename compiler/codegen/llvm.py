@@ -423,7 +423,10 @@ class _FunctionEmitter:
         b = self.builder
         index = self.expr(node.index)
         lanes = _lanes(index)
-        value = self.to_memory(self.broadcast(self.expr(node.value), lanes), node.buffer.dtype)
+        value = self.accumulation(node)
+        if value is None:
+            value = self.expr(node.value)
+        value = self.to_memory(self.broadcast(value, lanes), node.buffer.dtype)
         align = element_bytes(node.buffer.dtype)
         if not lanes:
             b.store(value, self.element_pointer(node.buffer, index), align=align)
@@ -434,6 +437,19 @@ class _FunctionEmitter:
                 position = ir.Constant(_I32, lane)
                 pointer = self.element_pointer(node.buffer, b.extract_element(index, position))
                 b.store(b.extract_element(value, position), pointer, align=align)
+
+    def accumulation(self, node: Store) -> ir.Value | None:
+        """buf[i] = buf[i] + v (or *) on floats, the update of a reduction, with LLVM's `reassoc` flag besides
+        `contract`: LLVM may then reorder the sum, so its loop vectorizer keeps one partial sum per lane and adds
+        them up at the end (softmax's and layernorm's row sums, global pools). None for any other store."""
+        value = node.value
+        if not (isinstance(value, Binary) and value.op in ("add", "mul") and is_float(value.dtype)):
+            return None
+        for total, term in ((value.a, value.b), (value.b, value.a)):
+            if isinstance(total, Load) and total.buffer is node.buffer and _same(total.index, node.index):
+                left, right = self.match(self.expr(total), self.expr(term))
+                return CONTRACTED[value.op](self.builder, left, right, flags=("contract", "reassoc"))
+        return None
 
     def allocate(self, node: Allocate) -> None:
         buffer = node.buffer

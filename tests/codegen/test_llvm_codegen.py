@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -43,6 +44,22 @@ def test_multiply_adds_may_contract_into_fma():
     assert "fmul contract" in kernel.source("ll") and "fadd contract" in kernel.source("ll")
     if "+fma" in kernel.target.features.split(","):
         assert "vfmadd" in kernel.source("asm")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_reduction_updates_may_be_reordered(target):
+    """acc[r] = acc[r] + x[r, k] over k is a reduction update: it carries `reassoc`, so LLVM keeps one partial sum
+    per vector lane; the row sums still match numpy's to float32 rounding."""
+    rows, width = 6, 256
+    x_buffer, out = Buffer("x", (rows, width), "float32"), Buffer("out", (rows,), "float32")
+    r, k = Var("r"), Var("k")
+    update = Store(out, r, Load(out, r) + Load(x_buffer, r * index(width) + k))
+    body = Seq([Store(out, r, Const(0.0, "float32")), loop(k, width, update)])
+    x = RNG.random((rows, width)).astype("float32")
+    kernel, (_, sums) = run(PrimFunc("row_sums", [x_buffer, out], loop(r, rows, body)), target, x)
+    # the optimised IR: the row loop's sums became vector adds
+    assert re.search(r"fadd reassoc contract <\d+ x float>", kernel.source("ll"))
+    np.testing.assert_allclose(sums, x.astype("float64").sum(axis=1), rtol=1e-5)
 
 
 @pytest.mark.parametrize("target", TARGETS)
