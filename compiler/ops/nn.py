@@ -5,7 +5,8 @@ reuses) and tags its stages so `compiler/schedules/` can pick a template: the an
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
 "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
-LayoutTransform "injective" and epilogues "elemwise"/"broadcast".
+LayoutTransform "injective", epilogues "elemwise"/"broadcast", and a stage made once for several readers
+(softmax's exponentials) te.tensor.STASH.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from compiler.graph.ops.nn import (
     upsample_attrs,
 )
 from compiler.graph.registry import set_compute
-from compiler.te.tensor import identity_element
+from compiler.te.tensor import STASH, identity_element
 
 Inputs = list[te.Tensor | None]
 
@@ -809,17 +810,27 @@ def _softmax(logarithm: bool):
             shape, lambda *i: te.max(x[at(i, first)].astype(acc), axis=first), name="softmax_max", tag="reduce"
         )
         second = te.reduce_axis((0, x.shape[axis]), "k")
+        if logarithm:
+            # the output needs no exp: exp(x - max) is made once, inside the sum
+            def exp_sum(*i):
+                return te.sum(te.exp(x[at(i, second)].astype(acc) - largest[i]), axis=second)
 
-        def exp_sum(*i):
-            return te.sum(te.exp(x[at(i, second)].astype(acc) - largest[i]), axis=second)
-
-        total = te.compute(shape, exp_sum, name="softmax_sum", tag="reduce")
+            total = te.compute(shape, exp_sum, name="softmax_sum", tag="reduce")
+        else:
+            # exp(x - max) is read by the sum and by the output: a STASH stage, made once per row (schedules keep
+            # it in a local buffer) instead of being computed twice
+            exponentials = te.compute(
+                x.shape, lambda *i: te.exp(x[i].astype(acc) - largest[at(i, 0)]), name="softmax_exp", tag=STASH
+            )
+            total = te.compute(
+                shape, lambda *i: te.sum(exponentials[at(i, second)], axis=second), name="softmax_sum", tag="reduce"
+            )
 
         def body(*i):
-            shifted = x[i].astype(acc) - largest[at(i, 0)]
             if logarithm:
+                shifted = x[i].astype(acc) - largest[at(i, 0)]
                 return (shifted - te.log(total[at(i, 0)])).astype(x.dtype)
-            return (te.exp(shifted) / total[at(i, 0)]).astype(x.dtype)
+            return (exponentials[i] / total[at(i, 0)]).astype(x.dtype)
 
         tag = "log_softmax" if logarithm else "softmax"
         return [te.compute(x.shape, body, name=tag, tag=tag)]

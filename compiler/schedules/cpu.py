@@ -13,7 +13,7 @@ import math
 import compiler.te as te
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
-from compiler.te.tensor import ComputeOp, TensorLoad, walk
+from compiler.te.tensor import STASH, ComputeOp, TensorLoad, walk
 
 DEFAULTS: dict[str, dict[str, int]] = {
     # largest vector split of an elementwise loop, in units of the target's lanes
@@ -155,6 +155,8 @@ def _inline_injective(schedule: Schedule, keep: set[int]) -> None:
     for stage in schedule.stages:
         op = stage.op
         if isinstance(op, ComputeOp) and not op.reduce_axis and not stage.is_output and id(op) not in keep:
+            if op.tag == STASH:
+                continue
             if stage.scope == "global":
                 stage.compute_inline()
 
@@ -257,7 +259,7 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, config: dict | N
     the root with the generic templates."""
     pending = [s for s in schedule.stages if s not in done and isinstance(s.op, ComputeOp)]
     pending = [s for s in pending if s.attach_type == ROOT and s.relations == [] and not s.annotations]
-    reductions = [s for s in pending if s.op.reduce_axis and not s.is_output]
+    reductions = [s for s in pending if _lives_in_host(s)]
     attached: dict[Stage, list[Stage]] = {}
     for stage in reductions:
         host = _host(stage, readers, schedule, set())
@@ -274,12 +276,18 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, config: dict | N
             _schedule_injective(stage, target, config)
 
 
+def _lives_in_host(stage: Stage) -> bool:
+    """Reductions and stash stages (made once for several readers) that no one outside the group reads are made
+    inside the loops of the stage they feed."""
+    return bool(stage.op.reduce_axis or stage.op.tag == STASH) and not stage.is_output
+
+
 def _host(stage: Stage, readers, schedule: Schedule, seen: set[int]) -> Stage | None:
     """The single root stage that `stage`'s value ends up in: its only reader, or the host of readers that are
     themselves reductions attached to the same host (softmax's max is read by its sum and its output)."""
     hosts = set()
     for reader in readers[stage]:
-        if reader.op.reduce_axis and not reader.is_output and id(reader) not in seen:
+        if _lives_in_host(reader) and id(reader) not in seen:
             seen.add(id(reader))
             hosts.add(_host(reader, readers, schedule, seen))
         else:
@@ -335,6 +343,16 @@ def _schedule_host(host: Stage, members: list[Stage], target: Target, config: di
     for member in members:
         member.set_scope("local")
         member.compute_at(host, fused)
+        if not member.op.reduce_axis:
+            _vectorize_innermost(member, width)
+
+
+def _vectorize_innermost(stage: Stage, width: int) -> None:
+    last = stage.op.axis[-1]
+    factor = vector_factor(last.extent, width) if last.extent > 1 else 1
+    if factor > 1:
+        _, inner = stage.split(last, factor)
+        stage.vectorize(inner)
 
 
 # -- anchor templates -----------------------------------------------------------------------------------------------

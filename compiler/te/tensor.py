@@ -16,6 +16,9 @@ from compiler.te.expr import DTYPES, Const, Expr, TEError, Var, as_expr, is_floa
 DATA_PAR = "data_par"
 REDUCE = "reduce"
 THREAD = "thread"
+# The tag of a compute stage that several stages read and that should be made once, into a local buffer where its
+# readers run, rather than inlined into each of them (softmax's exp(x - max), read by the sum and the output).
+STASH = "stash"
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z", "vthread")
 
 
