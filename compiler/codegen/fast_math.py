@@ -34,6 +34,7 @@ _ERF_SERIES = tuple((-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2
 _ERF_TAIL = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
 _ERF_TAIL_P = 0.3275911
 _EXP_OVERFLOW = 88.72283935546875
+_ROUNDING_SHIFT = 1.5 * 2.0**23
 _EXP_UNDERFLOW = -103.97208404541016
 
 
@@ -97,13 +98,17 @@ class FastMath:
     def exp(self, x: ir.Value) -> ir.Value:
         b, ty = self.builder, x.type
         clamped = self.clamp(x, -104.0, 88.8)
-        n = self.round_even(self.fmul(clamped, self.const(1 / math.log(2), ty)))
+        # Adding 1.5 * 2**23 rounds x / ln 2 to an integer, to nearest even, in the float's last bits (its
+        # magnitude stays under 2**22): subtracting it back gives n as a float, the bits' difference as an int.
+        shifted = self.fadd(self.fmul(clamped, self.const(1 / math.log(2), ty)), self.const(_ROUNDING_SHIFT, ty))
+        n = self.fsub(shifted, self.const(_ROUNDING_SHIFT, ty))
         r = self.fsub(
             self.fsub(clamped, self.fmul(n, self.const(_LN2_HIGH, ty))), self.fmul(n, self.const(_LN2_LOW, ty))
         )
         p = self.fadd(self.fadd(self.fmul(self.poly(r, _EXP_POLY), self.fmul(r, r)), r), self.const(1.0, ty))
         # n spans [-150, 128]; two half-size scalings keep each power of two a normal float.
-        whole = b.fptosi(n, self.int_type(ty))
+        ity = self.int_type(ty)
+        whole = b.sub(b.bitcast(shifted, ity), b.bitcast(self.const(_ROUNDING_SHIFT, ty), ity))
         half = b.ashr(whole, self.const(1, whole.type))
         result = self.fmul(self.fmul(p, self.exp2_int(half, ty)), self.exp2_int(b.sub(whole, half), ty))
         result = b.select(b.fcmp_ordered(">", x, self.const(_EXP_OVERFLOW, ty)), self.const(math.inf, ty), result)
