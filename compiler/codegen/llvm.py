@@ -730,8 +730,11 @@ class _FunctionEmitter:
         if op == "div":
             return b.fdiv(left, right)
         if op in ("min", "max"):
-            # minimum/maximum propagate NaN like numpy and ONNX, and are single instructions on wasm.
-            return self.call("minimum" if op == "min" else "maximum", left, right)
+            # minimum/maximum propagate NaN like numpy and ONNX, and are single instructions on wasm. `nsz` lets
+            # LLVM ignore the order of -0 and +0, so max(x, 0) (ReLU, Clip) is one vmaxps on x86 that still
+            # propagates x's NaN, instead of a max, a NaN compare and a blend.
+            intrinsic = self.context.intrinsic("minimum" if op == "min" else "maximum", left.type)
+            return b.call(intrinsic, [left, right], fastmath=("nsz",))
         if op == "floordiv":
             return self.call("floor", b.fdiv(left, right))
         if op == "floormod":

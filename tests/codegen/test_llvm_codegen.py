@@ -158,8 +158,19 @@ def test_min_max_select_propagate_nan_like_numpy(target):
     func = elementwise("minmax", ["float32", "float32"], "float32", 32, fn, lanes=8)
     a, b = RNG.standard_normal(32).astype("float32"), RNG.standard_normal(32).astype("float32")
     a[0], b[1] = np.nan, np.nan
-    _, (_, _, out) = run(func, target, a, b)
+    kernel, (_, _, out) = run(func, target, a, b)
     np.testing.assert_array_equal(out, np.where(a < b, np.minimum(a, b), np.maximum(a, b) * 2))
+    # the order of -0 and +0 is left to LLVM (nsz), which makes max(x, 0) one instruction on x86
+    assert re.search(r"call nsz .*@llvm\.maximum", kernel.source("ll"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_relu_against_a_constant_still_propagates_nan(target):
+    func = elementwise("relu", ["float32"], "float32", 32, lambda a: Binary("max", a, Const(0.0, "float32")), lanes=16)
+    a = RNG.standard_normal(32).astype("float32")
+    a[:3] = [np.nan, -np.inf, np.inf]
+    _, (_, out) = run(func, target, a)
+    np.testing.assert_array_equal(out, np.maximum(a, 0))
 
 
 # ---- math intrinsics ----------------------------------------------------------------------------
