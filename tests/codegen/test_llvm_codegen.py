@@ -210,6 +210,21 @@ def test_transcendental_relative_error(target, name):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("low", "high"), [(88.6, 88.9), (-104.2, -103.6)])
+def test_exp_overflows_and_underflows_where_float32_does(target, low, high):
+    """exp has no special cases: its clamp of x makes the last multiply overflow to inf past 88.72 and round to 0
+    below -103.97. Checked densely across both edges against exp in float64 rounded to float32 (subnormal
+    results within one subnormal step)."""
+    x = np.linspace(low, high, 4096).astype("float32")
+    _, (_, out) = run(unary_call("exp", "float32", 4096), target, x)
+    exact = np.exp(x.astype("float64"))
+    with np.errstate(over="ignore"):
+        rounded = exact.astype("float32")
+    ok = (out == rounded) | (np.abs(out - exact) <= 2e-6 * exact) | (np.abs(out - exact) <= 1.5e-45)
+    assert ok.all(), (x[~ok][:5], out[~ok][:5], rounded[~ok][:5])
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_erf_absolute_error(target):
     x = _wide_inputs("erf")
     _, (_, out) = run(unary_call("erf", "float32", x.size), target, x)
