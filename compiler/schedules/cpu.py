@@ -27,35 +27,46 @@ DEFAULTS: dict[str, dict[str, int]] = {
     # 1.0 ms with 1 row, whose single accumulator chain waits on each multiply-add)
     "depthwise_conv2d": {"tile_oh": 4, "tile_ow": 16, "local_pad_floats": 16384, "local_pad_rows": 1},
     # an NCHW[x]c conv's register tile: tile_blocks filter blocks x tile_ow output columns, both unrolled, each
-    # filter block a vector (two on 16-byte targets, see NARROW_VECTOR_DEFAULTS)
+    # filter block a vector (two on 16-byte targets, see VECTOR_DEFAULTS)
     "conv2d_nchwc": {"tile_ow": 14, "tile_blocks": 1},
     # its padded input is made per output row when that recomputes at most this share of the padded rows
     "depthwise_conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 1, "local_pad_max_recompute_percent": 150},
-    "dense": {"tile_m": 4, "tile_n": 16, "unroll_m": 1, "split_k_tile_n": 8},
+    # a dense/matmul's register block: tile_m rows x tile_n columns (2 vectors) of accumulators over the whole k;
+    # columns_outer walks the column tiles outermost, so the tiles that share a strip of B follow each other
+    # while it is in cache. (1, 128, 768) x (768, 768) on AVX-512, one thread: 1.49 ms, against 1.82 ms with
+    # 4 x 16 rows outer (and 5.55 ms before a batched MatMul had a template); x (768, 3072): 6.2 against 13.5 ms
+    "dense": {"tile_m": 8, "tile_n": 32, "unroll_m": 1, "split_k_tile_n": 8, "columns_outer": 1},
     "reduce": {"vector_lanes": 1},
 }
 
-# Laid over DEFAULTS on targets with 16-byte vectors (wasm SIMD128, NEON), measured in wasmtime: with 16 vector
-# registers, 2 filter blocks x 8 columns beat 1 x 14 by 10-13% on mobilenet_v2 and resnet18 (1 x 14 is 3% ahead
-# on AVX-512).
-# A transposed-B dense there sums 4-lane partial products (alter_layout's split_lanes): 4 rows of B at a time
-# (mlp: 0.107 ms against 0.123 with 8).
-NARROW_VECTOR_DEFAULTS: dict[str, dict[str, int]] = {
-    "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2},
-    "dense": {"split_k_tile_n": 4},
+# Laid over DEFAULTS by the target's vector width in bytes (16 also stands for anything narrower).
+VECTOR_DEFAULTS: dict[int, dict[str, dict[str, int]]] = {
+    # wasm SIMD128 and NEON, measured in wasmtime: with 16 vector registers, 2 filter blocks x 8 columns beat
+    # 1 x 14 by 10-13% on mobilenet_v2 and resnet18 (1 x 14 is 3% ahead on AVX-512). A transposed-B dense sums
+    # 4-lane partial products there (alter_layout's split_lanes), 4 rows of B at a time (mlp: 0.107 ms against
+    # 0.123 with 8); the other dense blocks are 4 x 16 rows outer (the 768 x 768 matmul above: 5.5 ms, 5.6 with
+    # 8 x 32, 6.4-6.6 with 4-8 x 8).
+    16: {
+        "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2},
+        "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "columns_outer": 0},
+    },
+    # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
+    # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms)
+    32: {"dense": {"tile_m": 6, "tile_n": 16}},
 }
 
 CONV_TAGS = ("conv2d", "group_conv2d")
 BLOCKED_CONV_TAGS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
-TILED_TAGS = (*CONV_TAGS, "depthwise_conv2d", *BLOCKED_CONV_TAGS, "dense")
+DENSE_TAGS = ("dense", "batch_matmul")
+TILED_TAGS = (*CONV_TAGS, "depthwise_conv2d", *BLOCKED_CONV_TAGS, *DENSE_TAGS)
 
 
 def knobs(kind: str, config: dict | None, target: Target | None = None) -> dict[str, int]:
     """The template's defaults (for `target`'s vector width when given) with the config's values for it laid over
     (config[kind] or flat keys)."""
     values = dict(DEFAULTS[kind])
-    if target is not None and target.vector_bytes <= 16:
-        values.update(NARROW_VECTOR_DEFAULTS.get(kind, {}))
+    if target is not None:
+        values.update(VECTOR_DEFAULTS.get(max(16, target.vector_bytes), {}).get(kind, {}))
     if config:
         nested = config.get(kind, {})
         values.update({key: int(value) for key, value in nested.items()})
@@ -130,7 +141,9 @@ def _anchor_reduction(schedule: Schedule) -> te.Tensor | None:
     """The reduction whose tag names a tiled template, else None (generic templates then apply)."""
     for stage in schedule.stages:
         op = stage.op
-        if isinstance(op, ComputeOp) and op.reduce_axis and op.tag in TILED_TAGS and len(op.axis) in (2, 4, 5):
+        if not (isinstance(op, ComputeOp) and op.reduce_axis and op.tag in TILED_TAGS):
+            continue
+        if len(op.axis) in (2, 4, 5) or (op.tag == "batch_matmul" and len(op.axis) > 2):
             return op.output(0)
     return None
 
@@ -138,6 +151,8 @@ def _anchor_reduction(schedule: Schedule) -> te.Tensor | None:
 def _template_kind(anchor: te.Tensor | None) -> str | None:
     if anchor is None:
         return None
+    if anchor.op.tag in DENSE_TAGS:
+        return "dense"
     return "conv2d" if anchor.op.tag in CONV_TAGS else anchor.op.tag
 
 
@@ -453,18 +468,19 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, conf
     contiguous k instead, tile_n rows of B at a time."""
     values = knobs("dense", config, target)
     partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
-    i, j = output.op.axis
+    *batch, i, j = output.op.axis
     tile_m = divisor_at_most(i.extent, values["tile_m"] if partial is None else 1)
     tile_n = divisor_at_most(j.extent, values["tile_n"] if partial is None else values["split_k_tile_n"])
     i_outer, i_inner = output.split(i, tile_m)
     j_outer, j_inner = output.split(j, tile_n)
-    output.reorder(i_outer, j_outer, i_inner, j_inner)
-    fused = output.fuse(i_outer, j_outer)
+    tiles = (j_outer, i_outer) if values["columns_outer"] else (i_outer, j_outer)
+    output.reorder(*batch, *tiles, i_inner, j_inner)
+    fused = output.fuse(*batch, *tiles)
     output.parallel(fused)
     output.vectorize(j_inner)
     dense.set_scope("local")
     dense.compute_at(output, fused)
-    di, dj = dense.op.axis
+    *dbatch, di, dj = dense.op.axis
     (k,) = dense.op.reduce_axis
     if partial is not None:
         dense.reorder(di, dj, k)
@@ -477,7 +493,7 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, conf
         stage.unroll(pj)
         stage.vectorize(lane)
         return
-    dense.reorder(k, di, dj)
+    dense.reorder(*dbatch, k, di, dj)
     if values["unroll_m"]:
         dense.unroll(di)
     dense.vectorize(dj)
@@ -493,7 +509,7 @@ TEMPLATES = {
 
 __all__ = [
     "DEFAULTS",
-    "NARROW_VECTOR_DEFAULTS",
+    "VECTOR_DEFAULTS",
     "TEMPLATES",
     "divisor_at_most",
     "knobs",

@@ -156,6 +156,25 @@ def test_gemm_relu_is_register_blocked(target):
     assert_tile_epilogue(tir, "dense")
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((1, 16, 24), (24, 64)), ((2, 3, 8, 16), (2, 3, 16, 32)), ((3, 8, 16), (1, 16, 32))],
+)
+def test_batched_matmul_is_register_blocked(target, a_shape, b_shape):
+    """A MatMul with batch axes (a transformer's projections and attention) gets the dense template: tiles of
+    the last two axes accumulated in a local register block inside one parallel loop over batch x tiles."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType(a_shape, "float32"))
+    b = graph.add_input("b", TensorType(b_shape, "float32"))
+    graph.outputs = list(graph.add_node("MatMul", [a, b]))
+    feeds = {"a": RNG.standard_normal(a_shape).astype(np.float32), "b": RNG.standard_normal(b_shape).astype(np.float32)}
+    tir = anchor_kernel(check(graph, feeds, target))
+    assert re.search(r"allocate batch_matmul(\.local)?: float32\[[^\]]*\] local", tir), tir
+    assert tir.index(") parallel {") < tir.index("allocate batch_matmul"), tir
+    assert ") vectorized {" in tir
+
+
 def blocked_conv_kernel(kernels) -> str:
     """The loop IR of the first kernel that computes an NCHW[x]c convolution."""
     return next(source for source in (kernel.source("tir") for kernel in kernels) if "allocate conv:" in source)
@@ -277,3 +296,6 @@ def test_knobs_overlay_defaults():
     assert knobs("conv2d_nchwc", {"tile_blocks": 3}, Target.parse("wasm"))["tile_blocks"] == 3
     assert knobs("conv2d", {"conv2d": {"tile_oc": 4}})["tile_oc"] == 4
     assert knobs("dense", {"tile_n": 8})["tile_n"] == 8
+    # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
+    assert knobs("dense", None, Target.parse("llvm -mcpu=haswell -mattr=-avx512f"))["tile_m"] == 6
+    assert knobs("dense", None, Target.parse("llvm -mcpu=znver4 -mattr=+avx512f")) == DEFAULTS["dense"]
