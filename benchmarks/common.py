@@ -1,6 +1,7 @@
-"""What benchmarks/cpu.py and benchmarks/wasm.py share: the work a model does (multiply-add FLOPs counted
-from its ONNX graph, the least bytes it must move), this machine's measured FMA peak and copy bandwidth, and
-timing statistics and tables. Nothing here is part of the compiler; the numbers go to docs/benchmarks.md."""
+"""What benchmarks/cpu.py, benchmarks/ops.py and benchmarks/wasm.py share: the work a model does (multiply-add
+FLOPs counted from its ONNX graph, the least bytes it must move), this machine's measured FMA peak and copy
+bandwidth, the onnxruntime session they are timed against, interleaved timing, statistics and tables. Nothing
+here is part of the compiler; the numbers go to docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from llvmlite import ir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -24,6 +26,7 @@ from compiler.link import link_shared  # noqa: E402
 from compiler.target import Target  # noqa: E402
 
 DEFAULT_MODELS = ("mobilenet_v2", "resnet18", "mlp", "dwconv_block")
+WARMUP = 5  # untimed runs of each side before the timed ones
 FMA_CHAINS = 12  # independent accumulators: enough to cover FMA latency × FMA ports on current x86 cores
 
 
@@ -178,3 +181,28 @@ def print_slowest(title: str, profile: list[dict], count: int) -> None:
             for entry in sorted(profile, key=lambda entry: -entry["median_ms"])[:count]
         ],
     )
+
+
+def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spins:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def interleaved(runs, repeat: int) -> list[list[float]]:
+    """Milliseconds of `repeat` runs of each of `runs`, alternating (A B A B ...), after WARMUP runs of each."""
+    for _ in range(WARMUP):
+        for run in runs:
+            run()
+    times = [[] for _ in runs]
+    for _ in range(repeat):
+        for run, samples in zip(runs, times):
+            started = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - started) * 1000)
+    return times

@@ -10,7 +10,6 @@ import datetime
 import os
 import platform
 import subprocess
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -20,8 +19,10 @@ from common import (
     check_close,
     copy_bandwidth,
     fma_peak_gflops,
+    interleaved,
     model_bytes,
     model_flops,
+    onnxruntime_session,
     print_slowest,
     print_table,
     summary,
@@ -29,8 +30,6 @@ from common import (
 
 import compiler
 from compiler import zoo
-
-WARMUP = 5
 
 
 @dataclass(frozen=True)
@@ -71,31 +70,6 @@ def machine() -> str:
     except (OSError, subprocess.CalledProcessError, StopIteration):
         name = platform.processor() or platform.machine()
     return f"{name}, {os.cpu_count()} cores"
-
-
-def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if not spins:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-def interleaved(runs, repeat: int) -> list[list[float]]:
-    """Milliseconds of `repeat` runs of each of `runs`, alternating (A B A B ...), after WARMUP runs of each."""
-    for _ in range(WARMUP):
-        for run in runs:
-            run()
-    times = [[] for _ in runs]
-    for _ in range(repeat):
-        for run, samples in zip(runs, times):
-            started = time.perf_counter()
-            run()
-            samples.append((time.perf_counter() - started) * 1000)
-    return times
 
 
 def main() -> None:

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from common import DEFAULT_MODELS, check_close, print_slowest, print_table, summary
+from common import DEFAULT_MODELS, WARMUP, check_close, print_slowest, print_table, summary
 from cpu import machine
 
 import compiler
 from compiler import zoo
 
 HERE = Path(__file__).resolve().parent
-WARMUP = 5
 
 
 def install_onnxruntime_web() -> None:
