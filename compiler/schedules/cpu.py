@@ -210,13 +210,7 @@ def _schedule_injective(stage: Stage, target: Target, config: dict | None) -> No
     axes = list(stage.op.axis)
     if not axes:
         return
-    width = lanes(target, stage.op.dtype) * knobs("injective", config)["vector_lanes"]
-    last = axes[-1]
-    factor = vector_factor(last.extent, width) if last.extent > 1 else 1
-    if factor > 1:
-        outer, inner = stage.split(last, factor)
-        stage.vectorize(inner)
-        axes[-1] = outer
+    axes[-1] = _vectorize_innermost(stage, lanes(target, stage.op.dtype) * knobs("injective", config)["vector_lanes"])
     if len(axes) > 1:
         stage.parallel(stage.fuse(*axes))
     elif axes[0].extent > 1:
@@ -228,11 +222,7 @@ def _schedule_rows(stage: Stage, target: Target) -> None:
     loop. Fusing the row axis in too (as _schedule_injective does) would cost a division and a modulo per element
     for the padded rows' odd widths."""
     axes = list(stage.op.axis)
-    last = axes[-1]
-    factor = vector_factor(last.extent, lanes(target, stage.op.dtype)) if last.extent > 1 else 1
-    if factor > 1:
-        _, inner = stage.split(last, factor)
-        stage.vectorize(inner)
+    _vectorize_innermost(stage, lanes(target, stage.op.dtype))
     if len(axes) > 1:
         stage.parallel(stage.fuse(*axes[:-1]))
 
@@ -324,20 +314,15 @@ def _schedule_host(host: Stage, members: list[Stage], target: Target, config: di
     kept = [all(m.op.shape[d] == axes[d].extent for m in members) for d in range(len(axes))]
     width = lanes(target, host.op.dtype)
     if all(kept):
-        last = axes[-1]
-        factor = vector_factor(last.extent, width) if last.extent > 1 else 1
-        inner = None
-        if factor > 1:
-            outer, inner = host.split(last, factor)
-            axes[-1] = outer
+        outer = _vectorize_innermost(host, width)
+        vectorized = outer is not axes[-1]
+        axes[-1] = outer
         fused = host.fuse(*axes) if len(axes) > 1 else axes[0]
         host.parallel(fused)
-        if inner is not None:
-            host.vectorize(inner)
         for member in members:
             member.set_scope("local")
             member.compute_at(host, fused)
-            _order_attached_reduction(member, inner is not None)
+            _order_attached_reduction(member, vectorized)
         return
     outer_axes = [axis for axis, keep in zip(axes, kept) if keep]
     inner_axes = [axis for axis, keep in zip(axes, kept) if not keep]
@@ -349,12 +334,8 @@ def _schedule_host(host: Stage, members: list[Stage], target: Target, config: di
     host.reorder(*outer_axes, *inner_axes)
     fused = host.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
     host.parallel(fused)
-    last = inner_axes[-1]
-    if last is axes[-1] and last.extent > 1:
-        factor = vector_factor(last.extent, width)
-        if factor > 1:
-            _, inner = host.split(last, factor)
-            host.vectorize(inner)
+    if inner_axes[-1] is axes[-1]:
+        _vectorize_innermost(host, width)
     for member in members:
         member.set_scope("local")
         member.compute_at(host, fused)
@@ -362,12 +343,16 @@ def _schedule_host(host: Stage, members: list[Stage], target: Target, config: di
             _vectorize_innermost(member, width)
 
 
-def _vectorize_innermost(stage: Stage, width: int) -> None:
+def _vectorize_innermost(stage: Stage, width: int):
+    """Split the stage's innermost axis by a vector factor of `width` lanes (when one divides it) and vectorize the
+    inner part; the axis left outside (the whole axis when none divides)."""
     last = stage.op.axis[-1]
     factor = vector_factor(last.extent, width) if last.extent > 1 else 1
-    if factor > 1:
-        _, inner = stage.split(last, factor)
-        stage.vectorize(inner)
+    if factor <= 1:
+        return last
+    outer, inner = stage.split(last, factor)
+    stage.vectorize(inner)
+    return outer
 
 
 # -- anchor templates -----------------------------------------------------------------------------------------------
