@@ -364,6 +364,7 @@ class _FunctionEmitter:
         b = self.builder
         positions = self.expr(position)
         start = self.expr(unclamped)  # lane i reads start[0] + i before clamping
+        start_index = b.extract_element(start, _zero())
         first = b.extract_element(positions, _zero())
         lanes = _lanes(positions)
         kind = positions.type.element
@@ -387,9 +388,9 @@ class _FunctionEmitter:
                 masked_load = self.context.function(
                     f"llvm.masked.load.{_intrinsic_suffix(memory_type)}.p0",
                     memory_type,
-                    [_PTR, _I32, ir.VectorType(ir.IntType(1), lanes), memory_type],
+                    [_PTR, _I32, ir.VectorType(_I1, lanes), memory_type],
                 )
-                pointer = self.element_pointer(buffer, b.extract_element(start, _zero()))
+                pointer = self.element_pointer(buffer, start_index)
                 mask = b.not_(b.or_(below, above))
                 align = ir.Constant(_I32, element_bytes(buffer.dtype))
                 loaded = self.from_memory(
@@ -397,10 +398,8 @@ class _FunctionEmitter:
                 )
 
                 def element_at(value: int) -> ir.Value:
-                    offset = b.sub(bound(value), first)
-                    return self.broadcast(
-                        self.load_scalar(buffer, b.add(b.extract_element(start, _zero()), offset)), lanes
-                    )
+                    index = b.add(start_index, b.sub(bound(value), first))
+                    return self.broadcast(self.load_scalar(buffer, index), lanes)
 
                 edges = b.select(below, element_at(low), element_at(high))
                 gathered = b.select(mask, loaded, edges)
@@ -448,7 +447,7 @@ class _FunctionEmitter:
         for total, term in ((value.a, value.b), (value.b, value.a)):
             if isinstance(total, Load) and total.buffer is node.buffer and _same(total.index, node.index):
                 left, right = self.match(self.expr(total), self.expr(term))
-                return CONTRACTED[value.op](self.builder, left, right, flags=("contract", "reassoc"))
+                return self.float_binary(value.op, left, right, reassociate=True)
         return None
 
     def allocate(self, node: Allocate) -> None:
@@ -720,13 +719,15 @@ class _FunctionEmitter:
             return self.float_binary(node.op, left, right)
         return self.int_binary(node.op, left, right, dtype)
 
-    def float_binary(self, op: str, left: ir.Value, right: ir.Value) -> ir.Value:
-        """float16 values stay float32 here: rounding to half happens at stores and casts only."""
+    def float_binary(self, op: str, left: ir.Value, right: ir.Value, reassociate: bool = False) -> ir.Value:
+        """float16 values stay float32 here: rounding to half happens at stores and casts only. `reassociate`
+        (a reduction's update) lets LLVM reorder a chain of these adds or multiplies."""
         b = self.builder
         if op in CONTRACTED:
             # `contract` lets LLVM fuse a multiply and the add or subtract of its product into one FMA (one
             # rounding instead of two, within every tolerance the tests hold), as C compilers do by default.
-            return CONTRACTED[op](b, left, right, flags=("contract",))
+            flags = ("contract", "reassoc") if reassociate else ("contract",)
+            return CONTRACTED[op](b, left, right, flags=flags)
         if op == "div":
             return b.fdiv(left, right)
         if op in ("min", "max"):

@@ -53,12 +53,13 @@ def alter_layout(graph: Graph, target: Target | str = "llvm") -> Graph:
     it does enough work (ISOLATED_MACS_PER_ELEMENT per converted element, ISOLATED_MIN_MACS in all): the two
     conversions would cost more than the blocked layout saves. Being linked is mutual, so leaving such convs out
     isolates no other one."""
+    target = Target.parse(target)
     block = channel_block(target)
     first = _Rewriter(graph, block, excluded=set())
     result = first.run()
     isolated = first.isolated_convs()
     result = _Rewriter(graph, block, isolated).run() if isolated else result
-    lanes = max(4, Target.parse(target).vector_bytes // 4)
+    lanes = max(4, target.vector_bytes // 4)
     for node in result.nodes:
         if node.op == "Gemm" and node.attrs.get("transB", 0):
             # a transposed-B dense sums `split_lanes` interleaved partial products along the contiguous K

@@ -96,8 +96,8 @@ class _Grouping:
     def _read_only_by_epilogue(self, v: Value, group: int, index: int) -> bool:
         """Whether every reader of `v` besides node `index` is already in `group`, or is one later elementwise
         node that closes a diamond: it reads an output of node `index`, and besides those only `v` and values no
-        node makes (params, graph inputs), keeping the shape. x * sigmoid(x) after a conv (SiLU) is such a diamond: Sigmoid
-        joins first, then the Mul, which by then finds every other reader of x in the group."""
+        node makes (params, graph inputs), keeping the shape. x * sigmoid(x) after a conv (SiLU) is such a
+        diamond: Sigmoid joins first, then the Mul, which by then finds every other reader of x in the group."""
         others = [c for c in self.consumers[v] if c != index and self.group_of[c] != group]
         if not others:
             return True

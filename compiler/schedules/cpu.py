@@ -259,16 +259,16 @@ def _order_attached_reduction(stage: Stage, vector_axis: bool) -> None:
 
 
 def _schedule_rest(schedule: Schedule, readers, target: Target, config: dict | None, done: set) -> None:
-    """Every stage no template took: a reduction read by one root stage is computed inside that stage's loops
-    (at its vector tile when the shapes agree, at its row loop when the reduction keeps size-1 axes), the rest at
-    the root with the generic templates."""
+    """Every stage no template took: a reduction (or stash stage) read by one root stage is computed inside that
+    stage's loops (at its vector tile when the shapes agree, at its row loop when the reduction keeps size-1 axes),
+    the rest at the root with the generic templates."""
     pending = [s for s in schedule.stages if s not in done and isinstance(s.op, ComputeOp)]
     pending = [s for s in pending if s.attach_type == ROOT and s.relations == [] and not s.annotations]
-    reductions = [s for s in pending if _lives_in_host(s)]
+    hosted = [s for s in pending if _lives_in_host(s)]
     attached: dict[Stage, list[Stage]] = {}
-    for stage in reductions:
+    for stage in hosted:
         host = _host(stage, readers, schedule, set())
-        if host is not None and host not in reductions and host in pending:
+        if host is not None and host not in hosted and host in pending:
             attached.setdefault(host, []).append(stage)
     for stage in pending:
         if stage in attached:
