@@ -157,6 +157,16 @@ def check_close(label: str, ours: list[np.ndarray], theirs: list[np.ndarray]) ->
             raise SystemExit(f"{label}: output {position} disagrees (max abs error {error:.3g}); not timing it")
 
 
+def spread(stats: dict[str, float], digits: int = 2, keys=("median", "min", "max")) -> str:
+    """A table cell of summary() statistics: "median / min / max" milliseconds."""
+    return " / ".join(f"{stats[key]:.{digits}f}" for key in keys)
+
+
+def ratio(ours_ms: float, theirs_ms: float) -> str:
+    """A table cell: Tessel's time over the rival's (lower is better)."""
+    return f"{ours_ms / theirs_ms:.2f}×"
+
+
 def print_table(header: list[str], rows: list[list[str]]) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")

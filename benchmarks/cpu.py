@@ -25,6 +25,8 @@ from common import (
     onnxruntime_session,
     print_slowest,
     print_table,
+    ratio,
+    spread,
     summary,
 )
 
@@ -126,13 +128,13 @@ def main() -> None:
         floor = ""
         if name == "dwconv_block":
             floor_ms = traffic / bandwidth * 1000
-            floor = f"{floor_ms:.2f} ms ({tessel['median'] / floor_ms:.2f}×)"
+            floor = f"{floor_ms:.2f} ms ({ratio(tessel['median'], floor_ms)})"
         rows.append(
             [
                 name,
-                "{median:.2f} / {min:.2f} / {max:.2f}".format(**tessel),
-                "{median:.2f} / {min:.2f} / {max:.2f}".format(**rival),
-                f"{tessel['median'] / rival['median']:.2f}×",
+                spread(tessel),
+                spread(rival),
+                ratio(tessel["median"], rival["median"]),
                 f"{gflops:.1f}",
                 f"{100 * gflops / peak:.0f}%",
                 floor,
@@ -155,7 +157,7 @@ def main() -> None:
         for name, tessel, rival in references:
             print(
                 f"- {name}: Tessel {tessel['median']:.2f} ms, onnxruntime {rival['median']:.2f} ms (medians), "
-                f"{tessel['median'] / rival['median']:.2f}×"
+                + ratio(tessel["median"], rival["median"])
             )
     for name, profile in profiles.items():
         print_slowest(name, profile, arguments.slowest)

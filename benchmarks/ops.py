@@ -12,7 +12,7 @@ from functools import partial
 
 import numpy as np
 import onnxruntime as ort
-from common import check_close, interleaved, onnxruntime_session, print_table, summary
+from common import check_close, interleaved, onnxruntime_session, print_table, ratio, spread, summary
 from cpu import machine
 from onnx import TensorProto, helper, numpy_helper
 
@@ -110,9 +110,9 @@ def main() -> None:
         rows.append(
             [
                 name,
-                "{median:.3f} / {min:.3f}".format(**tessel),
-                "{median:.3f} / {min:.3f}".format(**rival),
-                f"{tessel['median'] / rival['median']:.2f}×",
+                spread(tessel, 3, ("median", "min")),
+                spread(rival, 3, ("median", "min")),
+                ratio(tessel["median"], rival["median"]),
             ]
         )
     print(f"{datetime.date.today()}, {machine()}, onnxruntime {ort.__version__}, {threads} thread(s)\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from common import DEFAULT_MODELS, WARMUP, check_close, print_slowest, print_table, summary
+from common import DEFAULT_MODELS, WARMUP, check_close, print_slowest, print_table, ratio, spread, summary
 from cpu import machine
 
 import compiler
@@ -102,11 +102,11 @@ def main() -> None:
         rows.append(
             [
                 name,
-                "{median:.2f} / {min:.2f} / {max:.2f}".format(**tessel),
-                "{median:.2f} / {min:.2f} / {max:.2f}".format(**rival),
-                f"{tessel['median'] / rival['median']:.2f}×",
+                spread(tessel),
+                spread(rival),
+                ratio(tessel["median"], rival["median"]),
                 f"{wasmtime['median_ms']:.2f}",
-                f"{wasmtime['median_ms'] / rival['median']:.2f}×",
+                ratio(wasmtime["median_ms"], rival["median"]),
             ]
         )
         profiles[name] = modules[name].profile(repeat=10, feeds=feeds_of[name])
