@@ -17,8 +17,9 @@ NUM_THREADS_ENV = "TESSEL_NUM_THREADS"
 # How long libgomp's idle workers spin (rounds of a load and a pause) before they sleep, unless the user set
 # OMP_WAIT_POLICY or GOMP_SPINCOUNT. A run is a chain of parallel loops, one per kernel, and a sleeping worker costs
 # ~50 us to wake on this machine (mlp at 2 threads: 0.155 ms passive, 0.030 ms spinning): the spin must bridge the
-# gap from one loop to the next. 1000 rounds does (300 do not: mobilenet_v2 8.6 ms against 4.4 ms), and a run's
-# workers go to sleep a few microseconds after it ends, leaving the cores to whoever runs next.
+# gap from one loop to the next. 1000 rounds does (300 do not: mobilenet_v2 8.6 ms against 4.4 ms), and is short
+# enough not to slow what runs next: in benchmarks/cpu.py onnxruntime's interleaved mobilenet_v2 took 4.8-5.2 ms
+# both with this spin and with passive libgomp.
 SPIN_ROUNDS = 1000
 WAIT_POLICY_ENVS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _gomp: ctypes.CDLL | None = None
