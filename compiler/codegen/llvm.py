@@ -150,14 +150,16 @@ def _coefficient(expr: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
     return None if depends else 0
 
 
-def _clamp_bounds(expr: Expr) -> tuple[Expr, int, int] | None:
-    """(x, low, high) when expr is max(min(x, high), low) or min(max(x, low), high) with constant bounds."""
+def _clamp_bounds(expr: Expr) -> tuple[Expr, int | None, int | None] | None:
+    """(x, low, high) when expr is max(min(x, high), low) or min(max(x, low), high) with constant bounds; a clamp on
+    one side only (max(x, low) or min(x, high), as a partitioned loop's border keeps) has None for the other."""
     if not (isinstance(expr, Binary) and expr.op in ("min", "max") and isinstance(expr.b, Const)):
         return None
     inner = expr.a
     other = "max" if expr.op == "min" else "min"
     if not (isinstance(inner, Binary) and inner.op == other and isinstance(inner.b, Const)):
-        return None
+        bound = int(expr.b.value)
+        return (inner, bound, None) if expr.op == "max" else (inner, None, bound)
     bounds = sorted((int(expr.b.value), int(inner.b.value)))
     return inner.a, bounds[0], bounds[1]
 
@@ -356,11 +358,13 @@ class _FunctionEmitter:
             return self.load_clamped_run(node.buffer, *clamped)
         return self.gather(node.buffer, index)
 
-    def load_clamped_run(self, buffer: Buffer, position: Expr, low: int, high: int, unclamped: Expr) -> ir.Value:
-        """A vector of buffer[... clamp(position, low, high) ...] where position steps by one per lane. With no lane
-        clamped (the interior of a padded row) it is one contiguous load. Else the lanes inside [low, high] come
-        from one masked load (the others are not touched, so an address before or past the buffer is safe) and
-        the clamped lanes take the element at low or at high."""
+    def load_clamped_run(
+        self, buffer: Buffer, position: Expr, low: int | None, high: int | None, unclamped: Expr
+    ) -> ir.Value:
+        """A vector of buffer[... clamp(position, low, high) ...] where position steps by one per lane (no bound on
+        a side that is None). With no lane clamped (the interior of a padded row) it is one contiguous load. Else
+        the lanes inside [low, high] come from one masked load (the others are not touched, so an address before or
+        past the buffer is safe) and the clamped lanes take the element at low or at high."""
         b = self.builder
         positions = self.expr(position)
         start = self.expr(unclamped)  # lane i reads start[0] + i before clamping
@@ -372,42 +376,62 @@ class _FunctionEmitter:
         def bound(value: int, vector: bool = False) -> ir.Constant:
             return ir.Constant(ir.VectorType(kind, lanes), [value] * lanes) if vector else ir.Constant(kind, value)
 
-        inside = b.and_(
-            b.icmp_signed(">=", first, bound(low)), b.icmp_signed("<=", b.add(first, bound(lanes - 1)), bound(high))
-        )
+        checks = []
+        if low is not None:
+            checks.append(b.icmp_signed(">=", first, bound(low)))
+        if high is not None:
+            checks.append(b.icmp_signed("<=", b.add(first, bound(lanes - 1)), bound(high)))
+        inside = checks[0] if len(checks) == 1 else b.and_(*checks)
         with b.if_else(inside, likely=True) as (contiguous, clamped):
             with contiguous:
                 run = self.load_scalar(buffer, start)
                 run_block = b.block
             with clamped:
-                below, above = (
-                    b.icmp_signed("<", positions, bound(low, True)),
-                    b.icmp_signed(">", positions, bound(high, True)),
-                )
-                memory_type = _vector(storage_type(buffer.dtype, self.target), lanes)
-                masked_load = self.context.function(
-                    f"llvm.masked.load.{_intrinsic_suffix(memory_type)}.p0",
-                    memory_type,
-                    [_PTR, _I32, ir.VectorType(_I1, lanes), memory_type],
-                )
-                pointer = self.element_pointer(buffer, start_index)
-                mask = b.not_(b.or_(below, above))
-                align = ir.Constant(_I32, element_bytes(buffer.dtype))
-                loaded = self.from_memory(
-                    b.call(masked_load, [pointer, align, mask, ir.Constant(memory_type, None)]), buffer.dtype
-                )
+                below = b.icmp_signed("<", positions, bound(low, True)) if low is not None else None
+                above = b.icmp_signed(">", positions, bound(high, True)) if high is not None else None
+                outside = below if above is None else above if below is None else b.or_(below, above)
+                mask = b.not_(outside)
+                loaded = self.from_memory(self.masked_load(buffer, start_index, mask), buffer.dtype)
 
                 def element_at(value: int) -> ir.Value:
                     index = b.add(start_index, b.sub(bound(value), first))
                     return self.broadcast(self.load_scalar(buffer, index), lanes)
 
-                edges = b.select(below, element_at(low), element_at(high))
+                if below is None:
+                    edges = element_at(high)
+                elif above is None:
+                    edges = element_at(low)
+                else:
+                    edges = b.select(below, element_at(low), element_at(high))
                 gathered = b.select(mask, loaded, edges)
                 gather_block = b.block
         result = b.phi(run.type)
         result.add_incoming(run, run_block)
         result.add_incoming(gathered, gather_block)
         return result
+
+    def masked_load(self, buffer: Buffer, start: ir.Value, mask: ir.Value) -> ir.Value:
+        """The raw elements buffer[start + i] of the lanes i where `mask` is set (the others undefined, their
+        addresses never read), in pieces of at most one target vector: LLVM 22's wasm backend aborts on a masked
+        load of 32 floats, and a native backend splits such a load the same way."""
+        b = self.builder
+        lanes = _lanes(mask)
+        element = storage_type(buffer.dtype, self.target)
+        piece = max(1, min(lanes, self.target.vector_bytes // max(1, element_bytes(buffer.dtype))))
+        parts = []
+        for first in range(0, lanes, piece):
+            count = min(piece, lanes - first)
+            memory_type = ir.VectorType(element, count)
+            function = self.context.function(
+                f"llvm.masked.load.{_intrinsic_suffix(memory_type)}.p0",
+                memory_type,
+                [_PTR, _I32, ir.VectorType(_I1, count), memory_type],
+            )
+            part_mask = mask if count == lanes else _lanes_of(b, mask, first, count)
+            pointer = self.element_pointer(buffer, b.add(start, ir.Constant(start.type, first)))
+            align = ir.Constant(_I32, element_bytes(buffer.dtype))
+            parts.append(b.call(function, [pointer, align, part_mask, ir.Constant(memory_type, None)]))
+        return _concatenate(b, parts)
 
     def gather(self, buffer: Buffer, index: ir.Value) -> ir.Value:
         b = self.builder
@@ -862,6 +886,29 @@ def _float_resize(b: ir.IRBuilder, value: ir.Value, target_type: ir.Type) -> ir.
     if _element(value.type) == _F64 and _element(target_type) == _F32:
         return b.fptrunc(value, target_type)
     return b.fpext(value, target_type)
+
+
+def _lanes_of(b: ir.IRBuilder, vector: ir.Value, first: int, count: int) -> ir.Value:
+    """Lanes first .. first + count - 1 of `vector`, as a vector of `count`."""
+    return b.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, count), list(range(first, first + count))))
+
+
+def _concatenate(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """The vectors of `parts` joined lane after lane."""
+    total = sum(_lanes(part) for part in parts)
+    result, filled = None, 0
+    for part in parts:
+        count = _lanes(part)
+        # the part widened to `total` lanes, its own at [filled, filled + count)
+        spread = [lane - filled if filled <= lane < filled + count else 0 for lane in range(total)]
+        widened = b.shuffle_vector(part, part, ir.Constant(ir.VectorType(_I32, total), spread))
+        if result is None:
+            result = widened
+        else:
+            pick = [total + lane if filled <= lane < filled + count else lane for lane in range(total)]
+            result = b.shuffle_vector(result, widened, ir.Constant(ir.VectorType(_I32, total), pick))
+        filled += count
+    return result
 
 
 def _one_like(value: ir.Value) -> ir.Constant:

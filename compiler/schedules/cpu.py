@@ -20,17 +20,22 @@ DEFAULTS: dict[str, dict[str, int]] = {
     "injective": {"vector_lanes": 1},
     # output channels x output columns held in registers; the pad stage is materialized once
     "conv2d": {"tile_oc": 8, "tile_ow": 16, "unroll_oc": 1},
-    # the padded input is made inside the channel loop when a channel's plane holds at most local_pad_floats: the
-    # tile_oh + kh - 1 rows one row tile reads, right before it (local_pad_rows; reading the input and writing
-    # the output at once streams better from memory than a plane at a time: dwconv_block with a cold cache, 2
-    # threads, 0.94 ms against 1.42), else the whole plane. 4 rows x 16 columns of accumulators (0.46 ms against
-    # 1.0 ms with 1 row, whose single accumulator chain waits on each multiply-add)
-    "depthwise_conv2d": {"tile_oh": 4, "tile_ow": 16, "local_pad_floats": 16384, "local_pad_rows": 1},
+    # tile_oh x tile_ow accumulators per step. With `partition` the padding is read in place: the loops over row
+    # tiles and column tiles are cut into border tiles, which keep the padding's select, and interior tiles, which
+    # read the input with no test (dwconv_block, 2 threads, after each onnxruntime run: 0.43-0.50 ms, against
+    # 0.62-0.67 with the padded rows copied per row tile). Without it the padded input is made inside the channel
+    # loop when a channel's plane holds at most local_pad_floats: the tile_oh + kh - 1 rows one row tile reads,
+    # right before it (local_pad_rows), else the whole plane. 2 x 32 on AVX-512 (4 x 16: 0.57-0.60 ms; 2 x 16 the
+    # same as 2 x 32; 8 rows spill)
+    "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 32, "local_pad_floats": 16384, "local_pad_rows": 1, "partition": 1},
     # an NCHW[x]c conv's register tile: tile_blocks filter blocks x tile_ow output columns, both unrolled, each
     # filter block a vector (two on 16-byte targets, see VECTOR_DEFAULTS)
     "conv2d_nchwc": {"tile_ow": 14, "tile_blocks": 1},
-    # its padded input is made per output row when that recomputes at most this share of the padded rows
-    "depthwise_conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 1, "local_pad_max_recompute_percent": 150},
+    # `partition`: the padding is read in place, the column tiles cut into the border ones (which test the column)
+    # and the interior (mobilenet_v2, 1 thread: 6.4 ms against 7.2 with a padded copy, its depthwise kernels 2.5-3x
+    # faster; wasmtime: 24.7 against 26.9 ms). Else the padded input is made per output row when that recomputes at
+    # most local_pad_max_recompute_percent of the padded rows
+    "depthwise_conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 1, "local_pad_max_recompute_percent": 150, "partition": 1},
     # a dense/matmul's register block: tile_m rows x tile_n columns (2 vectors) of accumulators over the whole k;
     # columns_outer walks the column tiles outermost, so the tiles that share a strip of B follow each other
     # while it is in cache. (1, 128, 768) x (768, 768) on AVX-512, one thread: 1.49 ms, against 1.82 ms with
@@ -48,11 +53,14 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, int]]] = {
     # 8 x 32, 6.4-6.6 with 4-8 x 8).
     16: {
         "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2},
+        # one vector wide in wasmtime: dwconv_block 4.1 ms, against 5.0-5.2 with 2 x 8 and 5.9 with 4 x 16
+        "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 4},
         "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "columns_outer": 0},
     },
     # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
-    # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms)
-    32: {"dense": {"tile_m": 6, "tile_n": 16}},
+    # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two
+    # vectors) 0.48 ms at 2 threads, against 0.88 with 4 x 16 and 1.1 with 2 x 32
+    32: {"dense": {"tile_m": 6, "tile_n": 16}, "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16}},
 }
 
 CONV_TAGS = ("conv2d", "group_conv2d")
@@ -382,8 +390,10 @@ def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, conf
 
 def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, config: dict | None) -> None:
     """A 2-D output tile per step (tile_oh x tile_ow), vectorized along the row, parallel over batch x channels;
-    the window taps are the outer loops of the tile's accumulation."""
-    values = knobs("depthwise_conv2d", config)
+    the window taps are the outer loops of the tile's accumulation. The padding is read in place, the loops over
+    row and column tiles partitioned so only the border tiles test it (or, with `partition` off, padded rows are
+    made per tile)."""
+    values = knobs("depthwise_conv2d", config, target)
     n, c, oh, ow = output.op.axis
     tile_oh = divisor_at_most(oh.extent, values["tile_oh"])
     tile_ow = divisor_at_most(ow.extent, values["tile_ow"])
@@ -404,6 +414,11 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
     if pad is None:
         return
     pad = schedule[pad]
+    if values["partition"]:
+        pad.compute_inline()
+        output.partition(oh_outer)
+        output.partition(ow_outer)
+        return
     if pad.op.shape[1] == output.op.shape[1] and math.prod(pad.op.shape[2:]) <= values["local_pad_floats"]:
         # the padded rows one row tile reads (or one channel's padded plane), filled right before its taps read
         # them, stay in cache
@@ -438,6 +453,10 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     if conv.op.tag != "depthwise_conv2d_nchwc" or pad is None:
         return
     pad = schedule[pad]
+    if values["partition"]:
+        pad.compute_inline()
+        output.partition(ow_outer)
+        return
     # the kh padded input rows one output row reads can be made right before its taps, in cache: that pays when
     # it recomputes few rows (strided convs); else the padded copy of the whole tensor goes through memory
     recomputed = output.op.shape[2] * conv.op.reduce_axis[0].extent

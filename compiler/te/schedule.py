@@ -236,6 +236,17 @@ class Stage:
     def parallel(self, axis: IterVar) -> None:
         self._annotate(axis, "parallel", "parallel")
 
+    def partition(self, axis: IterVar) -> None:
+        """Cut the (serial) loop of `axis` into its border iterations and an interior where the tests of its body
+        that depend on it (padding, clamped regions) are decided and vanish (tir/partition.py)."""
+        iv = self._leaf(axis, "partition")
+        if self.annotations.get(iv, "partitioned") != "partitioned":
+            raise TEError(
+                f"cannot partition axis {iv.name} of {self._where()}: it is {self.annotations[iv]}, and only a serial "
+                "loop is partitioned; partition the loop outside it instead"
+            )
+        self._annotate(axis, "partitioned", "partition")
+
     def bind(self, axis: IterVar, thread: IterVar) -> None:
         """Run `axis` on the GPU grid axis `thread` (from te.thread_axis)."""
         iv = self._leaf(axis, "bind")

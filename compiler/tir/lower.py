@@ -36,7 +36,9 @@ from compiler.tir.nodes import (
     Seq,
     Stmt,
     Store,
+    walk_stmts,
 )
+from compiler.tir.partition import partition_loops
 from compiler.tir.simplify import Linear, bounds, simplify, structural_key, substitute_stmt
 
 _KINDS = {"parallel": ForKind.PARALLEL, "vectorized": ForKind.VECTORIZED, "unrolled": ForKind.UNROLLED}
@@ -413,8 +415,16 @@ class _Lowering:
         roots = [stage for stage in self.computes if stage.attach_type == ROOT]
         body = self.with_children(roots, Seq(()))
         func = simplify(PrimFunc(self.name, self.params, body))
+        partitioned = {
+            self.loop_var(iv)
+            for stage in self.computes
+            for iv, annotation in stage.annotations.items()
+            if annotation == "partitioned"
+        }
+        if partitioned:
+            func = simplify(partition_loops(func, partitioned))
         func = PrimFunc(func.name, func.params, _guard_selects(func.body, {}))
-        for stmt in _walk_stmts(func.body):
+        for stmt in walk_stmts(func.body):
             if isinstance(stmt, For) and stmt.kind in (ForKind.VECTORIZED, ForKind.UNROLLED):
                 if not isinstance(stmt.extent, Const):
                     raise TEError(f"lower {self.name}: loop {stmt.var.name} is {stmt.kind.value} but not constant")
@@ -428,22 +438,6 @@ def _guard(conditions: list[Expr], stmt: Stmt) -> Stmt:
     for other in conditions[1:]:
         condition = Logical("and", (condition, other))
     return IfThen(condition, stmt)
-
-
-def _walk_stmts(stmt: Stmt):
-    yield stmt
-    for child in _child_stmts(stmt):
-        yield from _walk_stmts(child)
-
-
-def _child_stmts(stmt: Stmt) -> list[Stmt]:
-    if isinstance(stmt, Seq):
-        return list(stmt.stmts)
-    if isinstance(stmt, For | Allocate | LetStmt):
-        return [stmt.body]
-    if isinstance(stmt, IfThen):
-        return [stmt.then_body] + ([stmt.else_body] if stmt.else_body is not None else [])
-    return []
 
 
 def _in_bounds(expr: Expr, env) -> bool:

@@ -132,3 +132,17 @@ class KernelCall(Stmt):
 
     func: str
     args: tuple[tuple[Buffer, int], ...]
+
+
+def walk_stmts(stmt: Stmt):
+    """`stmt` and every statement nested in it, parents first."""
+    yield stmt
+    if isinstance(stmt, Seq):
+        for child in stmt.stmts:
+            yield from walk_stmts(child)
+    elif isinstance(stmt, For | Allocate | LetStmt):
+        yield from walk_stmts(stmt.body)
+    elif isinstance(stmt, IfThen):
+        yield from walk_stmts(stmt.then_body)
+        if stmt.else_body is not None:
+            yield from walk_stmts(stmt.else_body)

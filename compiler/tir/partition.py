@@ -1,0 +1,141 @@
+"""Loop partitioning: a loop whose body tests its variable (a padded read's `select(0 <= row < H, ...)`, a clamped
+region) is cut into the iterations before, inside and after the range where every such test is decided, so the
+interior runs without them and the borders keep them.
+
+`tir/lower.py` applies it to the loops a schedule marked with `Stage.partition`, then simplifies: the simplifier,
+knowing each piece's range, folds the decided tests and the clamps of the indices they guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from compiler.te.expr import Compare, Const, Expr, IfThenElse, Select, Var
+from compiler.te.tensor import walk
+from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
+from compiler.tir.simplify import Bounds, Linear, bounds, structural_key
+
+# a test `coef * v + rest >= threshold`, by comparison, as (sign, threshold) on `a - b`
+_NORMAL = {"ge": (1, 0), "gt": (1, 1), "le": (-1, 0), "lt": (-1, 1)}
+
+
+def partition_loops(func: PrimFunc, loop_vars: set[Var]) -> PrimFunc:
+    """`func` with each serial loop over a var of `loop_vars` cut into at most three loops (see the module)."""
+    return PrimFunc(func.name, func.params, _stmt(func.body, loop_vars, {}))
+
+
+def _stmt(stmt: Stmt, loop_vars: set[Var], env: dict[Var, Bounds]) -> Stmt:
+    if isinstance(stmt, For):
+        low, extent = stmt.min, stmt.extent
+        if (
+            stmt.var in loop_vars
+            and stmt.kind == ForKind.SERIAL
+            and isinstance(low, Const)
+            and isinstance(extent, Const)
+        ):
+            first, last = int(low.value), int(low.value) + int(extent.value) - 1
+            interior = _interior(stmt, first, last, env)
+            if interior is not None:
+                pieces = [(first, interior[0] - 1), interior, (interior[1] + 1, last)]
+                return Seq(tuple(_loop(stmt, start, stop, loop_vars, env) for start, stop in pieces if start <= stop))
+        return _loop(stmt, None, None, loop_vars, env)
+    if isinstance(stmt, Seq):
+        return Seq(tuple(_stmt(child, loop_vars, env) for child in stmt.stmts))
+    if isinstance(stmt, Allocate):
+        return Allocate(stmt.buffer, _stmt(stmt.body, loop_vars, env))
+    if isinstance(stmt, IfThen):
+        else_body = _stmt(stmt.else_body, loop_vars, env) if stmt.else_body is not None else None
+        return IfThen(stmt.cond, _stmt(stmt.then_body, loop_vars, env), else_body)
+    if isinstance(stmt, LetStmt):
+        return LetStmt(stmt.var, stmt.value, _stmt(stmt.body, loop_vars, {**env, stmt.var: bounds(stmt.value, env)}))
+    return stmt
+
+
+def _loop(stmt: For, start: int | None, stop: int | None, loop_vars: set[Var], env) -> For:
+    """`stmt` over [start, stop] (its own range when None), its body partitioned in turn."""
+    if start is None:
+        low, extent = stmt.min, stmt.extent
+        low_bounds, extent_high = bounds(low, env), bounds(extent, env)[1]
+        high = None if low_bounds[1] is None or extent_high is None else low_bounds[1] + extent_high - 1
+        inner = {**env, stmt.var: (low_bounds[0], high)}
+    else:
+        low, extent = Const(start, stmt.min.dtype), Const(stop - start + 1, stmt.min.dtype)
+        inner = {**env, stmt.var: (start, stop)}
+    return For(stmt.var, low, extent, stmt.kind, _stmt(stmt.body, loop_vars, inner), stmt.thread_tag)
+
+
+def _interior(loop: For, first: int, last: int, env) -> tuple[int, int] | None:
+    """The range of `loop.var` within [first, last] where every test of its body that is linear in it holds for
+    all values of the other vars, when that is a non-empty proper part of the loop; else None."""
+    everywhere = {**env, **_inner_ranges(loop.body, env)}
+    low, high, tested = first, last, False
+    for test in _tests(loop.body):
+        sign, threshold = _NORMAL.get(test.op, (0, 0))
+        if not sign or test.a.dtype not in ("int32", "int64"):
+            continue
+        linear = Linear.of(test.a).plus(Linear.of(test.b), -1).times(sign)
+        coef = _coefficient(linear, loop.var)
+        if not coef:
+            continue
+        rest = Linear(linear.dtype, {key: term for key, term in linear.terms.items() if term[0] is not loop.var})
+        rest.const = linear.const
+        rest_low = rest.bounds(everywhere)[0]
+        if rest_low is None:
+            continue
+        # coef * v + rest >= threshold for every rest  <=>  coef * v >= threshold - rest_low
+        need = threshold - rest_low
+        if coef > 0:
+            low = max(low, -(-need // coef))
+        else:
+            high = min(high, need // coef)
+        tested = True
+    if not tested or low > high or (low == first and high == last):
+        return None
+    return low, high
+
+
+def _coefficient(linear: Linear, var: Var) -> int:
+    """var's coefficient in `linear`; 0 when it is absent or also appears inside another term (not linear)."""
+    coef = 0
+    for atom, value in linear.terms.values():
+        if atom is var:
+            coef = value
+        elif any(node is var for node in walk(atom)):
+            return 0
+    return coef
+
+
+def _tests(stmt: Stmt) -> list[Compare]:
+    """The integer comparisons in the conditions of the selects and branches under `stmt`."""
+    conditions: list[Expr] = []
+    for node in walk_stmts(stmt):
+        if isinstance(node, IfThen):
+            conditions.append(node.cond)
+        for expr in _exprs(node):
+            conditions += [item.cond for item in walk(expr) if isinstance(item, Select | IfThenElse)]
+    seen, tests = set(), []
+    for condition in conditions:
+        for item in walk(condition):
+            if isinstance(item, Compare) and structural_key(item) not in seen:
+                seen.add(structural_key(item))
+                tests.append(item)
+    return tests
+
+
+def _inner_ranges(stmt: Stmt, env) -> dict[Var, Bounds]:
+    """Bounds of the vars of the loops and lets nested in `stmt`."""
+    ranges: dict[Var, Bounds] = {}
+    for node in walk_stmts(stmt):
+        scope = {**env, **ranges}
+        if isinstance(node, For):
+            low, extent_high = bounds(node.min, scope), bounds(node.extent, scope)[1]
+            high = None if low[1] is None or extent_high is None else low[1] + extent_high - 1
+            ranges[node.var] = (low[0], high)
+        elif isinstance(node, LetStmt):
+            ranges[node.var] = bounds(node.value, scope)
+    return ranges
+
+
+def _exprs(stmt: Stmt) -> list[Expr]:
+    """The expressions a statement holds directly (not those of nested statements)."""
+    return [getattr(stmt, item.name) for item in dataclasses.fields(stmt) if isinstance(getattr(stmt, item.name), Expr)]
