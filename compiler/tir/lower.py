@@ -39,7 +39,7 @@ from compiler.tir.nodes import (
     walk_stmts,
 )
 from compiler.tir.partition import partition_loops
-from compiler.tir.simplify import Linear, bounds, simplify, structural_key, substitute_stmt
+from compiler.tir.simplify import Linear, bounds, loop_bounds, simplify, structural_key, substitute_stmt
 
 _KINDS = {"parallel": ForKind.PARALLEL, "vectorized": ForKind.VECTORIZED, "unrolled": ForKind.UNROLLED}
 
@@ -468,11 +468,7 @@ def _guard_selects(stmt: Stmt, env) -> Stmt:
     if isinstance(stmt, Store):
         return Store(stmt.buffer, stmt.index, _select_to_if(stmt.value, env))
     if isinstance(stmt, For):
-        low, high = bounds(stmt.min, env)[0], None
-        extent_high = bounds(stmt.extent, env)[1]
-        if bounds(stmt.min, env)[1] is not None and extent_high is not None:
-            high = bounds(stmt.min, env)[1] + extent_high - 1
-        inner = {**env, stmt.var: (low, high)}
+        inner = {**env, stmt.var: loop_bounds(stmt.min, stmt.extent, env)}
         return For(stmt.var, stmt.min, stmt.extent, stmt.kind, _guard_selects(stmt.body, inner), stmt.thread_tag)
     if isinstance(stmt, Seq):
         return Seq(tuple(_guard_selects(child, env) for child in stmt.stmts))

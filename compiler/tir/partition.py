@@ -13,7 +13,7 @@ import dataclasses
 from compiler.te.expr import Compare, Const, Expr, IfThenElse, Select, Var
 from compiler.te.tensor import walk
 from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
-from compiler.tir.simplify import Bounds, Linear, bounds, structural_key
+from compiler.tir.simplify import Bounds, Linear, bounds, loop_bounds, structural_key
 
 # a test `coef * v + rest >= threshold`, by comparison, as (sign, threshold) on `a - b`
 _NORMAL = {"ge": (1, 0), "gt": (1, 1), "le": (-1, 0), "lt": (-1, 1)}
@@ -53,14 +53,10 @@ def _stmt(stmt: Stmt, loop_vars: set[Var], env: dict[Var, Bounds]) -> Stmt:
 
 def _loop(stmt: For, start: int | None, stop: int | None, loop_vars: set[Var], env) -> For:
     """`stmt` over [start, stop] (its own range when None), its body partitioned in turn."""
-    if start is None:
-        low, extent = stmt.min, stmt.extent
-        low_bounds, extent_high = bounds(low, env), bounds(extent, env)[1]
-        high = None if low_bounds[1] is None or extent_high is None else low_bounds[1] + extent_high - 1
-        inner = {**env, stmt.var: (low_bounds[0], high)}
-    else:
+    low, extent = stmt.min, stmt.extent
+    if start is not None:
         low, extent = Const(start, stmt.min.dtype), Const(stop - start + 1, stmt.min.dtype)
-        inner = {**env, stmt.var: (start, stop)}
+    inner = {**env, stmt.var: loop_bounds(low, extent, env)}
     return For(stmt.var, low, extent, stmt.kind, _stmt(stmt.body, loop_vars, inner), stmt.thread_tag)
 
 
@@ -77,8 +73,8 @@ def _interior(loop: For, first: int, last: int, env) -> tuple[int, int] | None:
         coef = _coefficient(linear, loop.var)
         if not coef:
             continue
-        rest = Linear(linear.dtype, {key: term for key, term in linear.terms.items() if term[0] is not loop.var})
-        rest.const = linear.const
+        terms = {key: term for key, term in linear.terms.items() if term[0] is not loop.var}
+        rest = Linear(linear.dtype, terms, linear.const)
         rest_low = rest.bounds(everywhere)[0]
         if rest_low is None:
             continue
@@ -128,9 +124,7 @@ def _inner_ranges(stmt: Stmt, env) -> dict[Var, Bounds]:
     for node in walk_stmts(stmt):
         scope = {**env, **ranges}
         if isinstance(node, For):
-            low, extent_high = bounds(node.min, scope), bounds(node.extent, scope)[1]
-            high = None if low[1] is None or extent_high is None else low[1] + extent_high - 1
-            ranges[node.var] = (low[0], high)
+            ranges[node.var] = loop_bounds(node.min, node.extent, scope)
         elif isinstance(node, LetStmt):
             ranges[node.var] = bounds(node.value, scope)
     return ranges

@@ -109,6 +109,13 @@ def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
     return UNKNOWN
 
 
+def loop_bounds(low: Expr, extent: Expr, env: dict[Var, Bounds]) -> Bounds:
+    """Inclusive bounds of the var of a loop that starts at `low` and runs `extent` iterations."""
+    low_bounds, extent_high = bounds(low, env), bounds(extent, env)[1]
+    high = None if low_bounds[1] is None or extent_high is None else low_bounds[1] + extent_high - 1
+    return (low_bounds[0], high)
+
+
 def _opt(x, y, fn):
     return None if x is None or y is None else fn(x, y)
 
@@ -460,10 +467,7 @@ def _stmt(stmt: Stmt, env: dict[Var, Bounds]) -> Stmt | None:
             return None
         if isinstance(extent, Const) and extent.value == 1 and stmt.kind != ForKind.THREAD_BINDING:
             return _stmt(substitute_stmt(stmt.body, {stmt.var: low}), env)
-        min_bounds = bounds(low, env)
-        extent_high = bounds(extent, env)[1]
-        high = None if min_bounds[1] is None or extent_high is None else min_bounds[1] + extent_high - 1
-        body = _stmt(stmt.body, {**env, stmt.var: (min_bounds[0], high)})
+        body = _stmt(stmt.body, {**env, stmt.var: loop_bounds(low, extent, env)})
         if body is None:
             return None
         return For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag)

@@ -520,40 +520,37 @@ def test_nested_if_let_and_guarded_reads(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(
-    ("width", "shift", "lanes"), [(40, 3, 8), (40, -5, 8), (5, 2, 8), (16, 1, 16), (12, 7, 4), (70, 3, 32)]
+    ("side", "width", "shift", "lanes"),
+    [
+        ("both", 40, 3, 8),
+        ("both", 40, -5, 8),
+        ("both", 5, 2, 8),
+        ("both", 16, 1, 16),
+        ("both", 12, 7, 4),
+        ("both", 70, 3, 32),
+        ("low", 37, 3, 8),
+        ("high", 40, -5, 8),
+        ("low", 61, 3, 32),
+    ],
 )
-def test_vectorized_clamped_reads(target, width, shift, lanes):
+def test_vectorized_clamped_reads(target, side, width, shift, lanes):
     """out[r, j] = x[r, clamp(j - shift, 0, width - 1)] over padded rows, vectorized along j: the codegen loads a
     vector with no clamped lane in one go and the others with a masked load plus the edge elements (a row
-    narrower than the vector has lanes clamped at both ends). Compared with numpy's clipped indexing."""
-    rows, padded = 3, lanes * (width // lanes + 3)
-    x_buffer, out_buffer = Buffer("x", (rows, width), "float32"), Buffer("out", (rows, padded), "float32")
-    r, outer, inner = Var("r"), Var("outer"), Var("inner")
-    column = outer * index(lanes) + inner
-    clamped = Binary("max", Binary("min", column - index(shift), index(width - 1)), index(0))
-    body = Store(out_buffer, r * index(padded) + column, Load(x_buffer, r * index(width) + clamped))
-    stmt = loop(r, rows, loop(outer, padded // lanes, loop(inner, lanes, body, ForKind.VECTORIZED)))
-    x = RNG.standard_normal((rows, width)).astype("float32")
-    kernel, (_, out) = run(PrimFunc("clamped_rows", [x_buffer, out_buffer], stmt), target, x)
-    assert "llvm.masked.load" in kernel.source("ll")
-    expected = x[:, np.clip(np.arange(padded) - shift, 0, width - 1)]
-    np.testing.assert_array_equal(out, expected)
-
-
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize(
-    ("side", "width", "shift", "lanes"), [("low", 37, 3, 8), ("high", 40, -5, 8), ("low", 61, 3, 32)]
-)
-def test_vectorized_reads_clamped_on_one_side(target, side, width, shift, lanes):
-    """out[r, j] = x[r, max(j - shift, 0)] (or min(j - shift, width - 1)) where the other side never needs a clamp,
-    as the border of a partitioned loop reads its padding. 32 lanes in wasm: LLVM aborts on a 32-float masked
-    load there, so the codegen loads such a vector a target vector at a time."""
-    rows, padded = 3, width + shift if side == "low" else width
+    narrower than the vector has lanes clamped at both ends). A clamp on one side only (max(j - shift, 0) where
+    the row never runs past its end) is what the border of a partitioned loop reads. 32 lanes in wasm: LLVM
+    aborts on a 32-float masked load there, so the codegen loads a target vector at a time. Compared with
+    numpy's clipped indexing."""
+    rows = 3
+    padded = {"both": lanes * (width // lanes + 3), "low": width + shift, "high": width}[side]
     x_buffer, out_buffer = Buffer("x", (rows, width), "float32"), Buffer("out", (rows, padded), "float32")
     r, outer, inner = Var("r"), Var("outer"), Var("inner")
     column = outer * index(lanes) + inner
     shifted = column - index(shift)
-    clamped = Binary("max", shifted, index(0)) if side == "low" else Binary("min", shifted, index(width - 1))
+    clamped = {
+        "both": Binary("max", Binary("min", shifted, index(width - 1)), index(0)),
+        "low": Binary("max", shifted, index(0)),
+        "high": Binary("min", shifted, index(width - 1)),
+    }[side]
     body = Store(out_buffer, r * index(padded) + column, Load(x_buffer, r * index(width) + clamped))
     stmt = loop(r, rows, loop(outer, padded // lanes, loop(inner, lanes, body, ForKind.VECTORIZED)))
     x = RNG.standard_normal((rows, width)).astype("float32")
