@@ -1,6 +1,7 @@
 """Loop partitioning: a loop whose body tests its variable (a padded read's `select(0 <= row < H, ...)`, a clamped
-region) is cut into the iterations before, inside and after the range where every such test is decided, so the
-interior runs without them and the borders keep them.
+region) is cut at every iteration where one of those tests starts or stops holding for all values of the other
+vars, so each piece knows which tests it can drop: the interior runs without them, and a border keeps only its
+own side's (a row of two tiles, each a border, becomes two pieces with one test each).
 
 `tir/lower.py` applies it to the loops a schedule marked with `Stage.partition`, then simplifies: the simplifier,
 knowing each piece's range, folds the decided tests and the clamps of the indices they guard.
@@ -20,7 +21,7 @@ _NORMAL = {"ge": (1, 0), "gt": (1, 1), "le": (-1, 0), "lt": (-1, 1)}
 
 
 def partition_loops(func: PrimFunc, loop_vars: set[Var]) -> PrimFunc:
-    """`func` with each serial loop over a var of `loop_vars` cut into at most three loops (see the module)."""
+    """`func` with each serial loop over a var of `loop_vars` cut into pieces (see the module)."""
     return PrimFunc(func.name, func.params, _stmt(func.body, loop_vars, {}))
 
 
@@ -34,10 +35,10 @@ def _stmt(stmt: Stmt, loop_vars: set[Var], env: dict[Var, Bounds]) -> Stmt:
             and isinstance(extent, Const)
         ):
             first, last = int(low.value), int(low.value) + int(extent.value) - 1
-            interior = _interior(stmt, first, last, env)
-            if interior is not None:
-                pieces = [(first, interior[0] - 1), interior, (interior[1] + 1, last)]
-                return Seq(tuple(_loop(stmt, start, stop, loop_vars, env) for start, stop in pieces if start <= stop))
+            starts = [first, *_cuts(stmt, first, last, env), last + 1]
+            if len(starts) > 2:
+                pieces = zip(starts, starts[1:])
+                return Seq(tuple(_loop(stmt, start, stop - 1, loop_vars, env) for start, stop in pieces))
         return _loop(stmt, None, None, loop_vars, env)
     if isinstance(stmt, Seq):
         return Seq(tuple(_stmt(child, loop_vars, env) for child in stmt.stmts))
@@ -60,11 +61,11 @@ def _loop(stmt: For, start: int | None, stop: int | None, loop_vars: set[Var], e
     return For(stmt.var, low, extent, stmt.kind, _stmt(stmt.body, loop_vars, inner), stmt.thread_tag)
 
 
-def _interior(loop: For, first: int, last: int, env) -> tuple[int, int] | None:
-    """The range of `loop.var` within [first, last] where every test of its body that is linear in it holds for
-    all values of the other vars, when that is a non-empty proper part of the loop; else None."""
+def _cuts(loop: For, first: int, last: int, env) -> list[int]:
+    """Where, inside (first, last], a test of the loop's body that is linear in its var starts or stops holding
+    for every value of the other vars: the sorted starts of the pieces after the first."""
     everywhere = {**env, **_inner_ranges(loop.body, env)}
-    low, high, tested = first, last, False
+    cuts = set()
     for test in _tests(loop.body):
         sign, threshold = _NORMAL.get(test.op, (0, 0))
         if not sign or test.a.dtype not in ("int32", "int64"):
@@ -74,20 +75,14 @@ def _interior(loop: For, first: int, last: int, env) -> tuple[int, int] | None:
         if not coef:
             continue
         terms = {key: term for key, term in linear.terms.items() if term[0] is not loop.var}
-        rest = Linear(linear.dtype, terms, linear.const)
-        rest_low = rest.bounds(everywhere)[0]
+        rest_low = Linear(linear.dtype, terms, linear.const).bounds(everywhere)[0]
         if rest_low is None:
             continue
-        # coef * v + rest >= threshold for every rest  <=>  coef * v >= threshold - rest_low
+        # coef * v + rest >= threshold for every rest  <=>  coef * v >= threshold - rest_low: from v = ceil(need /
+        # coef) on when coef > 0, up to v = floor(need / coef) when coef < 0
         need = threshold - rest_low
-        if coef > 0:
-            low = max(low, -(-need // coef))
-        else:
-            high = min(high, need // coef)
-        tested = True
-    if not tested or low > high or (low == first and high == last):
-        return None
-    return low, high
+        cuts.add(-(-need // coef) if coef > 0 else need // coef + 1)
+    return sorted(cut for cut in cuts if first < cut <= last)
 
 
 def _coefficient(linear: Linear, var: Var) -> int:

@@ -82,6 +82,28 @@ def test_a_loop_is_cut_where_the_tests_of_its_body_are_decided():
     assert printed.count("select(") == 2, printed
 
 
+def test_two_tiles_that_are_both_borders_keep_one_test_each():
+    """16 outputs in 2 tiles of 8: no tile is free of tests, but each piece knows which side it is on."""
+    schedule, a, b = stencil(16)
+    outer, inner = schedule[b].split(b.op.axis[0], 8)
+    schedule[b].vectorize(inner)
+    schedule[b].partition(outer)
+    func = lower(schedule, [a, b], "stencil")
+    assert not outer_loops(func)  # two pieces of one tile each, the tile index substituted
+    tests = [
+        sum(
+            isinstance(node, te.Compare)
+            for select in walk(store.value)
+            if isinstance(select, te.Select)
+            for node in walk(select.cond)
+        )
+        for store in stores(func.body)
+    ]
+    assert tests == [1, 1], format_func(func)
+    x = RNG.standard_normal(16).astype("float32")
+    np.testing.assert_allclose(run(schedule, [a, b], "llvm", x, 16), stencil_reference(x, 1, 1), rtol=1e-5, atol=1e-6)
+
+
 def test_a_decreasing_index_is_partitioned_too():
     """out[i] = p[n + 1 - i]: the test's coefficient is negative."""
     n = 40
