@@ -1,4 +1,4 @@
-"""Tensor-expression computes of the reductions (compiler/graph/ops/reduce.py): ReduceX and ArgMax/ArgMin.
+"""Tensor-expression computes of the reductions (compiler/graph/ops/reduce.py): ReduceX, ArgMax/ArgMin and TopK.
 
 Each reduction is a stage tagged "reduce" (sum, max or min over reduce axes), with elementwise
 "elemwise" stages before it folded into its source and after it (mean, log, sqrt, casts) as their own
@@ -17,7 +17,7 @@ from compiler.graph.ops.common import normalize_axis
 from compiler.graph.ops.reduce import reduced_axes
 from compiler.graph.registry import set_compute
 from compiler.ops.elementwise import constant, is_nan
-from compiler.te.expr import Compare, Const, Expr, is_float
+from compiler.te.expr import Compare, Const, Expr, Logical, is_float
 from compiler.te.tensor import identity_element
 
 # ReduceProd multiplies at most this many elements per output element in one stage
@@ -275,3 +275,49 @@ def _arg(op: str):
 
 for _op in ("ArgMax", "ArgMin"):
     set_compute(_op, _arg(_op))
+
+
+def _topk(inputs, attrs, output_types):
+    """Each element's rank along the axis (how many come before it: larger, or smaller for largest=0, or equal
+    at a lower position; NaN above every number, as in the reference), then for output position p the position
+    whose rank is p, then the values there. The ranks are a reduction over the whole axis per element, so the
+    work grows with the square of its length."""
+    (x,) = inputs
+    values_type, indices_type = output_types
+    axis = normalize_axis(attrs.get("axis", -1), len(x.shape), "TopK axis")
+    dim, largest = x.shape[axis], attrs.get("largest", 1)
+
+    def above(a: Expr, b: Expr) -> Expr:
+        """a comes before b on value alone: larger (smaller with largest=0), a NaN above every number."""
+        high, low = (a, b) if largest else (b, a)
+        if not is_float(x.dtype):
+            return Compare("gt", high, low)
+        return te.any(Compare("gt", high, low), te.all(is_nan(high), Logical("not", (is_nan(low),))))
+
+    def tied(a: Expr, b: Expr) -> Expr:
+        equal = Compare("eq", a, b)
+        return te.any(equal, te.all(is_nan(a), is_nan(b))) if is_float(x.dtype) else equal
+
+    def rank_body(*index):
+        j = te.reduce_axis((0, dim), name="j")
+        other, mine = x[(*index[:axis], j, *index[axis + 1 :])], x[index]
+        first = te.any(above(other, mine), te.all(tied(other, mine), j < index[axis]))
+        return te.sum(te.select(first, Const(1, "int32"), Const(0, "int32")), axis=j)
+
+    rank = te.compute(x.shape, rank_body, name="topk_rank", tag="reduce")
+
+    def position_body(*index):
+        i = te.reduce_axis((0, dim), name="i")
+        hit = Compare("eq", rank[(*index[:axis], i, *index[axis + 1 :])], index[axis])
+        return te.sum(te.select(hit, i.astype("int64"), Const(0, "int64")), axis=i)
+
+    positions = te.compute(indices_type.shape, position_body, name="topk_indices", tag="reduce")
+
+    def value_body(*index):
+        return x[(*index[:axis], positions[index].astype("int32"), *index[axis + 1 :])]
+
+    values = te.compute(values_type.shape, value_body, name="topk_values", tag="injective")
+    return [values, positions]
+
+
+set_compute("TopK", _topk)

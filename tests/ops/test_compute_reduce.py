@@ -1,8 +1,10 @@
-"""Reduction computes (ReduceX, ArgMax/ArgMin), compiled for llvm and wasm, against the numpy references."""
+"""Reduction computes (ReduceX, ArgMax/ArgMin, TopK), compiled for llvm and wasm, against the numpy references."""
 
 import numpy as np
+import pytest
 from kernel_check import check, check_one_kernel
 
+from compiler.errors import ShapeError
 from compiler.graph.ir import Graph, TensorType
 
 RNG = np.random.default_rng(11)
@@ -101,3 +103,32 @@ def test_reduce_mean_absorbs_its_exp_producer():
     (shifted,) = graph.add_node("Sub", [mean, x])
     graph.outputs = [shifted]
     check(graph, {"x": RNG.standard_normal((4, 16)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
+
+
+def test_topk_with_ties_nan_negative_axes_and_both_orders():
+    """TopK against the reference (ONNX's order: ties to the lower position, NaN above every number), values and
+    indices, floats and ints, every k from none to the whole axis."""
+    graph, (x, n) = _graph({"x": TensorType((3, 6), "float32"), "n": TensorType((2, 3, 4), "int32")})
+    (negated,) = graph.add_node("Neg", [x])  # fused into the TopK's group, read at the chosen positions too
+    cases = [
+        (x, {"k": np.array([4]), "axis": 1}),
+        (negated, {"k": np.array([3]), "axis": 1}),
+        (x, {"k": np.array([6]), "axis": -1, "largest": 0}),
+        (x, {"k": np.array([2]), "axis": 0}),
+        (x, {"k": np.array([0]), "axis": 1}),
+        (x, {"k": 2, "axis": 1}),  # opset 1: k an attribute
+        (n, {"k": np.array([3]), "axis": 1, "largest": 0}),
+        (n, {"k": np.array([4]), "axis": -1, "sorted": 0}),
+    ]
+    graph.outputs = [output for tensor, attrs in cases for output in graph.add_node("TopK", [tensor], attrs)]
+    data = np.array(
+        [[1, 3, 3, 0, -1, 3], [2, 2, 2, 2, 2, 2], [np.nan, 5, np.nan, -7, 0, 1]],
+        np.float32,
+    )
+    check(graph, {"x": data, "n": RNG.integers(-2, 3, (2, 3, 4)).astype(np.int32)})
+
+
+def test_topk_k_larger_than_the_axis_is_refused():
+    graph, (x,) = _graph({"x": TensorType((2, 5), "float32")})
+    with pytest.raises(ShapeError, match="TopK's k is 6, but the axis it selects from has 5 elements"):
+        graph.add_node("TopK", [x], {"k": np.array([6]), "axis": 1})

@@ -1,4 +1,4 @@
-"""Reductions (ReduceX, ArgMax/ArgMin): their shape rules, REDUCE pattern and numpy references.
+"""Reductions (ReduceX, ArgMax/ArgMin) and TopK: their shape rules, REDUCE pattern and numpy references.
 
 Axes arrive as the `axes` attribute (the frontend moves the constant input there); the fusion pass
 lets a reduction absorb its injective producers, and the kernel stage attaches each compute.
@@ -127,3 +127,44 @@ def _register_arg(name: str, function) -> None:
 
 _register_arg("ArgMax", np.argmax)
 _register_arg("ArgMin", np.argmin)
+
+
+def topk_count(attrs, dim: int) -> int:
+    """TopK's k: the attribute of opset 1, or the constant input of opset 10+ (a one-element tensor), checked
+    against the axis it selects from."""
+    k = attrs.get("k")
+    if k is None:
+        raise ShapeError("TopK needs k (its second input) as a constant; give the model a constant k")
+    values = np.asarray(k).reshape(-1)
+    if values.size != 1:
+        raise ShapeError(f"TopK's k must hold one value, got {values.size}")
+    k = int(values[0])
+    if not 0 <= k <= dim:
+        raise ShapeError(f"TopK's k is {k}, but the axis it selects from has {dim} elements")
+    return k
+
+
+def _topk_infer(types, attrs):
+    (data,) = types
+    axis = normalize_axis(attrs.get("axis", -1), len(data.shape), "TopK axis")
+    k = topk_count(attrs, data.shape[axis])
+    shape = tuple(k if position == axis else dim for position, dim in enumerate(data.shape))
+    return [TensorType(shape, data.dtype), TensorType(shape, "int64")]
+
+
+def _topk(x, k=None, axis=-1, largest=1, sorted=1, **_):  # noqa: A002 (ONNX's attribute name)
+    """The k largest (smallest) along `axis`, in order (whatever `sorted` says), ties to the lower index, NaN
+    above every number (numpy's sort order, as the ONNX reference has it)."""
+    axis = normalize_axis(axis, x.ndim, "TopK axis")
+    count = topk_count({"k": k}, x.shape[axis])
+    positions = np.indices(x.shape)[axis]
+    # lexsort orders by its last key, then the one before: ascending values, ties by ascending position; for the
+    # largest, by descending position, so that reversing the whole order gives the lower position first
+    order = np.lexsort((-positions if largest else positions, x), axis=axis)
+    if largest:
+        order = np.flip(order, axis=axis)
+    indices = np.take(order, np.arange(count), axis=axis)
+    return [np.take_along_axis(x, indices, axis=axis), indices.astype(np.int64)]
+
+
+register_op("TopK", infer=_topk_infer, pattern=Pattern.REDUCE, reference=_topk, const_inputs=((1, "k"),))
