@@ -51,6 +51,8 @@ DEFAULTS: dict[str, dict[str, int]] = {
     # 4 x 16 rows outer (and 5.55 ms before a batched MatMul had a template); x (768, 3072): 6.2 against 13.5 ms
     "dense": {"tile_m": 8, "tile_n": 32, "unroll_m": 1, "split_k_tile_n": 8, "columns_outer": 1},
     "reduce": {"vector_lanes": 1},
+    # an NCHW[x]c max pool's register tile: tile_ow output columns, each a channel block's vector
+    "pool_max": {"tile_ow": 8},
 }
 
 # Laid over DEFAULTS by the target's vector width in bytes (16 also stands for anything narrower).
@@ -75,7 +77,7 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, int]]] = {
 CONV_TAGS = ("conv2d", "group_conv2d")
 BLOCKED_CONV_TAGS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
 DENSE_TAGS = ("dense", "batch_matmul")
-TILED_TAGS = (*CONV_TAGS, "depthwise_conv2d", *BLOCKED_CONV_TAGS, *DENSE_TAGS)
+TILED_TAGS = (*CONV_TAGS, "depthwise_conv2d", *BLOCKED_CONV_TAGS, *DENSE_TAGS, "pool_max")
 
 
 def knobs(kind: str, config: dict | None, target: Target | None = None) -> dict[str, int]:
@@ -160,6 +162,8 @@ def _anchor_reduction(schedule: Schedule) -> te.Tensor | None:
         op = stage.op
         if not (isinstance(op, ComputeOp) and op.reduce_axis and op.tag in TILED_TAGS):
             continue
+        if op.tag == "pool_max" and len(op.axis) != 5:
+            continue  # an NCHW max pool keeps the generic reduction schedule
         if len(op.axis) in (2, 4, 5) or (op.tag == "batch_matmul" and len(op.axis) > 2):
             return op.output(0)
     return None
@@ -515,12 +519,34 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, conf
     dense.vectorize(dj)
 
 
+def _pool_nchwc(schedule: Schedule, pool: Stage, output: Stage, target: Target, config: dict | None) -> None:
+    """NCHW[x]c max pool: each task owns (batch, channel block, output row); per tile of tile_ow columns the
+    window's taps are the outer loops and the tile's columns, each a vector over the block, are held in
+    registers. The padding (the lowest value) is read in place, the column tiles partitioned."""
+    values = knobs("pool_max", config, target)
+    n, outer, oh, ow, inner = output.op.axis
+    ow_outer, ow_inner = output.split(ow, divisor_at_most(ow.extent, values["tile_ow"]))
+    output.reorder(n, outer, oh, ow_outer, ow_inner, inner)
+    output.parallel(output.fuse(n, outer, oh))
+    output.vectorize(inner)
+    output.partition(ow_outer)
+    pool.set_scope("local")
+    pool.compute_at(output, ow_outer)
+    pn, pouter, poh, pow_, pinner = pool.op.axis
+    pool.reorder(pn, pouter, poh, *pool.op.reduce_axis, pow_, pinner)
+    for tap in pool.op.reduce_axis:
+        pool.unroll(tap)
+    pool.unroll(pow_)
+    pool.vectorize(pinner)
+
+
 TEMPLATES = {
     "conv2d": _conv2d,
     "depthwise_conv2d": _depthwise_conv2d,
     "conv2d_nchwc": _conv_nchwc,
     "depthwise_conv2d_nchwc": _conv_nchwc,
     "dense": _dense,
+    "pool_max": _pool_nchwc,
 }
 
 __all__ = [

@@ -94,6 +94,17 @@ CASES = {
         [(1, 2, 7, 8, 4)],
         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 0], "ceil_mode": 1},
     ),
+    # wide enough for the column tiles to have an interior (the template partitions them)
+    "max_pool_nchwc_wide_stride_1": (
+        "MaxPoolNCHWc",
+        [(1, 2, 9, 40, 4)],
+        {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]},
+    ),
+    "max_pool_nchwc_dilated_ceil": (
+        "MaxPoolNCHWc",
+        [(2, 1, 11, 30, 8)],
+        {"kernel_shape": [2, 3], "strides": [2, 2], "dilations": [2, 1], "ceil_mode": 1, "pads": [0, 1, 1, 2]},
+    ),
     "layout_transform_to_blocked": ("LayoutTransform", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NCHW4c"}),
     "layout_transform_to_plain": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW"}),
     "conv_transpose": (

@@ -281,6 +281,21 @@ def test_blocked_depthwise_unpartitioned_pads(target, stride):
         assert pad[2] == "global" and depthwise.index("allocate pad:") < depthwise.index(") parallel {"), depthwise
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_max_pool_keeps_a_register_tile_and_reads_its_padding_in_place(target):
+    """A 7x7 stem conv then a max pool, as resnet18 starts: the pool (NCHW[x]c) accumulates a tile of columns in a
+    local buffer over the unrolled taps, and its column tiles are partitioned instead of padding the input."""
+    graph, feeds = conv_graph((1, 3, 32, 64), (16, 3, 7, 7), {"pads": [3, 3, 3, 3]}, "none")
+    (y,) = graph.outputs
+    graph.outputs = graph.add_node("MaxPool", [y], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})
+    kernels = check(graph, feeds, target, packed=True)
+    (pool,) = [kernel.source("tir") for kernel in kernels if "max_pool" in kernel.source("tir")]
+    assert re.search(r"allocate max_pool\.local: float32\[1, 1, 1, \d+, \d+\] local", pool), pool
+    assert re.search(r"for \(r0: int32, 0, 3\) unrolled", pool), pool
+    assert re.search(r"for \(column\.outer: int32, 1, \d+\) \{", pool), pool
+    assert "allocate pad" not in pool
+
+
 def test_blocked_conv_tile_knob():
     graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
     config = {"conv2d_nchwc": {"tile_ow": 2}}
