@@ -36,12 +36,26 @@ _ERF_TAIL_P = 0.3275911
 _ROUNDING_SHIFT = 1.5 * 2.0**23
 
 
-class FastMath:
-    """Emits float32 math (scalar or vector) with `builder`; `intrinsic(name, type)` declares llvm.* calls."""
+def intrinsic_suffix(ty: ir.Type) -> str:
+    """LLVM's overload suffix of a scalar or vector type: f32, v16f32, i32, v16i32, f16, f64."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{intrinsic_suffix(ty.element)}"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
+    return {ir.HalfType(): "f16", ir.FloatType(): "f32", ir.DoubleType(): "f64"}[ty]
 
-    def __init__(self, builder: ir.IRBuilder, intrinsic):
+
+class FastMath:
+    """Emits float32 math (scalar or vector) with `builder`; `intrinsic(name, type)` declares llvm.* calls and
+    `function(name, return type, argument types)` any other declaration. `scalef`: the target scales by a power
+    of two in one instruction (AVX-512's vscalefps), which LLVM's ldexp lowers to; elsewhere ldexp is a libm
+    call, so exp scales with bit operations."""
+
+    def __init__(self, builder: ir.IRBuilder, intrinsic, function, scalef: bool = False):
         self.builder = builder
         self.intrinsic = intrinsic
+        self.function = function
+        self.scalef = scalef
 
     def const(self, value: float, like: ir.Type) -> ir.Constant:
         if isinstance(like, ir.VectorType):
@@ -104,9 +118,17 @@ class FastMath:
             self.fsub(clamped, self.fmul(n, self.const(_LN2_HIGH, ty))), self.fmul(n, self.const(_LN2_LOW, ty))
         )
         p = self.fadd(self.fadd(self.fmul(self.poly(r, _EXP_POLY), self.fmul(r, r)), r), self.const(1.0, ty))
-        # n spans [-150, 128]; two half-size scalings keep each power of two a normal float.
+        if self.scalef and isinstance(ty, ir.VectorType) and ty.count == 16:
+            # p * 2^n in one vscalefps, n as the float it already is, subnormal and overflowing results included
+            scalef = self.function("llvm.x86.avx512.mask.scalef.ps.512", ty, [ty, ty, ty, ir.IntType(16), _I32])
+            return b.call(scalef, [p, n, ir.Constant(ty, None), ir.Constant(ir.IntType(16), -1), ir.Constant(_I32, 4)])
         ity = self.int_type(ty)
         whole = b.sub(b.bitcast(shifted, ity), b.bitcast(self.const(_ROUNDING_SHIFT, ty), ity))
+        if self.scalef:
+            # the same for other widths: LLVM's ldexp becomes an int-to-float conversion and vscalefps
+            ldexp = self.function(f"llvm.ldexp.{intrinsic_suffix(ty)}.{intrinsic_suffix(ity)}", ty, [ty, ity])
+            return b.call(ldexp, [p, whole])
+        # n spans [-150, 128]; two half-size scalings keep each power of two a normal float.
         half = b.ashr(whole, self.const(1, whole.type))
         # No special cases: past 88.72 the last multiply overflows to inf, below -103.97 it rounds to 0 (the clamp
         # keeps n where both hold), and a NaN stays NaN through p.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from compiler.codegen.fast_math import FastMath
+from compiler.codegen.fast_math import FastMath, intrinsic_suffix
 from compiler.errors import TargetError
 from compiler.target import Target
 from compiler.te.expr import (
@@ -217,14 +217,6 @@ def _can_widen(body: Stmt, var: Var) -> bool:
     )
 
 
-def _intrinsic_suffix(ty: ir.Type) -> str:
-    if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{_intrinsic_suffix(ty.element)}"
-    if isinstance(ty, ir.IntType):
-        return f"i{ty.width}"
-    return {_F16: "f16", _F32: "f32", _F64: "f64"}[ty]
-
-
 class _ModuleContext:
     """What the functions of one module share: the module, its target and its declarations."""
 
@@ -247,7 +239,7 @@ class _ModuleContext:
 
     def intrinsic(self, name: str, ty: ir.Type) -> ir.Function:
         arity = 3 if name == "fma" else 2 if name in ("minimum", "maximum", "copysign") else 1
-        return self.function(f"llvm.{name}.{_intrinsic_suffix(ty)}", ty, [ty] * arity)
+        return self.function(f"llvm.{name}.{intrinsic_suffix(ty)}", ty, [ty] * arity)
 
 
 class _FunctionEmitter:
@@ -261,7 +253,8 @@ class _FunctionEmitter:
         entry = function.append_basic_block("entry")
         self.entry = ir.IRBuilder(entry)
         self.builder = ir.IRBuilder(function.append_basic_block("body"))
-        self.math = FastMath(self.builder, context.intrinsic)
+        scalef = self.target.kind != "wasm" and "avx512f" in self.target.feature_set
+        self.math = FastMath(self.builder, context.intrinsic, context.function, scalef)
         self.values: dict[Var, ir.Value] = {}
         self.buffers: dict[Buffer, ir.Value] = {}
         self.lets: dict[Var, Expr] = {}
@@ -423,7 +416,7 @@ class _FunctionEmitter:
             count = min(piece, lanes - first)
             memory_type = ir.VectorType(element, count)
             function = self.context.function(
-                f"llvm.masked.load.{_intrinsic_suffix(memory_type)}.p0",
+                f"llvm.masked.load.{intrinsic_suffix(memory_type)}.p0",
                 memory_type,
                 [_PTR, _I32, ir.VectorType(_I1, count), memory_type],
             )

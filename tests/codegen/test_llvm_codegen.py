@@ -202,21 +202,25 @@ REFERENCES = {
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", ["exp", "log", "tanh", "sigmoid"])
-def test_transcendental_relative_error(target, name):
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_transcendental_relative_error(target, name, lanes):
     x = _wide_inputs(name)
-    _, (_, out) = run(unary_call(name, "float32", x.size), target, x)
+    _, (_, out) = run(unary_call(name, "float32", x.size, lanes), target, x)
     exact = REFERENCES[name](x.astype("float64"))
     assert _max_relative_error(out, exact) <= 2e-6
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize(("low", "high"), [(88.6, 88.9), (-104.2, -103.6)])
-def test_exp_overflows_and_underflows_where_float32_does(target, low, high):
-    """exp has no special cases: its clamp of x makes the last multiply overflow to inf past 88.72 and round to 0
-    below -103.97. Checked densely across both edges against exp in float64 rounded to float32 (subnormal
-    results within one subnormal step)."""
+@pytest.mark.parametrize(("low", "high"), [(88.6, 88.9), (-104.2, -103.6), (-88.0, -86.5)])
+@pytest.mark.parametrize("lanes", [0, 8, 16])
+def test_exp_overflows_and_underflows_where_float32_does(target, low, high, lanes):
+    """exp has no special cases: its clamp of x makes the last scaling overflow to inf past 88.72 and round to 0
+    below -103.97. Checked densely across both edges and where results turn subnormal (-87.3), against exp in
+    float64 rounded to float32 (subnormal results within one subnormal step). Each width takes its own path on
+    AVX-512 hosts: 16 lanes scale with one vscalefps of the float exponent, the others through LLVM's ldexp,
+    wasm with two power-of-two multiplies."""
     x = np.linspace(low, high, 4096).astype("float32")
-    _, (_, out) = run(unary_call("exp", "float32", 4096), target, x)
+    _, (_, out) = run(unary_call("exp", "float32", 4096, lanes), target, x)
     exact = np.exp(x.astype("float64"))
     with np.errstate(over="ignore"):
         rounded = exact.astype("float32")
@@ -236,9 +240,10 @@ SPECIAL = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 100.0, -100.0, 1e-40, 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", ["exp", "log", "tanh", "sigmoid", "erf"])
-def test_transcendental_special_values(target, name):
+@pytest.mark.parametrize("lanes", [0, 8, 16])
+def test_transcendental_special_values(target, name, lanes):
     x = np.resize(SPECIAL, 16)
-    _, (_, out) = run(unary_call(name, "float32", 16), target, x)
+    _, (_, out) = run(unary_call(name, "float32", 16, lanes), target, x)
     with np.errstate(all="ignore"):
         expected = REFERENCES[name](x.astype("float64")).astype("float32")
     if name == "log":
