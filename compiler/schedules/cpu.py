@@ -241,10 +241,14 @@ def _schedule_injective(stage: Stage, target: Target, config: dict | None) -> No
 def _schedule_rows(stage: Stage, target: Target) -> None:
     """A padding stage: parallel over its rows, each row a vector loop when its width allows one, else a plain
     loop. Fusing the row axis in too (as _schedule_injective does) would cost a division and a modulo per element
-    for the padded rows' odd widths."""
+    for the padded rows' odd widths. In a blocked (NCHW[x]c) layout the vector is the channel block and the loop
+    over a row's columns is partitioned: the interior columns copy without testing the column."""
     axes = list(stage.op.axis)
     _vectorize_innermost(stage, lanes(target, stage.op.dtype))
-    if len(axes) > 1:
+    if len(axes) == 5:
+        stage.parallel(stage.fuse(*axes[:3]))
+        stage.partition(axes[3])
+    elif len(axes) > 1:
         stage.parallel(stage.fuse(*axes[:-1]))
 
 

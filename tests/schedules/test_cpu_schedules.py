@@ -235,8 +235,14 @@ def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
     # every tap: the tile's filter blocks and columns unrolled, each a multiply-add over a block's contiguous filters
     blocks = r"(\s*for \(outer: int32, 0, 2\) unrolled \{\n)?" if target == "wasm" else "()"
     assert re.search(
-        rf"for \(rci: .*\n{blocks}\s*for \(column: int32, 0, \d+\) unrolled \{{\n\s*for \(inner: .* vectorized", tir
+        rf"for \(rci: .*\n{blocks}\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{{\n\s*for \(inner: .* vectorized",
+        tir,
     )
+    # the padded copy (13 columns with stride 2, whose last output never reads the 14th): parallel over rows,
+    # each row's columns partitioned so the interior ones test no column
+    assert re.search(r"allocate pad: float32\[1, 1, 11, 1[34], 8\] global", tir), tir
+    assert re.search(r"for \(n\.c\.row\.fused: int32, 0, 11\) parallel \{", tir), tir
+    assert re.search(r"for \(column: int32, 1, 12\) \{", tir), tir
 
 
 def blocked_depthwise(target: str, stride: int, width: int, config: dict | None = None) -> str:
@@ -250,7 +256,7 @@ def blocked_depthwise(target: str, stride: int, width: int, config: dict | None 
     kernels = check(graph, feeds, target, config, packed=True)
     depthwise = [kernel.source("tir") for kernel in kernels if "allocate conv:" in kernel.source("tir")][1]
     assert re.search(
-        r"for \(r1: .*\n\s*for \(column: int32, 0, \d+\) unrolled \{\n\s*for \(inner: .* vectorized", depthwise
+        r"for \(r1: .*\n\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{\n\s*for \(inner: .* vectorized", depthwise
     )
     return depthwise
 
