@@ -42,12 +42,13 @@ def shared_library_command(target: Target) -> list[str]:
 
 
 def link_shared(object_code: bytes, target: Target) -> bytes:
-    """A shared library holding the object's kernels; libgomp is resolved when it is loaded."""
+    """A shared library holding the object's kernels; libgomp is resolved when it is loaded, libm (float64
+    transcendentals, codegen/llvm.py) is linked."""
     command = shared_library_command(target)
     with tempfile.TemporaryDirectory(prefix="tessel-link-") as folder:
         source, output = Path(folder, "kernel.o"), Path(folder, "kernel.so")
         source.write_bytes(object_code)
-        _run([*command, "-o", str(output), str(source)], f"linking a shared library for {target}")
+        _run([*command, "-o", str(output), str(source), "-lm"], f"linking a shared library for {target}")
         return output.read_bytes()
 
 

@@ -758,7 +758,7 @@ class _FunctionEmitter:
         if op == "floormod":
             return b.fsub(left, b.fmul(self.call("floor", b.fdiv(left, right)), right))
         if op == "pow":
-            return self.float32_math(self.math.pow, left, right)
+            return self.float_call("pow", [left, right])
         raise TypeError(f"codegen cannot handle float operator {op!r}")
 
     def int_binary(self, op: str, left: ir.Value, right: ir.Value, dtype: str) -> ir.Value:
@@ -795,11 +795,43 @@ class _FunctionEmitter:
         raise TypeError(f"codegen cannot handle integer operator {op!r}")
 
     def float32_math(self, function, *args: ir.Value) -> ir.Value:
-        """The polynomials are float32; float64 values go through float32 and come back."""
+        """The polynomials are float32; in wasm, which has no libm, float64 values go through float32 and come
+        back."""
         if _element(args[0].type) == _F64:
             narrow = [self.builder.fptrunc(arg, _vector(_F32, _lanes(arg))) for arg in args]
             return self.builder.fpext(function(*narrow), args[0].type)
         return function(*args)
+
+    def libm(self, name: str, args: list[ir.Value]) -> ir.Value:
+        """float64 `name` from the C library, lane by lane: float64 models keep float64 accuracy natively (the
+        shared library links libm)."""
+        b = self.builder
+        function = self.context.function(name, _F64, [_F64] * len(args))
+        if function.function_type != ir.FunctionType(_F64, [_F64] * len(args)):
+            raise TargetError(
+                f"a kernel is named {name!r}, as the C library's {name}, which its float64 {name} calls; "
+                "give the kernel another name"
+            )
+        lanes = _lanes(args[0])
+        if not lanes:
+            return b.call(function, args)
+        result = ir.Constant(args[0].type, ir.Undefined)
+        for lane in range(lanes):
+            position = ir.Constant(_I32, lane)
+            value = b.call(function, [b.extract_element(arg, position) for arg in args])
+            result = b.insert_element(result, value, position)
+        return result
+
+    def float64_call(self, name: str, args: list[ir.Value]) -> ir.Value:
+        """exp, log, tanh, erf and pow of float64 values from libm; sigmoid from its exp, as the float32 one is."""
+        b = self.builder
+        if name != "sigmoid":
+            return self.libm(name, args)
+        (x,) = args
+        one = _one_like(x)
+        e = self.libm("exp", [b.fneg(self.call("fabs", x))])
+        positive = b.fdiv(one, b.fadd(e, one))
+        return b.select(b.fcmp_ordered(">=", x, ir.Constant(x.type, None)), positive, b.fmul(e, positive))
 
     def expr_call(self, node: Call) -> ir.Value:
         args = self.match(*(self.expr(arg) for arg in node.args))
@@ -838,6 +870,8 @@ class _FunctionEmitter:
         }
         if name not in polynomials:
             raise TypeError(f"codegen cannot handle intrinsic {name!r}")
+        if _element(args[0].type) == _F64 and self.target.kind != "wasm":
+            return self.float64_call(name, args)
         return self.float32_math(polynomials[name], *args)
 
     def convert(self, value: ir.Value, source: str, dest: str) -> ir.Value:

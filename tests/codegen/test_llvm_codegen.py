@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -10,6 +11,7 @@ import pytest
 from codegen_helpers import TARGETS, elementwise, index, loop, unary_call
 
 from compiler.build import build_func
+from compiler.errors import TargetError
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, IfThenElse, Let, Logical, Select, Var
 from compiler.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Store
 
@@ -595,18 +597,42 @@ def test_vectorized_fused_axis_with_floor_index_math(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
-def test_transcendentals_in_float16_and_float64(target, dtype):
-    """float16 computes in float32 and rounds on store; float64 goes through the float32 polynomials."""
+@pytest.mark.parametrize("lanes", [0, 8])
+def test_transcendentals_in_float16_and_float64(target, dtype, lanes):
+    """float16 computes in float32 and rounds on store. float64 calls the C library natively (float64 accuracy),
+    lane by lane; wasm has no libm, so there it goes through the float32 polynomials."""
     x = RNG.uniform(-4, 4, 64).astype(dtype)
     for name in ("exp", "tanh", "sigmoid", "erf", "log"):
         values = np.abs(x) + np.asarray(0.01, dtype) if name == "log" else x
-        _, (_, out) = run(unary_call(name, dtype, 64), target, values)
+        # a kernel must not be named like the libm function it calls
+        func = dataclasses.replace(unary_call(name, dtype, 64, lanes), name=f"{name}_{dtype}")
+        _, (_, out) = run(func, target, values)
         exact = REFERENCES[name](values.astype("float64"))
         if dtype == "float16":
             # Rounded once from a float32 result: within one float16 ulp of the exact value.
             assert np.all(np.abs(out.astype("float64") - exact) <= np.spacing(np.abs(out)).astype("float64")), name
+        elif target == "llvm":
+            np.testing.assert_allclose(out, exact, rtol=1e-14, atol=0, err_msg=name)
         else:
             np.testing.assert_allclose(out, exact, rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+def test_float64_pow_natively_is_the_c_library_pow():
+    def fn(a, b):
+        return Binary("pow", a, b)
+
+    base = np.array([2.5, -2.0, -2.0, 0.0, 0.0, -8.0, 1e-3, 7.0], "float64")
+    exponent = np.array([3.7, 3.0, 2.0, -1.0, 0.0, 1 / 3, -40.5, 0.5], "float64")
+    _, (_, _, out) = run(
+        elementwise("power64", ["float64", "float64"], "float64", 8, fn, lanes=4), "llvm", base, exponent
+    )
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(out, np.power(base, exponent), rtol=1e-15)
+
+
+def test_a_kernel_named_like_the_libm_function_it_calls_is_refused():
+    with pytest.raises(TargetError, match="a kernel is named 'exp'"):
+        run(unary_call("exp", "float64", 8), "llvm", np.zeros(8))
 
 
 @pytest.mark.parametrize("target", TARGETS)
