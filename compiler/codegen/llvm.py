@@ -823,15 +823,10 @@ class _FunctionEmitter:
         return result
 
     def float64_call(self, name: str, args: list[ir.Value]) -> ir.Value:
-        """exp, log, tanh, erf and pow of float64 values from libm; sigmoid from its exp, as the float32 one is."""
-        b = self.builder
-        if name != "sigmoid":
-            return self.libm(name, args)
-        (x,) = args
-        one = _one_like(x)
-        e = self.libm("exp", [b.fneg(self.call("fabs", x))])
-        positive = b.fdiv(one, b.fadd(e, one))
-        return b.select(b.fcmp_ordered(">=", x, ir.Constant(x.type, None)), positive, b.fmul(e, positive))
+        """exp, log, tanh, erf and pow of float64 values from libm; sigmoid as the float32 one, on libm's exp."""
+        if name == "sigmoid":
+            return self.math.sigmoid(args[0], exp=lambda value: self.libm("exp", [value]))
+        return self.libm(name, args)
 
     def expr_call(self, node: Call) -> ir.Value:
         args = self.match(*(self.expr(arg) for arg in node.args))
@@ -967,8 +962,13 @@ def generate_module(funcs: list[PrimFunc], target: Target | str) -> ir.Module:
     """All `funcs` as external kernels of one module (plus their outlined parallel bodies)."""
     target = Target.parse(target)
     context = _ModuleContext(target)
-    for func in funcs:
-        function = ir.Function(context.module, ir.FunctionType(ir.VoidType(), [_PTR] * len(func.params)), func.name)
+    # every kernel is declared before any body is emitted, so a body that declares a C library function finds a
+    # kernel of the same name whichever comes first (FunctionEmitter.libm refuses the clash)
+    functions = [
+        ir.Function(context.module, ir.FunctionType(ir.VoidType(), [_PTR] * len(func.params)), func.name)
+        for func in funcs
+    ]
+    for func, function in zip(funcs, functions):
         function.attributes.add("nounwind")
         emitter = _FunctionEmitter(context, function)
         for argument, buffer in zip(function.args, func.params):

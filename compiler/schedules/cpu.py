@@ -26,7 +26,7 @@ DEFAULTS: dict[str, dict[str, int]] = {
     # 0.62-0.67 with the padded rows copied per row tile). Without it the padded input is made inside the channel
     # loop when a channel's plane holds at most local_pad_floats: the tile_oh + kh - 1 rows one row tile reads,
     # right before it (local_pad_rows), else the whole plane. 2 x 32 on AVX-512 (4 x 16: 0.57-0.60 ms; 2 x 16 the
-    # same as 2 x 32; 8 rows spill). The taps are unrolled (unroll_taps): else, in a border tile, LLVM keeps a
+    # same as 2 x 32; 8 rows: 1.1 ms). The taps are unrolled (unroll_taps): else, in a border tile, LLVM keeps a
     # loop over them whose 24- or 28-lane accumulators it splits into scalars (1 thread: (32, 112, 112) 0.14 ->
     # 0.11 ms, (32, 80, 80) 0.10 -> 0.065, dwconv_block 0.62 -> 0.55)
     "depthwise_conv2d": {

@@ -11,6 +11,7 @@ import pytest
 from codegen_helpers import TARGETS, elementwise, index, loop, unary_call
 
 from compiler.build import build_func
+from compiler.codegen.llvm import generate_module
 from compiler.errors import TargetError
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, IfThenElse, Let, Logical, Select, Var
 from compiler.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Store
@@ -633,6 +634,10 @@ def test_float64_pow_natively_is_the_c_library_pow():
 def test_a_kernel_named_like_the_libm_function_it_calls_is_refused():
     with pytest.raises(TargetError, match="a kernel is named 'exp'"):
         run(unary_call("exp", "float64", 8), "llvm", np.zeros(8))
+    # also when the kernel named exp comes after the one whose float64 exp calls the C library
+    caller = dataclasses.replace(unary_call("exp", "float64", 8), name="caller")
+    with pytest.raises(TargetError, match="a kernel is named 'exp'"):
+        generate_module([caller, unary_call("exp", "float32", 8)], "llvm")
 
 
 @pytest.mark.parametrize("target", TARGETS)
