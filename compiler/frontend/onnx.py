@@ -7,33 +7,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo
 
 from compiler.errors import ModelError, ShapeError, TesselError, UnsupportedOpError
-from compiler.graph.ir import DTYPES, Graph, Node, TensorType, Value
+from compiler.frontend import checks
+from compiler.frontend.checks import TENSOR_DTYPES, check_shape, dtype_name
+from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
-from compiler.graph.registry import get_op, is_registered
+from compiler.graph.registry import get_op, is_registered, worth_folding
+
+__all__ = ["OPSET_RANGE", "TENSOR_DTYPES", "external_data_files", "load_onnx", "model_in_folder", "parse_input_shapes"]
 
 OPSET_RANGE = (11, 21)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
-# The ONNX element types Tessel reads, as numpy dtype names.
-TENSOR_DTYPES = {
-    TensorProto.FLOAT: "float32",
-    TensorProto.FLOAT16: "float16",
-    TensorProto.DOUBLE: "float64",
-    TensorProto.INT8: "int8",
-    TensorProto.UINT8: "uint8",
-    TensorProto.INT16: "int16",
-    TensorProto.INT32: "int32",
-    TensorProto.INT64: "int64",
-    TensorProto.BOOL: "bool",
-}
+# What an op's shape rule or numpy reference raises on values the schema allows but the op cannot take (a
+# kernel_shape that disagrees with the weight, a pads list of the wrong length...): the importer turns these,
+# in one place, into a ModelError naming the node.
+_DATA_ERRORS = (ValueError, TypeError, IndexError, KeyError, ArithmeticError, MemoryError)
 
 # Attributes that hold a TensorProto.DataType enum rather than a number.
 _DTYPE_ATTRIBUTES = {
@@ -68,39 +67,110 @@ def load_onnx(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = N
     return _Importer(proto.graph, opset, dict(input_shapes or {})).run()
 
 
+def model_in_folder(folder: str | os.PathLike) -> Path:
+    """The one .onnx file in `folder` (say, an extracted upload of a model and its data files), to hand to
+    load_onnx or compile_model as a path so that its external data loads from beside it; a ModelError when the
+    folder holds none or several."""
+    found = sorted(path for path in Path(folder).rglob("*.onnx") if path.is_file())
+    if len(found) != 1:
+        listed = ", ".join(str(path.relative_to(folder)) for path in found[:5]) or "none"
+        raise ModelError(f"the upload must hold exactly one .onnx model beside its data files; it holds {listed}")
+    return found[0]
+
+
+def external_data_files(path: str | os.PathLike) -> list[Path]:
+    """The data files the model file at `path` keeps weights in, each checked to exist inside the model's folder
+    (compile_model hashes them into the bundle's identity)."""
+    source = os.fspath(path)
+    proto = _decode(_read(source), f"file {source!r}")
+    base = Path(source).resolve().parent
+    return sorted({_external_path(tensor, base, f"file {source!r}") for tensor in _external_tensors(proto)})
+
+
 # -- reading the file -----------------------------------------------------------------------------
 
 
 def _parse(model: Any) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
-        proto, source, base_dir = model, "the model", None
+        proto, source, base = model, "the model", None
     elif isinstance(model, bytes | bytearray | memoryview):
-        proto, source, base_dir = _decode(bytes(model), "the model data"), "the model data", None
+        proto, source, base = _decode(bytes(model), "the model data"), "the model data", None
     elif isinstance(model, str | os.PathLike):
         source = os.fspath(model)
-        try:
-            with open(source, "rb") as file:
-                data = file.read()
-        except FileNotFoundError:
-            raise ModelError(f"model file {source!r} does not exist; check the path") from None
-        except IsADirectoryError:
-            raise ModelError(f"{source!r} is a directory, not an ONNX model file") from None
-        except OSError as error:
-            raise ModelError(f"cannot read model file {source!r}: {error.strerror}") from None
-        proto, base_dir = _decode(data, f"file {source!r}"), os.path.dirname(os.path.abspath(source))
+        proto, base = _decode(_read(source), f"file {source!r}"), Path(source).resolve().parent
         source = f"file {source!r}"
     else:
         raise ModelError(f"cannot load a model from a {type(model).__name__}; pass a path, bytes or an onnx.ModelProto")
     if not proto.HasField("graph") or not proto.graph.output:
         raise ModelError(f"{source} is not an ONNX model: it has no graph with outputs; export the model again")
-    if base_dir is not None and _uses_external_data(proto):
-        try:
-            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
-        except OSError as error:
-            raise ModelError(f"{source} keeps weights in an external file that cannot be read: {error}") from None
+    if base is not None:
+        for tensor in _external_tensors(proto):
+            _load_external(tensor, base, source)
     if proto.functions:
-        proto = onnx.inliner.inline_local_functions(proto)
+        for function in proto.functions:
+            checks.check_function_names(function)
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as error:  # onnx's C++ inliner raises bare exceptions on malformed functions
+            raise ModelError(f"{source}: its local functions cannot be inlined: {error}") from None
+    checks.check_names(proto.graph)
     return proto
+
+
+def _read(source: str) -> bytes:
+    try:
+        with open(source, "rb") as file:
+            return file.read()
+    except FileNotFoundError:
+        raise ModelError(f"model file {source!r} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ModelError(f"{source!r} is a directory, not an ONNX model file") from None
+    except OSError as error:
+        raise ModelError(f"cannot read model file {source!r}: {error.strerror}") from None
+
+
+def _external_tensors(proto: onnx.ModelProto) -> list[TensorProto]:
+    tensors = [t for t in proto.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    for node in proto.graph.node:
+        tensors += [a.t for a in node.attribute if a.type == AttributeProto.TENSOR]
+    return [t for t in tensors if t.data_location == TensorProto.EXTERNAL]
+
+
+def _external_path(tensor: TensorProto, base: Path, source: str) -> Path:
+    """Where an external tensor's data lives; refused unless it is a file inside the model's folder."""
+    what = f"{source}: tensor {tensor.name!r}"
+    location = next((entry.value for entry in tensor.external_data if entry.key == "location"), None)
+    if not isinstance(location, str) or not location:
+        raise ModelError(f"{what} is marked external but names no valid data file (location); export the model again")
+    path = (base / location).resolve()
+    if os.path.isabs(location) or not path.is_relative_to(base):
+        raise ModelError(
+            f"{what} keeps its data in {location!r}, outside the model's folder; Tessel reads data files only from "
+            "beside the model"
+        )
+    if not path.is_file():
+        raise ModelError(f"{what} keeps its data in {location!r}, which is missing; put it beside the model file")
+    return path
+
+
+def _load_external(tensor: TensorProto, base: Path, source: str) -> None:
+    """Read an external tensor's bytes into raw_data, as if the model had been saved in one file."""
+    path = _external_path(tensor, base, source)
+    what = f"{source}: tensor {tensor.name!r} (data file {path.name!r})"
+    try:
+        info = ExternalDataInfo(tensor)
+        offset, length = int(info.offset or 0), info.length
+    except (ValueError, TypeError):
+        raise ModelError(f"{what} has an offset or length that is not a number; export the model again") from None
+    size = path.stat().st_size
+    length = size - offset if length is None else int(length)
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ModelError(f"{what} asks for {length} bytes at offset {offset}, but the file has {size}")
+    with open(path, "rb") as file:
+        file.seek(offset)
+        tensor.raw_data = file.read(length)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.DEFAULT
 
 
 def _decode(data: bytes, source: str) -> onnx.ModelProto:
@@ -112,10 +182,6 @@ def _decode(data: bytes, source: str) -> onnx.ModelProto:
     except DecodeError as error:
         raise ModelError(f"{source} is not an ONNX model or is truncated ({error}); export the model again") from None
     return proto
-
-
-def _uses_external_data(proto: onnx.ModelProto) -> bool:
-    return any(t.data_location == TensorProto.EXTERNAL for t in proto.graph.initializer)
 
 
 def _node_label(node: onnx.NodeProto, index: int) -> str:
@@ -159,23 +225,15 @@ def _default_opset(proto: onnx.ModelProto) -> int:
 # -- tensors and attributes -----------------------------------------------------------------------
 
 
-def _dtype_name(elem_type: int, what: str) -> str:
-    if elem_type not in TENSOR_DTYPES:
-        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
-        raise TesselError(f"{what} has dtype {name}, which Tessel does not support; use one of {', '.join(DTYPES)}")
-    return TENSOR_DTYPES[elem_type]
-
-
 def _tensor_array(tensor: TensorProto, what: str) -> np.ndarray:
-    _dtype_name(tensor.data_type, what)
-    if tensor.data_location == TensorProto.EXTERNAL:
-        raise ModelError(f"{what} keeps its data in an external file; load the model from its path, not from bytes")
+    checks.check_tensor(tensor, what)
     return numpy_helper.to_array(tensor)
 
 
 def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
-    values = _tensor_array(sparse.values, what)
-    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    checks.check_sparse(sparse, what)
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices)
     dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
     if indices.ndim == 1:
         dense.reshape(-1)[indices] = values
@@ -187,13 +245,13 @@ def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
 def attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
     kind = attribute.type
     if (op_type, attribute.name) in _DTYPE_ATTRIBUTES and kind == AttributeProto.INT:
-        return _dtype_name(attribute.i, what)
+        return dtype_name(attribute.i, what)
     if kind == AttributeProto.INT:
         return int(attribute.i)
     if kind == AttributeProto.FLOAT:
         return float(attribute.f)
     if kind == AttributeProto.STRING:
-        return attribute.s.decode("utf-8")
+        return checks.decode_text(attribute.s, what)
     if kind == AttributeProto.TENSOR:
         return _tensor_array(attribute.t, what)
     if kind == AttributeProto.SPARSE_TENSOR:
@@ -203,7 +261,7 @@ def attribute_value(attribute: AttributeProto, op_type: str, what: str) -> Any:
     if kind == AttributeProto.FLOATS:
         return tuple(float(f) for f in attribute.floats)
     if kind == AttributeProto.STRINGS:
-        return tuple(s.decode("utf-8") for s in attribute.strings)
+        return tuple(checks.decode_text(s, what) for s in attribute.strings)
     # graphs and type protos belong to control-flow and sequence ops, which are rejected before this
     return onnx.helper.get_attribute_value(attribute)
 
@@ -240,13 +298,29 @@ class _Importer:
             self._add_param(tensor.values.name, _sparse_array(tensor, f"initializer {tensor.values.name!r}"))
         self._add_inputs()
         for index, node in enumerate(self.onnx_graph.node):
-            self._convert(node, _node_label(node, index))
+            label = _node_label(node, index)
+            what = f"node {label} ({node.op_type})"
+            # the one place where a node's failure becomes the user's error, named after the node
+            try:
+                self._convert(node, label)
+            except UnsupportedOpError as error:
+                raise UnsupportedOpError(f"{what}: {error}", error.ops or {node.op_type: [label]}) from error
+            except TesselError as error:
+                raise type(error)(f"{what}: {error}") from error
+            except _DATA_ERRORS as error:
+                raise ModelError(
+                    f"{what} cannot be imported ({type(error).__name__}: {error}); check its inputs and attributes "
+                    f"against the ONNX definition of {node.op_type}"
+                ) from error
         for output in self.onnx_graph.output:
             if output.name not in self.values:
                 raise ModelError(f"graph output {output.name!r} is produced by no node; export the model again")
             self.graph.outputs.append(self.values[output.name])
         self._drop_unused_params()
-        self.graph.verify()
+        try:
+            self.graph.verify()
+        except GraphError as error:
+            raise ModelError(f"the imported model is inconsistent: {error}; export the model again") from error
         return self.graph
 
     # -- values
@@ -295,12 +369,10 @@ class _Importer:
                 f"input {name!r} is a {kind.replace('_type', '')}, not a tensor; Tessel takes tensors only"
             )
         tensor_type = info.type.tensor_type
-        dtype = _dtype_name(tensor_type.elem_type, f"input {name!r}")
+        dtype = dtype_name(tensor_type.elem_type, f"input {name!r}")
         dims = list(tensor_type.shape.dim) if tensor_type.HasField("shape") else None
         if name in self.input_shapes:
-            shape = tuple(int(d) for d in self.input_shapes[name])
-            if any(d < 0 for d in shape):
-                raise ShapeError(f"input_shapes gives input {name!r} the shape {shape}; dimensions must be >= 0")
+            shape = check_shape(self.input_shapes[name], dtype, f"input_shapes's input {name!r}")
             if dims is not None and len(shape) != len(dims):
                 raise ShapeError(
                     f"input_shapes gives input {name!r} the shape {shape} of rank {len(shape)}, "
@@ -320,31 +392,30 @@ class _Importer:
                 f"input {name!r} {described}; Tessel compiles static shapes: pass input_shapes={{{name!r}: {example}}} "
                 f"(CLI: --input-shape {name}={','.join(map(str, example))})"
             )
-        return dtype, tuple(int(d.dim_value) for d in dims)
+        return dtype, check_shape((d.dim_value for d in dims), dtype, f"input {name!r}")
 
     # -- nodes
 
     def _convert(self, node: onnx.NodeProto, label: str) -> None:
-        what = f"node {label} ({node.op_type})"
-        attrs = {a.name: attribute_value(a, node.op_type, f"attribute {a.name!r} of {what}") for a in node.attribute}
+        schema = checks.node_schema(node, self.opset)
+        checks.check_node(node, schema)
+        attrs = {a.name: attribute_value(a, node.op_type, f"attribute {a.name!r}") for a in node.attribute}
         if node.op_type == "Constant":
-            try:
-                (array,) = get_op("Constant").run_reference([], attrs)
-            except TesselError as error:
-                raise type(error)(f"{what}: {error}") from None
+            (array,) = get_op("Constant").run_reference([], attrs)
             if str(array.dtype) not in DTYPES:
-                raise TesselError(f"{what} holds {array.dtype} data, which Tessel does not support")
+                raise ModelError(f"it holds {array.dtype} data, which Tessel does not support")
             self._add_param(node.output[0], array)
             return
         inputs: list[Value | None] = []
         for name in node.input:
             if name and name not in self.values:
                 raise ModelError(
-                    f"{what} uses {name!r}, which no earlier node, input or initializer defines; "
+                    f"it uses {name!r}, which no earlier node, input or initializer defines; "
                     "the model is not in topological order or is incomplete"
                 )
             inputs.append(self.values[name] if name else None)
-        inputs = self._take_const_inputs(node.op_type, inputs, attrs, node.input, what)
+        checks.check_dtypes(node, schema, [v.type.dtype if v is not None else None for v in inputs])
+        inputs = self._take_const_inputs(node.op_type, inputs, attrs, node.input)
         outputs = list(node.output)
         while outputs and not outputs[-1]:  # trailing empty names are optional outputs nobody asked for
             outputs.pop()
@@ -358,7 +429,7 @@ class _Importer:
         self._emit(node.op_type, inputs, attrs, label, outputs)
 
     def _take_const_inputs(
-        self, op: str, inputs: list[Value | None], attrs: dict[str, Any], names, what: str
+        self, op: str, inputs: list[Value | None], attrs: dict[str, Any], names
     ) -> list[Value | None]:
         """Move the op's shape-deciding inputs into attrs; they must be constant at import."""
         const_inputs = get_op(op).const_inputs
@@ -368,7 +439,7 @@ class _Importer:
             value = inputs[index]
             if value not in self.graph.params:
                 raise ShapeError(
-                    f"{what}: input {index} ({attr!r}, value {names[index]!r}) decides the output shape and must be "
+                    f"input {index} ({attr!r}, value {names[index]!r}) decides the output shape and must be "
                     "a constant, but it is computed at run time; export the model with static shapes "
                     "(fixed sizes, no dynamic axes) so that it folds to a constant"
                 )
@@ -399,18 +470,12 @@ class _Importer:
     ) -> list[Value]:
         """Add one node, or fold it to params when its result is known at import."""
         op_def = get_op(op)
-        try:
-            types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
-            folded = self._fold(op, op_def, inputs, attrs)
-        except UnsupportedOpError as error:
-            raise UnsupportedOpError(f"node {label} ({op}): {error}", error.ops or {op: [label]}) from error
-        except TesselError as error:
-            raise type(error)(f"node {label} ({op}): {error}") from error
+        types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
         if len(types) < len(output_names):
             raise UnsupportedOpError(
-                f"node {label} ({op}) asks for {len(output_names)} outputs; Tessel computes only {len(types)} for {op}",
-                {op: [label]},
+                f"it asks for {len(output_names)} outputs; Tessel computes only {len(types)} for {op}", {op: [label]}
             )
+        folded = self._fold(op, op_def, inputs, attrs, types)
         names = [name or self._fresh(f"{label}_out{position}") for position, name in enumerate(output_names)]
         names += [self._fresh(f"{label}_out{position}") for position in range(len(names), len(types))]
         if folded is not None:
@@ -427,7 +492,9 @@ class _Importer:
         self.graph.nodes.append(Node(op, list(inputs), outputs, attrs, label))
         return outputs
 
-    def _fold(self, op: str, op_def, inputs: list[Value | None], attrs: dict[str, Any]) -> list[np.ndarray] | None:
+    def _fold(
+        self, op: str, op_def, inputs: list[Value | None], attrs: dict[str, Any], types: list[TensorType]
+    ) -> list[np.ndarray] | None:
         if op in ("Shape", "Size"):
             # every shape is static, so these are constants whatever their input holds
             shape = inputs[0].type.shape
@@ -435,6 +502,8 @@ class _Importer:
                 return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
             return [np.array(shape[attrs.get("start", 0) : attrs.get("end", len(shape))], dtype=np.int64)]
         if any(v is not None and v not in self.graph.params for v in inputs):
+            return None
+        if not worth_folding([v.type for v in inputs if v is not None], types):
             return None
         arrays = [self.graph.params[v] if v is not None else None for v in inputs]
         return [np.asarray(result) for result in op_def.run_reference(arrays, attrs)]

@@ -7,12 +7,16 @@ the text form that pass tests compare.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+INT64_MAX = (1 << 63) - 1
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+
+_ITEMSIZE = {dtype: np.dtype(dtype).itemsize for dtype in DTYPES}
 
 
 class GraphError(ValueError):
@@ -30,14 +34,16 @@ class TensorType:
             raise GraphError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         if any(d < 0 for d in self.shape):
             raise GraphError(f"negative dimension in shape {self.shape}")
+        if self.nbytes > INT64_MAX:
+            raise GraphError(f"shape {list(self.shape)} of {self.dtype} has more bytes than a 64-bit size can count")
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * _ITEMSIZE[self.dtype]
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"

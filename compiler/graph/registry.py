@@ -58,6 +58,19 @@ def register_op(name: str, *, infer: InferFn, pattern, reference, const_inputs=(
     return _REGISTRY[name]
 
 
+# A folded result may grow past its inputs only up to this many elements: beyond it, an Expand, Tile or
+# ConstantOfShape is cheaper to compute at run time than to ship in the params, and a hostile model cannot make
+# the compiler allocate gigabytes (a 200-byte Expand to [2^34, 4]).
+FOLD_GROWTH_LIMIT_ELEMENTS = 1 << 20
+
+
+def worth_folding(inputs: list[TensorType], outputs: list[TensorType]) -> bool:
+    """Whether a node reading only constants should be evaluated at compile time, decided from its types alone so
+    that nothing is allocated for a node that is then left to run time."""
+    grown = sum(t.size for t in outputs)
+    return grown <= max(sum(t.size for t in inputs), FOLD_GROWTH_LIMIT_ELEMENTS)
+
+
 def get_op(name: str) -> OpDef:
     _load_ops()
     try:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.graph.ir import Graph, Node
-from compiler.graph.registry import get_op
+from compiler.graph.registry import FOLD_GROWTH_LIMIT_ELEMENTS as GROWTH_LIMIT_ELEMENTS
+from compiler.graph.registry import get_op, worth_folding
 
-# A folded result may grow past its inputs only up to this many elements: beyond it, an Expand, Tile
-# or ConstantOfShape is cheaper to compute at run time than to ship in the params.
-GROWTH_LIMIT_ELEMENTS = 1 << 20
+__all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants"]
 
 # Ops whose results are not a function of their inputs, so evaluating them once would change the model.
 NONDETERMINISTIC_OPS = frozenset(
@@ -44,8 +43,7 @@ def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
     tensors = [value for value in node.inputs if value is not None]
     if node.op in NONDETERMINISTIC_OPS or any(value not in graph.params for value in tensors):
         return None
-    grown = sum(value.type.size for value in node.outputs)
-    if grown > max(sum(value.type.size for value in tensors), GROWTH_LIMIT_ELEMENTS):
+    if not worth_folding([value.type for value in tensors], [value.type for value in node.outputs]):
         return None
     arrays = [None if value is None else graph.params[value] for value in node.inputs]
     return get_op(node.op).run_reference(arrays, node.attrs)

@@ -314,7 +314,7 @@ def test_weights_in_an_external_file_load_from_the_path_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dense.onnx", "weights.bin"]
     graph = load_onnx(path)
     np.testing.assert_array_equal(next(iter(graph.params.values())), weight)
-    with pytest.raises(ModelError, match="external file; load the model from its path"):
+    with pytest.raises(ModelError, match="external file; compile the model from its path"):
         load_onnx(path.read_bytes())
 
 
