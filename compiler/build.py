@@ -20,7 +20,7 @@ import onnx
 from compiler.bundle import CODE_FILES, FORMAT_VERSION, PARAMS_FILE, BundleError, read_bundle, write_bundle
 from compiler.codegen.llvm import CompiledModule, compile_funcs
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
-from compiler.frontend.onnx import load_onnx
+from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.graph.ir import Graph, Node
 from compiler.link import link_shared, link_wasm
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
@@ -144,7 +144,12 @@ def _model_source(model, input_shapes) -> tuple[Graph, bytes]:
         path = Path(model)
         if not path.is_file():
             raise ModelError(f"cannot read model {path}: no such file; give the path of an .onnx model")
+        # from the path, so that weights kept in data files beside the model load (and count in the identity)
         data = path.read_bytes()
+        for data_file in external_data_files(path):
+            with open(data_file, "rb") as file:
+                data += hashlib.file_digest(file, "sha256").digest()
+        return load_onnx(path, input_shapes=input_shapes), data
     else:
         raise ModelError(f"compile_model takes a path, ONNX bytes, a ModelProto or a Graph, not {type(model).__name__}")
     return load_onnx(data, input_shapes=input_shapes), data
@@ -247,6 +252,7 @@ def compile_model(
     graph, model_bytes = _model_source(model, input_shapes)
     progress("optimizing the graph", 0.05)
     fused = optimize(graph, fuse=True, target=target)
+    _check_indexable(fused)
     configs = load_tuning_records(tuning_records) if tuning_records is not None else {}
 
     kernels: dict[str, PrimFunc] = {}
@@ -267,6 +273,7 @@ def compile_model(
         kernel_entries[key]["groups"].append(node.name)
 
     places, params, params_layout, plan, output_sources = _lay_out(fused)
+    _check_addressable(fused, target, plan.arena_bytes, len(params))
     run = _run_func(fused, kernel_of, places)
     progress(f"generating code for {len(kernels)} kernels", 0.6)
     compiled = compile_funcs([*kernels.values(), run], target)
@@ -317,6 +324,37 @@ def compile_model(
     }
     progress("done", 1.0)
     return Module(manifest, library, params, num_threads, compiled, [*kernels.values(), run])
+
+
+# Loop variables and buffer offsets in generated kernels are 32-bit integers on every target.
+INDEX_LIMIT = (1 << 31) - 1
+
+
+def _check_indexable(graph: Graph) -> None:
+    """Refuse a tensor with more elements than a kernel's 32-bit index reaches, before lowering anything."""
+    values = list(graph.values())
+    for node in graph.nodes:
+        if "body" in node.attrs:
+            values += node.attrs["body"].values()
+    for value in values:
+        if value.type.size > INDEX_LIMIT:
+            raise ShapeError(
+                f"tensor {value.name!r} ({value.type}) has {value.type.size:,} elements; Tessel's kernels index "
+                f"with 32-bit integers, so a tensor holds at most {INDEX_LIMIT:,}: compile with smaller input shapes"
+            )
+
+
+def _check_addressable(graph: Graph, target: Target, arena_bytes: int, params_bytes: int) -> None:
+    """Refuse a model whose memory (arena, params, inputs and outputs) exceeds what the target's pointers address."""
+    limit = 1 << (8 * target.pointer_bytes)
+    io_bytes = sum(value.type.nbytes for value in dict.fromkeys([*graph.inputs, *graph.outputs]))
+    total = arena_bytes + params_bytes + io_bytes
+    if total >= limit:
+        raise ShapeError(
+            f"the model needs {total:,} bytes of memory ({arena_bytes:,} arena, {params_bytes:,} params, "
+            f"{io_bytes:,} inputs and outputs), but {target.arch} addresses {limit:,}: compile it with smaller "
+            "input shapes, or for a 64-bit target"
+        )
 
 
 def _lay_out(graph: Graph):

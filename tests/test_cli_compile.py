@@ -86,3 +86,36 @@ def test_a_corrupted_bundle_exits_2(tmp_path, capsys):
     data[0] ^= 1
     (bundle / "params.bin").write_bytes(bytes(data))
     assert "params.bin is corrupted" in _error(capsys, ["run", str(bundle)])
+
+
+def test_a_model_with_external_data_compiles_from_its_path_and_matches_onnxruntime(tmp_path, capsys):
+    import onnx
+
+    model = zoo.build_model("mlp")
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="mlp.onnx.data", size_threshold=1024)
+    assert (tmp_path / "mlp.onnx.data").stat().st_size > path.stat().st_size
+    assert main(["compile", str(path), "--target", "wasm", "-o", str(tmp_path / "bundle")]) == 0
+    x = np.random.default_rng(0).standard_normal((1, 784)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert (
+        main(["run", str(tmp_path / "bundle"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")])
+        == 0
+    )
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-4, atol=1e-5)
+    (tmp_path / "mlp.onnx.data").unlink()
+    assert "keeps its data in 'mlp.onnx.data', which is missing" in _error(capsys, ["compile", str(path)])
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ("input=99999999999999999999,8", "more than a 64-bit size can count"),
+        ("input=3000000,784", "Tessel's kernels index with 32-bit integers"),
+        ("input=1000000,784", "but wasm32 addresses 4,294,967,296"),
+    ],
+)
+def test_shapes_too_large_for_the_target_are_refused_before_code_generation(tmp_path, capsys, shape, message):
+    model = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    assert message in _error(capsys, ["compile", str(model), "--target", "wasm", "--input-shape", shape])

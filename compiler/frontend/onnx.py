@@ -5,6 +5,7 @@ whatever is constant at import, handing the passes a typed Graph with static sha
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -525,6 +526,11 @@ def parse_input_shapes(specs) -> dict[str, tuple[int, ...]]:
             if not equals or not name:
                 raise ValueError
             shape = tuple(int(dim) for dim in dims.split(","))
+            if math.prod(shape) > checks.INT64_MAX:
+                raise ShapeError(
+                    f"input shape {spec!r} has {math.prod(shape):,} elements, more than a 64-bit size can count; "
+                    "give smaller dimensions"
+                )
         except ValueError:
             raise ShapeError(
                 f"input shape {spec!r} is not of the form NAME=D1,D2,...; for example input=1,3,224,224"
