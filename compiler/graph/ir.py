@@ -141,8 +141,12 @@ class Graph:
         result: dict[Value, list[Node]] = {}
         for node in self.nodes:
             for v in node.inputs:
-                if v is not None and node not in result.setdefault(v, []):
-                    result[v].append(node)
+                if v is None:
+                    continue
+                readers = result.setdefault(v, [])
+                # nodes come in order, so a second read by this node finds it last
+                if not readers or readers[-1] is not node:
+                    readers.append(node)
         return result
 
     def copy(self) -> Graph:

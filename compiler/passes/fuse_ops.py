@@ -13,12 +13,18 @@ from compiler.graph.registry import Pattern, get_op
 
 EPILOGUE_OWNERS = (Pattern.OUT_EWISE_FUSABLE, Pattern.REDUCE)
 
+# A group stops growing at this many ops (TVM's FuseOps has max_depth for the same reasons): a group's kernel is
+# one expression as deep as its chain, which every recursive visitor after this pass walks, and the bookkeeping
+# per merge grows with the group, so an unbounded group makes a long chain (a 50,000-node export) quadratic.
+MAX_GROUP_OPS = 64
+
 
 def fuse_ops(graph: Graph) -> Graph:
     """Group ops as TVM does: an out-elementwise-fusable op or a reduction absorbs the elementwise/broadcast chain
     after it (a diamond too, such as x * sigmoid(x), when it closes inside the group), elementwise/broadcast/
     injective ops fuse with each other, a reduction absorbs injective producers that
-    only it reads, two out-elementwise-fusable ops never share a group, and opaque ops stand alone."""
+    only it reads, two out-elementwise-fusable ops never share a group, opaque ops stand alone, and no group
+    holds more than MAX_GROUP_OPS ops."""
     grouping = _Grouping(graph)
     for index in range(len(graph.nodes)):
         grouping.place(index)
@@ -68,11 +74,15 @@ class _Grouping:
         if self.pattern(joined) > Pattern.INJECTIVE:
             return
         for group in sources:
-            if group != joined and self.pattern(group) <= Pattern.INJECTIVE:
+            if group == joined or len(self.members[joined]) + len(self.members[group]) > MAX_GROUP_OPS:
+                continue
+            if self.pattern(group) <= Pattern.INJECTIVE:
                 if not self._creates_cycle(self.members[joined] + self.members[group], index):
                     self._merge(joined, group)
 
     def _absorbs(self, group: int, index: int) -> bool:
+        if len(self.members[group]) >= MAX_GROUP_OPS:
+            return False
         node, pattern, group_pattern = self.nodes[index], self.patterns[index], self.pattern(group)
         links = [v for v in node.inputs if v in self.producer and self.group_of[self.producer[v]] == group]
         if pattern <= Pattern.BROADCAST and group_pattern in EPILOGUE_OWNERS:

@@ -18,41 +18,95 @@ NEUTRAL_OPERANDS = {"Add": ((0, 1), 0), "Sub": ((1,), 0), "Mul": ((0, 1), 1), "D
 
 def simplify(graph: Graph) -> Graph:
     """Remove Identity, inference Dropout, same-shape Reshape, identity Transpose and x*1, x+0, x-0, x/1; merge
-    Reshape/Flatten chains into one Reshape and Transpose chains into one Transpose; graph outputs keep their Values."""
-    result = graph.copy()
-    while _rewrite_once(result):
-        pass
-    return result
+    Reshape/Flatten chains into one Reshape and Transpose chains into one Transpose; graph outputs keep their Values.
+
+    One walk in topological order, so the pass is linear in the nodes: each node first reads its inputs through the
+    renames of the nodes removed before it, then is merged into its producer or removed as often as that applies."""
+    return _Simplifier(graph.copy()).run()
 
 
-def _rewrite_once(graph: Graph) -> bool:
-    """Apply the first rewrite that matches anywhere in `graph`, in place; False if none does."""
-    producers = graph.producers()
-    consumers = graph.consumers()
-    for node in graph.nodes:
-        alias = _alias(node, graph, consumers)
-        if alias is not None and _remove(graph, node, alias, producers):
-            return True
-        source = producers.get(node.inputs[0]) if node.inputs else None
-        if source is None or not _merges(source, node):
-            continue
-        merged = _merge(source, node)
-        if merged is None:
-            continue
-        graph.nodes[graph.nodes.index(node)] = merged
-        if consumers[node.inputs[0]] == [node] and node.inputs[0] not in graph.outputs:
-            graph.nodes.remove(source)
+class _Simplifier:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.outputs = set(graph.outputs)
+        self.rename: dict[Value, Value] = {}
+        self.producer: dict[Value, Node] = {}
+        self.dropped: set[int] = set()
+        # how many nodes read each value: a merged-away producer is removed when nothing else reads it
+        self.readers: dict[Value, int] = {}
+        for node in graph.nodes:
+            for value in set(node.inputs):
+                self.readers[value] = self.readers.get(value, 0) + 1
+
+    def resolve(self, value: Value | None) -> Value | None:
+        while value in self.rename:
+            value = self.rename[value]
+        return value
+
+    def run(self) -> Graph:
+        kept: list[Node] = []
+        for node in self.graph.nodes:
+            node.inputs = [self.resolve(value) for value in node.inputs]
+            node = self.rewrite(node)
+            if node is not None:
+                kept.append(node)
+                self.producer.update((value, node) for value in node.outputs)
+        self.graph.nodes = [node for node in kept if id(node) not in self.dropped]
+        for node in self.graph.nodes:
+            node.inputs = [self.resolve(value) for value in node.inputs]
+        return self.graph
+
+    def rewrite(self, node: Node) -> Node | None:
+        """The node after every rewrite that applies to it, or None when it is removed."""
+        while True:
+            alias = _alias(node, self.graph, self.readers)
+            if alias is not None and self.remove(node, alias):
+                return None
+            source = self.producer.get(node.inputs[0]) if node.inputs else None
+            merged = _merge(source, node) if source is not None and _merges(source, node) else None
+            if merged is None:
+                return node
+            middle = node.inputs[0]
+            self.readers[middle] -= 1
+            self.readers[merged.inputs[0]] = self.readers.get(merged.inputs[0], 0) + 1
+            if not self.readers[middle] and middle not in self.outputs:
+                self.drop(source)
+            node = merged
+
+    def drop(self, node: Node) -> None:
+        self.dropped.add(id(node))
+        for value in node.outputs:
+            del self.producer[value]
+        for value in set(node.inputs):
+            self.readers[value] -= 1
+
+    def remove(self, node: Node, alias: Value) -> bool:
+        """Drop `node`, whose first output equals `alias`; False when that would rename a graph output."""
+        output = node.outputs[0]
+        if output in self.outputs and (alias in self.outputs or alias not in self.producer):
+            return False
+        for value in set(node.inputs):
+            self.readers[value] -= 1
+        if output in self.outputs:
+            # the output Value must survive, so the alias's producer defines it instead of the alias
+            producer = self.producer.pop(alias)
+            producer.outputs[producer.outputs.index(alias)] = output
+            self.producer[output] = producer
+            self.rename[alias] = output
+            self.readers[output] = self.readers.get(output, 0) + self.readers.pop(alias, 0)
+        else:
+            self.rename[output] = alias
+            self.readers[alias] += self.readers.pop(output, 0)
         return True
-    return False
 
 
-def _alias(node: Node, graph: Graph, consumers: dict[Value, list[Node]]) -> Value | None:
+def _alias(node: Node, graph: Graph, readers: dict[Value, int]) -> Value | None:
     """The input that the node's only live output always equals, or None."""
     output = node.outputs[0]
     if node.op == "Identity":
         return node.inputs[0]
     if node.op == "Dropout":
-        unused = all(not consumers.get(value) and value not in graph.outputs for value in node.outputs[1:])
+        unused = all(not readers.get(value) and value not in graph.outputs for value in node.outputs[1:])
         return node.inputs[0] if unused and not node.attrs.get("training_mode", 0) else None
     if node.op in RESHAPES and node.inputs[0].type == output.type:
         return node.inputs[0]
@@ -66,27 +120,6 @@ def _alias(node: Node, graph: Graph, consumers: dict[Value, list[Node]]) -> Valu
             if array is not None and other.type == output.type and np.all(array == neutral):
                 return other
     return None
-
-
-def _remove(graph: Graph, node: Node, alias: Value, producers: dict[Value, Node]) -> bool:
-    """Drop `node`, whose first output equals `alias`; False when that would rename a graph output."""
-    output = node.outputs[0]
-    if output in graph.outputs:
-        # the output Value must survive, so the alias's producer defines it instead of the alias
-        if alias in graph.outputs or alias not in producers:
-            return False
-        producer = producers[alias]
-        producer.outputs[producer.outputs.index(alias)] = output
-        _replace_uses(graph, alias, output)
-    else:
-        _replace_uses(graph, output, alias)
-    graph.nodes.remove(node)
-    return True
-
-
-def _replace_uses(graph: Graph, old: Value, new: Value) -> None:
-    for node in graph.nodes:
-        node.inputs = [new if value is old else value for value in node.inputs]
 
 
 def _merges(source: Node, node: Node) -> bool:
