@@ -79,26 +79,10 @@ FLAG_ATTRIBUTES = frozenset(
     }
 )
 
-_ATTRIBUTE_FIELDS = {
-    AttributeProto.FLOAT: "f",
-    AttributeProto.INT: "i",
-    AttributeProto.STRING: "s",
-    AttributeProto.TENSOR: "t",
-    AttributeProto.GRAPH: "g",
-    AttributeProto.SPARSE_TENSOR: "sparse_tensor",
-    AttributeProto.TYPE_PROTO: "tp",
-    AttributeProto.FLOATS: "floats",
-    AttributeProto.INTS: "ints",
-    AttributeProto.STRINGS: "strings",
-    AttributeProto.TENSORS: "tensors",
-    AttributeProto.GRAPHS: "graphs",
-    AttributeProto.SPARSE_TENSORS: "sparse_tensors",
-    AttributeProto.TYPE_PROTOS: "type_protos",
-}
-
 
 def _type_name(attribute_type: int) -> str:
-    return AttributeProto.AttributeType.Name(attribute_type) if attribute_type in _ATTRIBUTE_FIELDS else "UNDEFINED"
+    known = attribute_type in AttributeProto.AttributeType.values()
+    return AttributeProto.AttributeType.Name(attribute_type) if known else f"type {attribute_type}"
 
 
 # -- names ------------------------------------------------------------------------------------------------------
@@ -226,6 +210,23 @@ def check_sparse(sparse: onnx.SparseTensorProto, what: str) -> None:
         )
 
 
+def check_declared_output(info: onnx.ValueInfoProto, dtype: str) -> None:
+    """A graph output's declared dtype, when it declares one, must be the one its node computes (onnxruntime
+    refuses the model otherwise). Its declared shape may differ: input_shapes can change it."""
+    kind = info.type.WhichOneof("value")
+    if kind not in (None, "tensor_type"):
+        raise ModelError(f"graph output {info.name!r} is declared a {kind.replace('_type', '')}, not a tensor")
+    declared = info.type.tensor_type.elem_type
+    if kind == "tensor_type" and not declared:
+        raise ModelError(f"graph output {info.name!r} is declared a tensor of no dtype (UNDEFINED); export it again")
+    if declared and TENSOR_DTYPES.get(declared) != dtype:
+        name = TensorProto.DataType.Name(declared) if declared in TensorProto.DataType.values() else declared
+        raise ModelError(
+            f"graph output {info.name!r} is declared {name}, but the node that makes it computes {dtype}; "
+            "export the model again"
+        )
+
+
 # -- nodes against their schemas --------------------------------------------------------------------------------
 
 
@@ -252,8 +253,8 @@ def check_node(node: onnx.NodeProto, schema: defs.OpSchema) -> None:
                 f"it has {len(names)} {kind}, but {node.op_type} (opset {schema.since_version}) takes {expected}"
             )
     for position, (formal, name) in enumerate(zip(_formal_params(schema.inputs, len(node.input)), node.input)):
-        if not name and formal.option == defs.OpSchema.FormalParameterOption.Single:
-            raise ModelError(f"its required input {position} ({formal.name!r}) is left empty")
+        if not name and formal.option != defs.OpSchema.FormalParameterOption.Optional:
+            raise ModelError(f"its input {position} ({formal.name!r}) is left empty, but only optional inputs may be")
     seen = set()
     for attribute in node.attribute:
         if attribute.name in seen:
@@ -265,7 +266,9 @@ def check_node(node: onnx.NodeProto, schema: defs.OpSchema) -> None:
             raise ModelError(
                 f"it has the attribute {attribute.name!r}, which {node.op_type} does not take (it takes: {known})"
             )
-        kind = attribute.type or _implied_type(attribute)
+        kind = attribute.type
+        if kind == AttributeProto.UNDEFINED:
+            raise ModelError(f"attribute {attribute.name!r} has no type; export the model again")
         if kind != int(declared.type):
             raise ModelError(
                 f"attribute {attribute.name!r} is a {_type_name(kind)}, but {node.op_type} takes a "
@@ -276,17 +279,6 @@ def check_node(node: onnx.NodeProto, schema: defs.OpSchema) -> None:
     missing = [name for name, declared in schema.attributes.items() if declared.required and name not in seen]
     if missing:
         raise ModelError(f"it lacks the required attribute(s) {', '.join(map(repr, missing))}")
-
-
-def _implied_type(attribute: AttributeProto) -> int:
-    """An attribute written without its type field (IR version 1) has the type of the one field it sets."""
-    present = [kind for kind, field in _ATTRIBUTE_FIELDS.items() if _has(attribute, field)]
-    return present[0] if len(present) == 1 else AttributeProto.UNDEFINED
-
-
-def _has(attribute: AttributeProto, field: str) -> bool:
-    value = getattr(attribute, field)
-    return attribute.HasField(field) if not hasattr(value, "__len__") or field == "s" else len(value) > 0
 
 
 def _formal_params(formals, count: int) -> list:

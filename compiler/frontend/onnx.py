@@ -316,6 +316,7 @@ class _Importer:
         for output in self.onnx_graph.output:
             if output.name not in self.values:
                 raise ModelError(f"graph output {output.name!r} is produced by no node; export the model again")
+            checks.check_declared_output(output, self.values[output.name].type.dtype)
             self.graph.outputs.append(self.values[output.name])
         self._drop_unused_params()
         try:

@@ -112,7 +112,7 @@ def test_a_node_without_its_inputs_names_the_node():
 def test_an_empty_required_input_names_the_node():
     model = _dense(np.ones((3, 4), np.float32))
     model.graph.node[0].input[1] = ""
-    with pytest.raises(ModelError, match=r"node dense \(MatMul\): its required input 1 \('B'\) is left empty"):
+    with pytest.raises(ModelError, match=r"node dense \(MatMul\): its input 1 \('B'\) is left empty"):
         load_onnx(model)
 
 

@@ -222,7 +222,10 @@ def _conv(x, w, bias=None, *, group=1, **attrs):
     view = view.reshape(batch, group, channels // group, *window.output, *window.kernel)
     spatial_axes = tuple(range(3, 3 + rank))
     kernel_axes = tuple(range(3 + rank, 3 + 2 * rank))
-    columns = view.transpose(0, 1, 2, *kernel_axes, *spatial_axes).reshape(batch, group, -1, math.prod(window.output))
+    patch = channels // group * math.prod(window.kernel)
+    columns = view.transpose(0, 1, 2, *kernel_axes, *spatial_axes).reshape(
+        batch, group, patch, math.prod(window.output)
+    )
     weights = w.astype(dtype, copy=False).reshape(group, filters // group, -1)
     result = np.matmul(weights, columns).reshape(batch, filters, *window.output)
     if bias is not None:
