@@ -160,6 +160,10 @@ class Graph:
         from compiler.graph.registry import get_op
 
         defined: set[Value] = set()
+        for v in [*self.inputs, *self.params, *(v for node in self.nodes for v in node.outputs)]:
+            # names reach the bundle's manifest.json and the JS runtime, which take text only
+            if not isinstance(v.name, str):
+                raise GraphError(f"value name {v.name!r} is not text")
         for v in [*self.inputs, *self.params]:
             if v in defined:
                 raise GraphError(f"value %{v.name} is defined twice")
