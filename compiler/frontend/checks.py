@@ -235,7 +235,8 @@ def check_declared_output(info: onnx.ValueInfoProto, dtype: str) -> None:
 
 def node_schema(node: onnx.NodeProto, opset: int) -> defs.OpSchema:
     try:
-        return defs.get_schema(node.op_type, opset, node.domain)
+        # "ai.onnx" is the default domain's long name, under which onnx.defs registers nothing
+        return defs.get_schema(node.op_type, opset, "" if node.domain == "ai.onnx" else node.domain)
     except defs.SchemaError:
         raise ModelError(f"opset {opset} of ONNX has no operator {node.op_type!r}; export the model again") from None
 

@@ -188,6 +188,12 @@ def test_a_flag_attribute_outside_0_and_1_is_refused():
         load_onnx(model)
 
 
+def test_the_default_domain_s_long_name_finds_the_schema():
+    model = _relu()
+    model.graph.node[0].domain = "ai.onnx"
+    assert [node.op for node in load_onnx(model).nodes] == ["Relu"]
+
+
 def test_an_op_the_schema_does_not_know_is_refused_even_if_tessel_has_it():
     model = _relu()
     model.graph.node[0].op_type = "LayoutTransform"
