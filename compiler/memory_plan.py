@@ -44,12 +44,16 @@ def plan_memory(lifetimes: list[Lifetime], alignment: int = ALIGNMENT) -> Memory
         raise ValueError("every value of a memory plan needs a distinct name")
     placed: list[tuple[Lifetime, int]] = []
     offsets: dict[str, int] = {}
+    # the placed values alive at each step, so a value is compared only with those it may coexist with: comparing
+    # it with every placed one grew with the square of the number of values
+    alive: dict[int, list[int]] = {}
     for lifetime in sorted(lifetimes, key=lambda item: (-item.size, item.first, item.name)):
         size = align(max(lifetime.size, 1), alignment)
+        steps = range(lifetime.first, lifetime.last + 1)
+        neighbours = {index for step in steps for index in alive.get(step, ())}
         busy = sorted(
             (offset, offset + align(max(other.size, 1), alignment))
-            for other, offset in placed
-            if other.overlaps(lifetime)
+            for other, offset in map(placed.__getitem__, neighbours)
         )
         offset = 0
         for start, end in busy:
@@ -57,6 +61,8 @@ def plan_memory(lifetimes: list[Lifetime], alignment: int = ALIGNMENT) -> Memory
                 break
             offset = max(offset, end)
         offsets[lifetime.name] = offset
+        for step in steps:
+            alive.setdefault(step, []).append(len(placed))
         placed.append((lifetime, offset))
     arena = max((offset + align(max(item.size, 1), alignment) for item, offset in placed), default=0)
     total = sum(align(max(item.size, 1), alignment) for item in lifetimes)

@@ -80,16 +80,22 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     params: dict[Value, np.ndarray] = field(default_factory=dict)
     name: str = "graph"
+    # every name fresh_name has seen or handed out, built on its first call: passes name each Value they make
+    # through it, so a pass that adds a node per conv stays linear instead of rescanning the graph each time
+    _taken_names: set[str] | None = field(default=None, init=False, repr=False)
 
     # -- building -------------------------------------------------------------------------------
     def fresh_name(self, hint: str) -> str:
-        taken = {v.name for v in self.values()}
-        if hint not in taken:
-            return hint
+        if self._taken_names is None:
+            self._taken_names = {v.name for v in self.values()}
+        taken = self._taken_names
+        name = hint
         for i in itertools.count(1):
-            if f"{hint}_{i}" not in taken:
-                return f"{hint}_{i}"
-        raise AssertionError("unreachable")
+            if name not in taken:
+                break
+            name = f"{hint}_{i}"
+        taken.add(name)
+        return name
 
     def add_input(self, name: str, type: TensorType) -> Value:
         value = Value(self.fresh_name(name), type)

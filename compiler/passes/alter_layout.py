@@ -76,6 +76,7 @@ class _Rewriter:
         self.excluded = excluded  # positions of the convs to leave in NCHW
         self.nodes: list[Node] = []
         self.blocked: dict[tuple[Value, int], Value] = {}  # (NCHW value, x) -> its NCHW[x]c twin
+        self.first_block: dict[Value, int] = {}  # NCHW value -> the x of its first twin
         self.only_blocked: dict[Value, int] = {}  # values whose NCHW form nobody has made yet -> their twin's x
         self.converted: dict[int, Node] = {}  # position of each converted conv -> its ConvNCHWc
 
@@ -149,6 +150,7 @@ class _Rewriter:
             attrs = {"src": "NCHW", "dst": f"NCHW{block}c"}
             self.nodes.append(Node("LayoutTransform", [value], [twin], attrs, f"{value.name}_to_nchw{block}c"))
             self.blocked[key] = twin
+            self.first_block.setdefault(value, block)
         return self.blocked[key]
 
     def _plain(self, value: Value | None) -> None:
@@ -171,6 +173,7 @@ class _Rewriter:
         twin = self._twin(output, (batch, channels // block, height, width, block))
         self.nodes.append(Node(op, inputs, [twin], attrs, node.name))
         self.blocked[(output, block)] = twin
+        self.first_block.setdefault(output, block)
         self.only_blocked[output] = block
 
     def _conv(self, node: Node) -> bool:
@@ -184,7 +187,7 @@ class _Rewriter:
         block = self._block_for(filters)
         if group == 1:
             # the input keeps the block it has; a few input channels (an RGB image) form one block of their own
-            made = next((made for value, made in self.blocked if value is x), 0)
+            made = self.first_block.get(x, 0)
             input_block = made or self._block_for(channels) or (channels if channels < self.block else 0)
         else:
             input_block = block if group == channels == filters else 0
@@ -201,7 +204,7 @@ class _Rewriter:
         if node.op != "MaxPool" or len(node.outputs) != 1 or len(node.inputs[0].type.shape) != 4:
             return False
         x = node.inputs[0]
-        block = next((made for value, made in self.blocked if value is x), 0)
+        block = self.first_block.get(x, 0)
         if not block:
             return False
         self._replace(node, "MaxPoolNCHWc", [self.blocked[(x, block)]], dict(node.attrs), block)
