@@ -1,5 +1,5 @@
 """What benchmarks/cpu.py, benchmarks/ops.py and benchmarks/wasm.py share: the work a model does (multiply-add
-FLOPs counted from its ONNX graph, the least bytes it must move), this machine's measured FMA peak and copy
+FLOPs counted by compiler.zoo.model_flops, the least bytes it must move), this machine's measured FMA peak and copy
 bandwidth, the onnxruntime session they are timed against, interleaved timing, statistics and tables. Nothing
 here is part of the compiler; the numbers go to docs/benchmarks.md."""
 
@@ -28,27 +28,6 @@ from compiler.target import Target  # noqa: E402
 DEFAULT_MODELS = ("mobilenet_v2", "resnet18", "mlp", "dwconv_block")
 WARMUP = 5  # untimed runs of each side before the timed ones
 FMA_CHAINS = 12  # independent accumulators: enough to cover FMA latency × FMA ports on current x86 cores
-
-
-def model_flops(model: onnx.ModelProto) -> int:
-    """2 × the multiply-adds of every Conv, Gemm and MatMul, from the shapes ONNX shape inference gives."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {}
-    for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        shapes[info.name] = [dim.dim_value for dim in info.type.tensor_type.shape.dim]
-    for tensor in inferred.graph.initializer:
-        shapes[tensor.name] = list(tensor.dims)
-    macs = 0
-    for node in inferred.graph.node:
-        if node.op_type == "Conv":
-            weight, output = shapes[node.input[1]], shapes[node.output[0]]
-            macs += int(np.prod(output)) * int(np.prod(weight[1:]))
-        elif node.op_type in ("Gemm", "MatMul"):
-            left, output = shapes[node.input[0]], shapes[node.output[0]]
-            transposed = any(item.name == "transA" and item.i for item in node.attribute)
-            inner = left[-2] if transposed else left[-1]
-            macs += int(np.prod(output)) * inner
-    return 2 * macs
 
 
 def model_bytes(model: onnx.ModelProto) -> int:

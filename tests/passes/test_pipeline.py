@@ -12,11 +12,10 @@ from compiler.graph.reference import run_reference
 from compiler.passes import pipeline
 from compiler.passes.fuse_ops import group_summary
 
-MODELS = ["mlp", "mobilenet_v2", "resnet18", "dwconv_block", "digits"]
 GONE_OPS = {"BatchNormalization", "Identity", "Dropout"}
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", zoo.MODELS)
 def test_optimized_zoo_model_matches_reference_and_onnxruntime(name):
     model = zoo.build_model(name)
     graph = load_onnx(model)
