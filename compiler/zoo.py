@@ -2,8 +2,10 @@
 
 Each model is an opset-17 ONNX ModelProto with seeded random weights (He-scaled, so activations stay in a
 sane range) laid out the way framework exporters write them — batch norm unfolded, ReLU6 as Clip with constant
-min/max inputs, PyTorch's Shape→Gather→Unsqueeze→Concat→Reshape flatten — so the frontend and passes meet
-real-world graphs. Nothing is downloaded; `digits` is the trained model shipped in `compiler/data/`.
+min/max inputs, PyTorch's Shape→Gather→Unsqueeze→Concat→Reshape flatten, SiLU as x * Sigmoid(x), GELU in its erf
+form, a Linear on 3-D inputs as MatMul + Add — so the frontend and passes meet real-world graphs. The broad zoo
+after the first five covers the patterns of common CNNs, transformers and 1-D audio nets at small sizes (docs/
+modules.md lists them). Nothing is downloaded; `digits` is the trained model shipped in `compiler/data/`.
 """
 
 from __future__ import annotations
@@ -286,7 +288,14 @@ def _silu(b: _Builder, x: str) -> str:
 
 
 def _max_pool(
-    b: _Builder, x: str, kernel: int, stride: int, pad: int = 0, ceil: bool = False, rank: int = 2, output=None
+    b: _Builder,
+    x: str,
+    kernel: int,
+    stride: int,
+    pad: int = 0,
+    ceil: bool = False,
+    rank: int = 2,
+    output: str | None = None,
 ) -> str:
     return b.node(
         "MaxPool",
