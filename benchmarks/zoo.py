@@ -125,7 +125,7 @@ def main() -> None:
     else:
         wasm_caption = ""
 
-    threads = f", Tessel's default {default_threads} threads" if default_threads else ""
+    threads = "" if default_threads is None else f", Tessel's default num_threads={default_threads} (0: every core)"
     print(f"{datetime.date.today()}, {machine()}, onnxruntime {ort.__version__}{threads}{wasm_caption}")
     print(
         f"median ms of {arguments.repeat} runs, Tessel / onnxruntime = ratio (lower is better); "
