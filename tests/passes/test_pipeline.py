@@ -34,6 +34,7 @@ def test_optimized_zoo_model_matches_reference_and_onnxruntime(name):
     for (output, array), oracle in zip(actual.items(), runtime, strict=True):
         np.testing.assert_allclose(array, expected[output], rtol=1e-4, atol=1e-5, err_msg=f"{output} vs unoptimised")
         np.testing.assert_allclose(array, oracle, rtol=1e-4, atol=1e-5, err_msg=f"{output} vs onnxruntime")
+        np.testing.assert_allclose(expected[output], oracle, rtol=1e-4, atol=1e-5, err_msg=f"unoptimised {output}")
 
 
 def test_seed_block_is_one_kernel():
