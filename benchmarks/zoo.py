@@ -86,6 +86,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30, help="timed runs of each side per column, after warm-up")
     parser.add_argument("--slowest", type=int, default=8, help="slowest fused groups of the worst model to list")
     arguments = parser.parse_args()
+    if arguments.repeat < 1:
+        parser.error("--repeat needs at least 1 timed run")
     columns = [COLUMNS[key] for key in arguments.columns]
     native = [column for column in columns if not column.wasm]
 
