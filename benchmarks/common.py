@@ -1,13 +1,16 @@
-"""What benchmarks/cpu.py, benchmarks/ops.py and benchmarks/wasm.py share: the work a model does (multiply-add
-FLOPs counted from its ONNX graph, the least bytes it must move), this machine's measured FMA peak and copy
-bandwidth, the onnxruntime session they are timed against, interleaved timing, statistics and tables. Nothing
-here is part of the compiler; the numbers go to docs/benchmarks.md."""
+"""What benchmarks/cpu.py, ops.py, wasm.py and zoo.py share: the work a model does (multiply-add FLOPs counted by
+compiler.zoo.model_flops, the least bytes it must move), this machine's measured FMA peak and copy bandwidth, the
+onnxruntime session they are timed against, interleaved timing natively and in Node against onnxruntime-web,
+statistics and tables. Nothing here is part of the compiler; the numbers go to docs/benchmarks.md."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -19,7 +22,8 @@ import onnx
 import onnxruntime as ort
 from llvmlite import ir
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
 
 from compiler.codegen.llvm import compile_module  # noqa: E402
 from compiler.link import link_shared  # noqa: E402
@@ -28,27 +32,6 @@ from compiler.target import Target  # noqa: E402
 DEFAULT_MODELS = ("mobilenet_v2", "resnet18", "mlp", "dwconv_block")
 WARMUP = 5  # untimed runs of each side before the timed ones
 FMA_CHAINS = 12  # independent accumulators: enough to cover FMA latency × FMA ports on current x86 cores
-
-
-def model_flops(model: onnx.ModelProto) -> int:
-    """2 × the multiply-adds of every Conv, Gemm and MatMul, from the shapes ONNX shape inference gives."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {}
-    for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        shapes[info.name] = [dim.dim_value for dim in info.type.tensor_type.shape.dim]
-    for tensor in inferred.graph.initializer:
-        shapes[tensor.name] = list(tensor.dims)
-    macs = 0
-    for node in inferred.graph.node:
-        if node.op_type == "Conv":
-            weight, output = shapes[node.input[1]], shapes[node.output[0]]
-            macs += int(np.prod(output)) * int(np.prod(weight[1:]))
-        elif node.op_type in ("Gemm", "MatMul"):
-            left, output = shapes[node.input[0]], shapes[node.output[0]]
-            transposed = any(item.name == "transA" and item.i for item in node.attribute)
-            inner = left[-2] if transposed else left[-1]
-            macs += int(np.prod(output)) * inner
-    return 2 * macs
 
 
 def model_bytes(model: onnx.ModelProto) -> int:
@@ -204,15 +187,83 @@ def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSessio
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def interleaved(runs, repeat: int) -> list[list[float]]:
-    """Milliseconds of `repeat` runs of each of `runs`, alternating (A B A B ...), after WARMUP runs of each."""
+def interleaved(runs, repeat: int, block: int = 1, pause_s: float = 0.0, interval_s: float = 0.0) -> list[list[float]]:
+    """Milliseconds of `repeat` runs of each of `runs`, after WARMUP runs of each: `block` runs of one, then `block`
+    of the next (A B A B ... when block is 1), with `pause_s` seconds idle after each block and `interval_s` idle
+    before each timed run (a caller that runs the model now and then, not back to back)."""
     for _ in range(WARMUP):
         for run in runs:
             run()
     times = [[] for _ in runs]
-    for _ in range(repeat):
+    while len(times[-1]) < repeat:
+        count = min(block, repeat - len(times[-1]))
         for run, samples in zip(runs, times):
-            started = time.perf_counter()
-            run()
-            samples.append((time.perf_counter() - started) * 1000)
+            for _ in range(count):
+                if interval_s:
+                    time.sleep(interval_s)
+                started = time.perf_counter()
+                run()
+                samples.append((time.perf_counter() - started) * 1000)
+            if pause_s:
+                time.sleep(pause_s)
     return times
+
+
+def geometric_mean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def install_onnxruntime_web() -> None:
+    """npm ci from the lockfile (npm install without one) into benchmarks/node_modules, once."""
+    if (HERE / "node_modules" / "onnxruntime-web").is_dir():
+        return
+    if shutil.which("npm") is None:
+        raise SystemExit("the wasm benchmarks need Node 20 and npm on the PATH to install onnxruntime-web")
+    command = "ci" if (HERE / "package-lock.json").is_file() else "install"
+    subprocess.run(["npm", command, "--prefix", str(HERE), "--no-audit", "--no-fund"], check=True)
+
+
+def run_in_node(entries, repeat: int, block: int = 1, pause_ms: float = 0.0) -> dict:
+    """Time wasm Modules in Node against onnxruntime-web (benchmarks/node_bench.mjs), `block` runs of each in turn
+    with `pause_ms` idle after each block. `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
+    Node are checked against onnxruntime's CPU provider here, and against onnxruntime-web's in Node, before timing.
+    Returns node_bench.mjs's report: {"versions": ..., "results": [{"name", "tessel", "onnxruntime_web"}, ...]}."""
+    install_onnxruntime_web()
+    with tempfile.TemporaryDirectory(prefix="tessel-wasm-bench-") as folder:
+        work = Path(folder)
+        specs = []
+        for name, model, module, feeds in entries:
+            module.export(work / name)
+            (work / f"{name}.onnx").write_bytes(model.SerializeToString())
+            inputs = []
+            for spec in module.inputs:
+                path = work / f"{name}.{spec.name}.bin"
+                path.write_bytes(np.ascontiguousarray(feeds[spec.name], np.float32).tobytes())
+                inputs.append({"name": spec.name, "file": str(path), "shape": list(spec.shape)})
+            specs.append(
+                {
+                    "name": name,
+                    "bundle": str(work / name),
+                    "onnx": str(work / f"{name}.onnx"),
+                    "inputs": inputs,
+                    "outputs": [spec.name for spec in module.outputs],
+                    "outputPrefix": str(work / f"{name}.output"),
+                }
+            )
+        job = work / "job.json"
+        job.write_text(
+            json.dumps({"models": specs, "repeat": repeat, "warmup": WARMUP, "block": block, "pauseMs": pause_ms})
+        )
+        node = subprocess.run(
+            ["node", str(HERE / "node_bench.mjs"), str(job)], capture_output=True, text=True, cwd=HERE
+        )
+        if node.returncode != 0:
+            raise SystemExit(f"node_bench.mjs failed:\n{node.stderr.strip()}")
+        for name, model, module, feeds in entries:
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            in_node = [
+                np.fromfile(work / f"{name}.output{position}.bin", np.float32).reshape(spec.shape)
+                for position, spec in enumerate(module.outputs)
+            ]
+            check_close(f"{name} (Tessel in Node)", in_node, session.run(None, feeds))
+    return json.loads(node.stdout)

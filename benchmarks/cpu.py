@@ -21,7 +21,6 @@ from common import (
     fma_peak_gflops,
     interleaved,
     model_bytes,
-    model_flops,
     onnxruntime_session,
     print_slowest,
     print_table,
@@ -32,6 +31,7 @@ from common import (
 
 import compiler
 from compiler import zoo
+from compiler.zoo import model_flops
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 // The Node 20 half of benchmarks/wasm.py: runs each model's Tessel bundle through web_runtime/tessel.js and the
 // same .onnx file through onnxruntime-web (wasm execution provider, SIMD, one thread) in this one process,
-// checks that both give the same outputs, times them interleaved (A B A B ...) and prints the times as JSON.
+// checks that both give the same outputs, times them interleaved (A B A B ..., or in blocks with pauses) and prints
+// the times as JSON.
 // Usage: node benchmarks/node_bench.mjs job.json  (wasm.py writes the job: models, inputs, repeat, warmup)
 
 import { readFile, writeFile } from "node:fs/promises";
@@ -61,11 +62,20 @@ async function benchmark(job, spec) {
     await runTessel();
     await runOrt();
   }
+  // `block` runs of one side, then of the other, idle `pauseMs` after each block (1 and 0: A B A B ...).
+  const block = job.block ?? 1;
+  const pauseMs = job.pauseMs ?? 0;
   const tesselMs = [];
   const ortMs = [];
-  for (let round = 0; round < job.repeat; round++) {
-    tesselMs.push(await timed(runTessel));
-    ortMs.push(await timed(runOrt));
+  while (ortMs.length < job.repeat) {
+    const count = Math.min(block, job.repeat - ortMs.length);
+    for (const [run, samples] of [
+      [runTessel, tesselMs],
+      [runOrt, ortMs],
+    ]) {
+      for (let index = 0; index < count; index++) samples.push(await timed(run));
+      if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
+    }
   }
   model.dispose();
   await session.release();

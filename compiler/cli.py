@@ -92,7 +92,11 @@ def _run_zoo(args: argparse.Namespace) -> int:
 
     if args.list:
         for name in zoo.MODELS:
-            print(f"{name}  input {'x'.join(map(str, zoo.INPUT_SHAPES[name]))}")
+            model = zoo.build_model(name)
+            print(
+                f"{name:<20} input {'x'.join(map(str, zoo.INPUT_SHAPES[name])):<14} "
+                f"{zoo.model_parameters(model) / 1e6:7.3f} M params  {zoo.model_flops(model) / 1e9:6.3f} GFLOPs"
+            )
         return 0
     if args.name is None:
         raise TesselError(f"name a zoo model to write ({', '.join(zoo.MODELS)}), or pass --list")

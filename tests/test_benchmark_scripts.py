@@ -1,4 +1,4 @@
-"""benchmarks/cpu.py and benchmarks/ops.py run end to end on their smallest cases: it checks Tessel's outputs against onnxruntime's
+"""benchmarks/cpu.py, benchmarks/ops.py and benchmarks/zoo.py run end to end on their smallest cases: it checks Tessel's outputs against onnxruntime's
 before it times anything, and prints its table, the reference timings and the slowest groups. Nothing here looks
 at the times themselves (speed is measured by the scripts, never asserted by tests)."""
 
@@ -29,3 +29,25 @@ def test_ops_benchmark_prints_its_table_for_one_case():
     assert result.returncode == 0, result.stderr
     (row,) = [line for line in result.stdout.splitlines() if line.startswith(f"| {case} |")]
     assert row.rstrip(" |").endswith("×")
+
+
+def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():
+    columns = ["1-thread", "every-50ms", "busy-core"]
+    command = [sys.executable, "benchmarks/zoo.py", "--models", "mlp", "digits", "--repeat", "2", "--columns", *columns]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| model |"))
+    assert header.count("|") == len(columns) + 2 and "one core busy" in header
+    for name in ("mlp", "digits"):
+        (row,) = [line for line in lines if line.startswith(f"| {name} |")]
+        cells = [cell.strip() for cell in row.strip("|").split("|")][1:]
+        assert len(cells) == len(columns)
+        for cell in cells:
+            tessel, rest = cell.split(" / ")
+            rival, ratio = rest.split(" = ")
+            assert float(tessel) > 0 and float(rival) > 0 and ratio.endswith("×")
+    (means,) = [line for line in lines if line.startswith("| geometric mean |")]
+    assert means.count("×") == len(columns)
+    assert any("the worst geometric mean ratio" in line for line in lines)
+    assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"

@@ -39,8 +39,11 @@ def test_commands_are_a_table_later_issues_extend():
 
 def test_zoo_lists_every_model(capsys):
     assert main(["zoo", "--list"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == list(zoo.MODELS)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(zoo.MODELS)
+    (resnet,) = [line for line in lines if line.startswith("resnet18 ")]
+    # torchvision's ResNet-18: 11.69 M parameters, 1.82 G multiply-adds at 224x224
+    assert "1x3x224x224" in resnet and "11.699 M params" in resnet and "3.627 GFLOPs" in resnet
 
 
 def test_zoo_writes_a_valid_model(tmp_path, capsys):

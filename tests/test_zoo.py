@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from compiler import zoo
 from compiler.data import train_digits
@@ -63,6 +64,69 @@ def test_model_op_counts_match_the_published_architectures(models):
     assert counts(models["dwconv_block"]) == Counter({"Conv": 1, "Mul": 1, "Add": 1, "Relu": 1})
     assert depthwise(models["dwconv_block"]) == 1
     assert counts(models["mlp"]) == Counter({"Gemm": 3, "Relu": 2})
+
+
+def test_broad_zoo_models_have_their_architectures_signature_ops(models):
+    def counts(name):
+        return Counter(node.op_type for node in models[name].graph.node)
+
+    def attribute(node, key):
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == key), None)
+
+    def nodes(name, op):
+        return [node for node in models[name].graph.node if node.op_type == op]
+
+    # SqueezeNet 1.1: eight fire modules (a Concat each), three ceil_mode max pools, convs with bias
+    assert counts("squeezenet")["Concat"] == 8
+    assert [attribute(node, "ceil_mode") for node in nodes("squeezenet", "MaxPool")] == [1, 1, 1]
+    assert all(len(node.input) == 3 for node in nodes("squeezenet", "Conv"))
+    # ShuffleNetV2: a Split in each of the 13 basic units, a Reshape-Transpose-Reshape shuffle after all 16
+    shuffle = counts("shufflenet_v2")
+    assert shuffle["Split"] == 13 and shuffle["Transpose"] == 16 and shuffle["Reshape"] == 32
+    assert {tuple(attribute(node, "perm")) for node in nodes("shufflenet_v2", "Transpose")} == {(0, 2, 1, 3, 4)}
+    # MobileNetV3-small: nine squeeze-excites gated by HardSigmoid, HardSwish from the fourth block on
+    assert counts("mobilenet_v3_small")["HardSigmoid"] == 9 and counts("mobilenet_v3_small")["HardSwish"] == 19
+    kernels = {tuple(attribute(node, "kernel_shape")) for node in nodes("efficientnet_b0", "Conv")}
+    assert {(3, 3), (5, 5), (1, 1)} == kernels
+    assert counts("efficientnet_b0")["GlobalAveragePool"] == 10
+    assert [len(node.input) for node in nodes("densenet_block", "Concat")] == [2, 3, 4, 5, 6, 7]
+    (joined,) = nodes("inception_block", "Concat")
+    assert len(joined.input) == 4
+    assert counts("resnet50_bottleneck")["Add"] == 3
+    assert counts("unet_small")["ConvTranspose"] == 1 and counts("unet_small")["Concat"] == 2
+    assert [attribute(node, "mode") for node in nodes("unet_small", "Resize")] == [b"linear"]
+    assert [attribute(node, "mode") for node in nodes("yolo_neck", "Resize")] == [b"nearest", b"nearest"]
+    assert [attribute(node, "kernel_shape") for node in nodes("yolo_neck", "MaxPool")] == [[5, 5]] * 3
+    assert counts("vit_tiny")["LayerNormalization"] == 9 and counts("vit_tiny")["Softmax"] == 4
+    assert "LayerNormalization" not in counts("bert_tiny") and counts("bert_tiny")["Pow"] == 5
+    audio = nodes("audio_conv1d", "Conv")
+    assert {len(attribute(node, "kernel_shape")) for node in audio} == {1}
+    assert sorted(attribute(node, "dilations") or [1] for node in audio) == [[1]] * 4 + [[2], [4]]
+    # the sequence lengths of CLIP's text encoder (77 tokens: 7x11 patches) and BERT's usual 128
+    for name, scores in (("vit_tiny", [1, 3, 77, 77]), ("bert_tiny", [1, 4, 128, 128])):
+        inferred = onnx.shape_inference.infer_shapes(models[name]).graph.value_info
+        shapes = {info.name: [dim.dim_value for dim in info.type.tensor_type.shape.dim] for info in inferred}
+        assert {str(shapes[node.output[0]]) for node in nodes(name, "Softmax")} == {str(scores)}
+
+
+def test_flops_count_the_multiply_adds_of_each_contraction():
+    def single(op, shapes, output, **attrs):
+        names = [f"x{index}" for index in range(len(shapes))]
+        graph = helper.make_graph(
+            [helper.make_node(op, names, ["y"], **attrs)],
+            "one",
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in zip(names, shapes)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, output)],
+        )
+        return zoo.model_flops(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+    # a grouped conv: each of the 1*8*5*5 outputs sums 2 (channels per group) x 3 x 3 products
+    assert single("Conv", [[1, 4, 5, 5], [8, 2, 3, 3]], [1, 8, 5, 5], pads=[1] * 4, group=2) == 2 * 200 * 18
+    # a transposed conv scatters each of the 1*4*3*3 inputs through 6 x 2 x 2 weights
+    assert single("ConvTranspose", [[1, 4, 3, 3], [4, 6, 2, 2]], [1, 6, 6, 6], strides=[2, 2]) == 2 * 36 * 24
+    assert single("Gemm", [[7, 5], [3, 7]], [5, 3], transA=1, transB=1) == 2 * 15 * 7
+    assert single("MatMul", [[2, 3, 4, 9], [2, 3, 9, 5]], [2, 3, 4, 5]) == 2 * 120 * 9
+    assert zoo.model_parameters(zoo.build_model("mlp")) == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
 
 
 def test_models_are_deterministic():
