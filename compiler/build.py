@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from compiler.target import Target
 from compiler.tir.lower import lower
 from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
+from compiler.tune.space import run_template
 
 
 def link(compiled: CompiledModule, exports: list[str]) -> bytes:
@@ -258,11 +260,11 @@ def compile_model(
             progress(f"lowering {node.name}", 0.1 + 0.5 * step / max(1, len(fused.nodes)))
             name = f"kernel_{len(kernels)}"
             group = group_to_te(node)
-            config = configs.get(_task_text(task_of(node, target)))
-            schedule = schedule_group(group, target, config)
+            record = configs.get(_task_text(task_of(node, target)))
+            schedule, cfg = run_template(partial(schedule_group, group, target), record)
             kernels[key] = lower(schedule, [*group.inputs, *group.outputs], name)
             ops = [member.op for member in node.attrs["body"].nodes]
-            kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": config}
+            kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": cfg.values or None}
         kernel_of.append(kernels[key].name)
         kernel_entries[key]["groups"].append(node.name)
 
