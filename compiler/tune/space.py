@@ -5,6 +5,7 @@ searches and builds any point of it. compiler/schedules/ imports this module and
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -378,7 +379,7 @@ class Config(Mapping):
         return isinstance(other, Config) and self.to_json() == other.to_json()
 
     def __hash__(self) -> int:
-        return self.index
+        return hash(json.dumps(self.to_json(), sort_keys=True))
 
     def __repr__(self) -> str:
         return f"Config({self.index}: {self.to_json()})"

@@ -84,8 +84,8 @@ class Task:
     template: str
     workload: dict
     target: Target
-    space: ConfigSpace = field(repr=False)
-    node: Node = field(repr=False)
+    space: ConfigSpace = field(repr=False, compare=False)
+    node: Node = field(repr=False, compare=False)
     weight: int = 1
 
     def to_json(self) -> dict:
@@ -123,7 +123,7 @@ def schedule_node(node: Node, target: Target, records: dict[str, dict] | None = 
     """(group TE, schedule, cfg) of a fused node: built with the config `records` (task key -> knob values) holds
     for its task, else (or when that config no longer fits the template, with a TuningWarning) the fallback."""
     group, schedule, cfg = _fallback(node, target)
-    values = (records or {}).get(Task(cfg.template, workload(node), target, cfg, node).key)
+    values = records.get(Task(cfg.template, workload(node), target, cfg, node).key) if records else None
     if values is None:
         return group, schedule, cfg
     schedule, cfg = run_template(partial(schedule_group, group, target), values)
@@ -135,11 +135,12 @@ def extract_tasks(model, target: Target | str = "llvm", input_shapes: dict | Non
     group runs, each weighted by how many of its fused groups share it."""
     target = Target.parse(target)
     graph = model if isinstance(model, Graph) else load_onnx(model, input_shapes)
+    # for one target the workload decides the template, so a workload seen before is the same task
     tasks: dict[str, Task] = {}
     for node in optimize(graph, fuse=True, target=target).nodes:
-        task = task_of(node, target)
-        if task.key in tasks:
-            tasks[task.key].weight += 1
+        computation = canonical(workload(node))
+        if computation in tasks:
+            tasks[computation].weight += 1
         else:
-            tasks[task.key] = task
+            tasks[computation] = task_of(node, target)
     return list(tasks.values())
