@@ -21,11 +21,15 @@ from compiler.tune.space import ConfigSpace, TuningWarning, run_template
 RNG = np.random.default_rng(0)
 
 
-def small_space(values=None) -> ConfigSpace:
-    cfg = ConfigSpace(values)
+def small_space_template(cfg: ConfigSpace) -> None:
     cfg.define_split("tile_x", 12, num_outputs=3, default=(2, 3))
     cfg.define_knob("unroll", [0, 1], default=1)
     cfg.define_reorder("order", 3)
+
+
+def small_space(values=None) -> ConfigSpace:
+    cfg = ConfigSpace(values)
+    small_space_template(cfg)
     return cfg
 
 
@@ -126,12 +130,6 @@ def test_a_record_that_does_not_fit_warns_and_builds_the_fallback():
         warnings.simplefilter("error")
         _, cfg = run_template(small_space_template, {"unroll": 0})
     assert cfg["unroll"].val == 0
-
-
-def small_space_template(cfg: ConfigSpace) -> None:
-    cfg.define_split("tile_x", 12, num_outputs=3, default=(2, 3))
-    cfg.define_knob("unroll", [0, 1], default=1)
-    cfg.define_reorder("order", 3)
 
 
 def test_filters_reject_configs():
