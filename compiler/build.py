@@ -24,16 +24,16 @@ from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.graph.ir import Graph, Node
 from compiler.link import link_shared, link_wasm
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
-from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
 from compiler.runtime.native import NativeLibrary, NativeModel
 from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
-from compiler.schedules.cpu import schedule_group
 from compiler.target import Target
 from compiler.tir.lower import lower
 from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
+from compiler.tune.records import load_records
+from compiler.tune.task import canonical, schedule_node, workload
 
 
 def link(compiled: CompiledModule, exports: list[str]) -> bytes:
@@ -155,68 +155,10 @@ def _model_source(model, input_shapes) -> tuple[Graph, bytes]:
     return load_onnx(data, input_shapes=input_shapes), data
 
 
-def _attr_key(value):
-    if isinstance(value, np.ndarray):
-        return ("array", str(value.dtype), value.shape, hashlib.sha256(value.tobytes()).hexdigest())
-    if isinstance(value, dict):
-        return tuple((key, _attr_key(item)) for key, item in sorted(value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_attr_key(item) for item in value)
-    return repr(value)
-
-
 def group_key(node: Node) -> str:
-    """What decides a fused group's kernel: its members' ops, attrs and wiring and every type; groups with
+    """What decides a fused group's kernel: its workload (members' ops, attrs and wiring and every type); groups with
     equal keys (repeated blocks) share one kernel."""
-    body = node.attrs["body"]
-    index = {value: position for position, value in enumerate(body.inputs)}
-    parts: list = [tuple(str(value.type) for value in body.inputs)]
-    for member in body.nodes:
-        for value in member.outputs:
-            index.setdefault(value, len(index))
-        inputs = tuple(None if value is None else index[value] for value in member.inputs)
-        outputs = tuple((index[value], str(value.type)) for value in member.outputs)
-        parts.append((member.op, _attr_key(member.attrs), inputs, outputs))
-    parts.append(tuple(index[value] for value in body.outputs))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
-
-
-def task_of(node: Node, target: Target) -> dict:
-    """The tuning task a fused group belongs to (DESIGN.md §4): anchor op, input shapes, dtype, target."""
-    body = node.attrs["body"]
-    op = node.attrs.get("anchor") or "+".join(member.op for member in body.nodes)
-    return {
-        "op": op,
-        "shapes": [list(value.type.shape) for value in node.inputs],
-        "dtype": node.outputs[0].type.dtype,
-        "target": str(target),
-    }
-
-
-def _task_text(task: dict) -> str:
-    return json.dumps({key: task[key] for key in ("op", "shapes", "dtype", "target")}, sort_keys=True)
-
-
-def load_tuning_records(path: str | Path) -> dict[str, dict]:
-    """The best (fastest) knob config per task from a JSON-lines records file."""
-    path = Path(path)
-    if not path.is_file():
-        raise TesselError(f"cannot read tuning records {path}: no such file")
-    best: dict[str, tuple[float, dict]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            key, config, seconds = _task_text(record["task"]), dict(record["config"]), float(record["seconds"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise TesselError(
-                f"tuning records {path} line {number} is not a record "
-                f'({{"task": {{"op", "shapes", "dtype", "target"}}, "config", "seconds", ...}}): {error}'
-            ) from None
-        if key not in best or seconds < best[key][0]:
-            best[key] = (seconds, config)
-    return {key: config for key, (_, config) in best.items()}
+    return hashlib.sha256(canonical(workload(node)).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -253,7 +195,7 @@ def compile_model(
     progress("optimizing the graph", 0.05)
     fused = optimize(graph, fuse=True, target=target)
     _check_indexable(fused)
-    configs = load_tuning_records(tuning_records) if tuning_records is not None else {}
+    records = load_records(tuning_records) if tuning_records is not None else {}
 
     kernels: dict[str, PrimFunc] = {}
     kernel_entries: dict[str, dict] = {}
@@ -263,12 +205,10 @@ def compile_model(
         if key not in kernels:
             progress(f"lowering {node.name}", 0.1 + 0.5 * step / max(1, len(fused.nodes)))
             name = f"kernel_{len(kernels)}"
-            group = group_to_te(node)
-            config = configs.get(_task_text(task_of(node, target)))
-            schedule = schedule_group(group, target, config)
+            group, schedule, cfg = schedule_node(node, target, records)
             kernels[key] = lower(schedule, [*group.inputs, *group.outputs], name)
             ops = [member.op for member in node.attrs["body"].nodes]
-            kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": config}
+            kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": cfg.values or None}
         kernel_of.append(kernels[key].name)
         kernel_entries[key]["groups"].append(node.name)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -372,12 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning the user can act on (a tuning record that no longer fits its template) as one line, like errors."""
+    print(f"tessel: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise TesselError(f"name a command: {', '.join(COMMANDS)} (tessel COMMAND --help says more)")
-        return COMMANDS[args.command].run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return COMMANDS[args.command].run(args)
     except TesselError as error:
         print(f"tessel: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -24,3 +24,7 @@ class ShapeError(TesselError):
 
 class TargetError(TesselError):
     """An unknown target string or a missing toolchain."""
+
+
+class TuningError(TesselError):
+    """A tuning config or records file that does not fit: a knob no template has, a value outside a knob's space."""

@@ -41,6 +41,18 @@ def test_compile_verbose_reports_kernels_memory_and_progress(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["target"] == "llvm"
 
 
+def test_stale_tuning_records_are_one_warning_line(tmp_path, capsys):
+    model = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    records = tmp_path / "records.jsonl"
+    old_form = {"op": "Gemm", "shapes": [[1, 784], [512, 784], [512]], "dtype": "float32", "target": "wasm"}
+    records.write_text(json.dumps({"task": old_form, "config": {"tile_n": 4}, "seconds": 0.001}) + "\n")
+    assert (
+        main(["compile", str(model), "--target", "wasm", "-o", str(tmp_path / "out"), "--records", str(records)]) == 0
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tessel: warning: 1 tuning record(s)"), lines
+
+
 def test_run_with_an_input_file_matches_onnxruntime(mlp_bundle, tmp_path, capsys):
     feeds = zoo.sample_input("mlp", seed=4)
     np.save(tmp_path / "x.npy", feeds["input"])

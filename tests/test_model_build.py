@@ -13,14 +13,16 @@ from onnx import TensorProto, helper, numpy_helper
 
 import compiler
 from compiler import zoo
-from compiler.build import compile_model, group_key, task_of
+from compiler.build import compile_model, group_key
 from compiler.errors import ShapeError, TargetError
 from compiler.frontend.onnx import load_onnx
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules.cpu import DEFAULTS, schedule_group
+from compiler.schedules.cpu import schedule_group
 from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
+from compiler.tune.space import TuningWarning
+from compiler.tune.task import task_of
 
 SLOW_MODELS = ("mobilenet_v2", "resnet18")
 
@@ -72,18 +74,21 @@ def test_group_key_is_equal_for_equal_groups_only():
 
 def test_tuning_records_choose_the_schedule_knobs(tmp_path):
     model = zoo.build_model("mlp")
-    fused = optimize(load_onnx(model))
     target = compiler.Target.parse("llvm")
+    fused = optimize(load_onnx(model), target=target)
     task = task_of(fused.nodes[0], target)
-    assert task["op"] == "Gemm"
-    # every column-tile knob of the dense template at 4: 512 output columns become 128 parallel tiles
-    fastest = {"dense": {key: 4 for key in DEFAULTS["dense"] if "tile_n" in key}}
-    slower = {"dense": {key: 32 for key in DEFAULTS["dense"] if "tile_n" in key}}
+    assert task.template == "dense" and task.ops[0] == "Gemm"
+    # the dense template's column tile at 4: 512 output columns become 128 parallel tiles
+    (column_tile,) = [name for name in task.space.knobs if "tile_n" in name]
+    fastest, slower = {column_tile: 4}, {column_tile: 32}
     records = tmp_path / "records.jsonl"
+    task = task.to_json()
+    wasm = task_of(fused.nodes[0], "wasm").to_json()
     lines = [
         {"task": task, "config": fastest, "seconds": 0.001, "timestamp": 1, "version": 1},
         {"task": task, "config": slower, "seconds": 0.002, "timestamp": 2, "version": 1},
-        {"task": {**task, "target": "wasm"}, "config": {"dense": {"tile_n": 2}}, "seconds": 0.0, "version": 1},
+        {"task": task, "config": {column_tile: 2}, "seconds": None, "error": "timeout", "version": 1},
+        {"task": wasm, "config": {column_tile: 2}, "seconds": 0.0, "version": 1},
     ]
     records.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     default = compile_model(model, target=target)
@@ -98,6 +103,22 @@ def test_tuning_records_choose_the_schedule_knobs(tmp_path):
     assert tuned.manifest["content_hash"] != default.manifest["content_hash"]
     feeds = zoo.sample_input("mlp")
     np.testing.assert_allclose(tuned.run(feeds)["output"], _onnxruntime(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_record_that_no_longer_fits_its_template_falls_back(tmp_path):
+    """A knob the template no longer has (the dense template's old `columns_outer`) or a tile outside the space:
+    a warning naming it, and the default kernel."""
+    model = zoo.build_model("mlp")
+    target = compiler.Target.parse("llvm")
+    task = task_of(optimize(load_onnx(model), target=target).nodes[0], target).to_json()
+    default = compile_model(model, target=target).source("tir")
+    records = tmp_path / "records.jsonl"
+    for config, problem in (({"columns_outer": 0}, "no knob 'columns_outer'"), ({"split_k_tile_n": 7}, "outside")):
+        records.write_text(json.dumps({"task": task, "config": config, "seconds": 0.001}) + "\n")
+        with pytest.warns(TuningWarning, match=problem):
+            tuned = compile_model(model, target=target, tuning_records=records)
+        assert tuned.manifest["kernels"][0]["config"] is None
+        assert tuned.source("tir") == default
 
 
 def test_malformed_tuning_records_are_reported(tmp_path):

@@ -2,61 +2,63 @@
 
 `schedule_group` reads a GroupTE (compiler/ops/group.py), inlines its injective stages, picks a template by the tag
 of its anchor reduction (conv2d, depthwise_conv2d, their NCHW[x]c forms, dense, or a generic reduction / injective
-template) and hands the schedule to `compiler.build`. Every knob of a template is a named entry of DEFAULTS,
-overridable through `config`.
+template) and hands the schedule to `compiler.build`. Each template declares its knobs on a cfg (compiler/tune/
+space.py) and reads their values back; without a tuning record they take the fallbacks of DEFAULTS and
+VECTOR_DEFAULTS.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from functools import partial
 
 import compiler.te as te
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
 from compiler.te.tensor import STASH, ComputeOp, TensorLoad, walk
+from compiler.tune.space import ConfigSpace, run_template
 
-DEFAULTS: dict[str, dict[str, int]] = {
-    # largest vector split of an elementwise loop, in units of the target's lanes
+# Part of every tuning task's key: bump it when a template's knobs change meaning, so older records stop applying.
+SPACE_VERSION = 1
+
+# Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
+# largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
+# inlined and the tile loops partitioned), "rows" or "plane" (a local padded copy of one row tile's rows or one
+# channel's plane, made right before its taps read it) or "copy" (one padded copy through memory).
+DEFAULTS: dict[str, dict[str, object]] = {
+    # the vector split of an elementwise or reduction loop, in units of the target's lanes
     "injective": {"vector_lanes": 1},
+    "reduce": {"vector_lanes": 1},
     # output channels x output columns held in registers; the pad stage is materialized once
     "conv2d": {"tile_oc": 8, "tile_ow": 16, "unroll_oc": 1},
-    # tile_oh x tile_ow accumulators per step. With `partition` the padding is read in place: the loops over row
-    # tiles and column tiles are cut into border tiles, which keep the padding's select, and interior tiles, which
-    # read the input with no test (dwconv_block, 2 threads, after each onnxruntime run: 0.43-0.50 ms, against
-    # 0.62-0.67 with the padded rows copied per row tile). Without it the padded input is made inside the channel
-    # loop when a channel's plane holds at most local_pad_floats: the tile_oh + kh - 1 rows one row tile reads,
-    # right before it (local_pad_rows), else the whole plane. 2 x 32 on AVX-512 (4 x 16: 0.57-0.60 ms; 2 x 16 the
-    # same as 2 x 32; 8 rows: 1.1 ms). The taps are unrolled (unroll_taps): else, in a border tile, LLVM keeps a
-    # loop over them whose 24- or 28-lane accumulators it splits into scalars (1 thread: (32, 112, 112) 0.14 ->
-    # 0.11 ms, (32, 80, 80) 0.10 -> 0.065, dwconv_block 0.62 -> 0.55)
-    "depthwise_conv2d": {
-        "tile_oh": 2,
-        "tile_ow": 32,
-        "unroll_taps": 1,
-        "local_pad_floats": 16384,
-        "local_pad_rows": 1,
-        "partition": 1,
-    },
+    # tile_oh x tile_ow accumulators per step. With padding in place the loops over row tiles and column tiles are
+    # cut into border tiles, which keep the padding's select, and interior tiles, which read the input with no test
+    # (dwconv_block, 2 threads, after each onnxruntime run: 0.43-0.50 ms, against 0.62-0.67 with the padded rows
+    # copied per row tile). 2 x 32 on AVX-512 (4 x 16: 0.57-0.60 ms; 2 x 16 the same as 2 x 32; 8 rows: 1.1 ms).
+    # The taps are unrolled (unroll_taps): else, in a border tile, LLVM keeps a loop over them whose 24- or 28-lane
+    # accumulators it splits into scalars (1 thread: (32, 112, 112) 0.14 -> 0.11 ms, (32, 80, 80) 0.10 -> 0.065,
+    # dwconv_block 0.62 -> 0.55)
+    "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 32, "unroll_taps": 1, "padding": "in_place"},
     # an NCHW[x]c conv's register tile: tile_blocks filter blocks x tile_ow output columns, both unrolled, each
     # filter block a vector (two on 16-byte targets, see VECTOR_DEFAULTS)
     "conv2d_nchwc": {"tile_ow": 14, "tile_blocks": 1},
-    # `partition`: the padding is read in place, the column tiles cut into the border ones (which test the column)
-    # and the interior (mobilenet_v2, 1 thread: 6.4 ms against 7.2 with a padded copy, its depthwise kernels 2.5-3x
-    # faster; wasmtime: 24.7 against 26.9 ms). Else the padded input is made per output row when that recomputes at
-    # most local_pad_max_recompute_percent of the padded rows
-    "depthwise_conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 1, "local_pad_max_recompute_percent": 150, "partition": 1},
+    # padding in place: the column tiles cut into the border ones (which test the column) and the interior
+    # (mobilenet_v2, 1 thread: 6.4 ms against 7.2 with a padded copy, its depthwise kernels 2.5-3x faster; wasmtime:
+    # 24.7 against 26.9 ms). "rows" makes the padded rows of each output row right before its taps, which pays when
+    # it recomputes few rows (strided convs)
+    "depthwise_conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 1, "padding": "in_place"},
     # a dense/matmul's register block: tile_m rows x tile_n columns (2 vectors) of accumulators over the whole k;
-    # columns_outer walks the column tiles outermost, so the tiles that share a strip of B follow each other
+    # tile_order (1, 0) walks the column tiles outermost, so the tiles that share a strip of B follow each other
     # while it is in cache. (1, 128, 768) x (768, 768) on AVX-512, one thread: 1.49 ms, against 1.82 ms with
     # 4 x 16 rows outer (and 5.55 ms before a batched MatMul had a template); x (768, 3072): 6.2 against 13.5 ms
-    "dense": {"tile_m": 8, "tile_n": 32, "unroll_m": 1, "split_k_tile_n": 8, "columns_outer": 1},
-    "reduce": {"vector_lanes": 1},
+    "dense": {"tile_m": 8, "tile_n": 32, "unroll_m": 1, "split_k_tile_n": 8, "tile_order": (1, 0)},
     # an NCHW[x]c max pool's register tile: tile_ow output columns, each a channel block's vector
     "pool_max": {"tile_ow": 8},
 }
 
 # Laid over DEFAULTS by the target's vector width in bytes (16 also stands for anything narrower).
-VECTOR_DEFAULTS: dict[int, dict[str, dict[str, int]]] = {
+VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     # wasm SIMD128 and NEON, measured in wasmtime: with 16 vector registers, 2 filter blocks x 8 columns beat
     # 1 x 14 by 10-13% on mobilenet_v2 and resnet18 (1 x 14 is 3% ahead on AVX-512). A transposed-B dense sums
     # 4-lane partial products there (alter_layout's split_lanes), 4 rows of B at a time (mlp: 0.107 ms against
@@ -66,7 +68,7 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, int]]] = {
         "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2},
         # one vector wide in wasmtime: dwconv_block 4.1 ms, against 5.0-5.2 with 2 x 8 and 5.9 with 4 x 16
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 4},
-        "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "columns_outer": 0},
+        "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "tile_order": (0, 1)},
     },
     # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
     # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two
@@ -74,23 +76,44 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, int]]] = {
     32: {"dense": {"tile_m": 6, "tile_n": 16}, "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16}},
 }
 
+# The largest padded plane (floats) a depthwise conv may copy into a local buffer: beyond it the copy leaves the
+# cache and the stack of a worker thread
+LOCAL_PAD_FLOATS = 16384
+
 CONV_TAGS = ("conv2d", "group_conv2d")
 BLOCKED_CONV_TAGS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
 DENSE_TAGS = ("dense", "batch_matmul")
 TILED_TAGS = (*CONV_TAGS, "depthwise_conv2d", *BLOCKED_CONV_TAGS, *DENSE_TAGS, "pool_max")
 
 
-def knobs(kind: str, config: dict | None, target: Target | None = None) -> dict[str, int]:
-    """The template's defaults (for `target`'s vector width when given) with the config's values for it laid over
-    (config[kind] or flat keys)."""
+def fallback(kind: str, target: Target | None = None) -> dict[str, object]:
+    """The template's fallback knob values: DEFAULTS, with VECTOR_DEFAULTS for `target`'s vector width laid over."""
     values = dict(DEFAULTS[kind])
     if target is not None:
         values.update(VECTOR_DEFAULTS.get(max(16, target.vector_bytes), {}).get(kind, {}))
-    if config:
-        nested = config.get(kind, {})
-        values.update({key: int(value) for key, value in nested.items()})
-        values.update({key: int(config[key]) for key in DEFAULTS[kind] if key in config})
     return values
+
+
+def vector_registers(target: Target) -> int:
+    """The vector registers a register tile may fill: 32 on AVX-512 and AArch64, 16 on AVX2, SSE and ARMv7 NEON.
+    Wasm runs on its engine's registers, unknown when compiling (16 in wasmtime on x86-64), and its blocked-conv
+    default, 2 x 8 columns of two vectors, won in wasmtime with 32 accumulators: it takes 32, the most a host has."""
+    if target.kind == "wasm" or target.vector_bytes == 64 or target.arch in ("aarch64", "arm64"):
+        return 32
+    return 16
+
+
+def _limit_registers(cfg: ConfigSpace, target: Target, dtype: str, rows: tuple, columns) -> None:
+    """Reject configs whose register tile (the product of `rows`, each a split knob's inner size or a constant, times
+    the vectors of `columns` lanes) has more accumulators than the target has vector registers."""
+    width, registers = lanes(target, dtype), vector_registers(target)
+
+    def size(config, part) -> int:
+        return config[part].size[-1] if isinstance(part, str) else part
+
+    cfg.add_filter(
+        lambda config: math.prod(size(config, part) for part in rows) * -(-size(config, columns) // width) <= registers
+    )
 
 
 def lanes(target: Target, dtype: str) -> int:
@@ -115,9 +138,17 @@ def vector_factor(extent: int, width: int) -> int:
     return factor if factor >= 4 else 1
 
 
-def schedule_group(group, target: Target | str = "llvm", config: dict | None = None) -> te.Schedule:
-    """A schedule of `group` (a GroupTE) for a CPU target; `config` overrides DEFAULTS knobs per template."""
+def schedule_group(group, target: Target | str = "llvm", config: ConfigSpace | Mapping | None = None) -> te.Schedule:
+    """A schedule of `group` (a GroupTE) for a CPU target. `config`: a cfg for the template to declare its knobs on
+    (afterwards it holds the space), or a record's knob values (name -> JSON value: values that do not fit the
+    template warn, and the fallback is built), or None for the fallback."""
     target = Target.parse(target)
+    if isinstance(config, ConfigSpace):
+        return _schedule_group(group, target, config)
+    return run_template(partial(_schedule_group, group, target), config)[0]
+
+
+def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, ComputeOp)]
     schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
     _add_unread_inputs(schedule, group.inputs)
@@ -139,10 +170,11 @@ def schedule_group(group, target: Target | str = "llvm", config: dict | None = N
     if kind is not None and len(readers[schedule[anchor]]) == 1:
         output = readers[schedule[anchor]][0]
         if output.attach_type == ROOT and tuple(output.op.shape) == tuple(anchor.shape):
-            TEMPLATES[kind](schedule, schedule[anchor], output, target, config)
-            _schedule_rest(schedule, readers, target, config, done={schedule[anchor], output})
+            cfg.template = kind
+            TEMPLATES[kind](schedule, schedule[anchor], output, target, cfg)
+            _schedule_rest(schedule, readers, target, cfg, done={schedule[anchor], output})
             return schedule
-    _schedule_rest(schedule, readers, target, config, done=set())
+    _schedule_rest(schedule, readers, target, cfg, done=set())
     return schedule
 
 
@@ -226,12 +258,21 @@ def _readers(schedule: Schedule) -> dict[Stage, list[Stage]]:
 # -- generic templates ----------------------------------------------------------------------------------------------
 
 
-def _schedule_injective(stage: Stage, target: Target, config: dict | None) -> None:
+def _define_vector_lanes(cfg: ConfigSpace, kind: str, target: Target) -> int:
+    """The vector width of a generic template's innermost loop, in target lanes: one knob for every stage of the
+    group that the injective and reduction templates schedule."""
+    cfg.define_knob("vector_lanes", [1, 2, 4], default=fallback(kind, target)["vector_lanes"])
+    return cfg["vector_lanes"].val
+
+
+def _schedule_injective(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
     """Split the innermost axis by the vector width (when it divides), vectorize it, fuse the rest, parallel."""
     axes = list(stage.op.axis)
     if not axes:
         return
-    axes[-1] = _vectorize_innermost(stage, lanes(target, stage.op.dtype) * knobs("injective", config)["vector_lanes"])
+    axes[-1] = _vectorize_innermost(
+        stage, lanes(target, stage.op.dtype) * _define_vector_lanes(cfg, "injective", target)
+    )
     if len(axes) > 1:
         stage.parallel(stage.fuse(*axes))
     elif axes[0].extent > 1:
@@ -252,12 +293,12 @@ def _schedule_rows(stage: Stage, target: Target) -> None:
         stage.parallel(stage.fuse(*axes[:-1]))
 
 
-def _schedule_reduction(stage: Stage, target: Target, config: dict | None) -> None:
+def _schedule_reduction(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
     """Parallel over the outer data axes, the reduce loops next, and the innermost data axis as a vector loop
     inside them, so each reduction step updates a vector of accumulators."""
     axes = list(stage.op.axis)
     reduce_axes = list(stage.op.reduce_axis)
-    width = lanes(target, stage.op.dtype) * knobs("reduce", config)["vector_lanes"]
+    width = lanes(target, stage.op.dtype) * _define_vector_lanes(cfg, "reduce", target)
     inner = None
     if axes and axes[-1].extent > 1:
         factor = vector_factor(axes[-1].extent, width)
@@ -283,7 +324,7 @@ def _order_attached_reduction(stage: Stage, vector_axis: bool) -> None:
         stage.vectorize(axes[-1])
 
 
-def _schedule_rest(schedule: Schedule, readers, target: Target, config: dict | None, done: set) -> None:
+def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace, done: set) -> None:
     """Every stage no template took: a reduction (or stash stage) read by one root stage is computed inside that
     stage's loops (at its vector tile when the shapes agree, at its row loop when the reduction keeps size-1 axes),
     the rest at the root with the generic templates."""
@@ -295,15 +336,17 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, config: dict | N
         host = _host(stage, readers, schedule, set())
         if host is not None and host not in hosted and host in pending:
             attached.setdefault(host, []).append(stage)
+    if not cfg.template:
+        cfg.template = "reduce" if any(stage.op.reduce_axis for stage in pending) else "injective"
     for stage in pending:
         if stage in attached:
-            _schedule_host(stage, attached[stage], target, config)
+            _schedule_host(stage, attached[stage], target, cfg)
         elif any(stage in members for members in attached.values()):
             continue
         elif stage.op.reduce_axis:
-            _schedule_reduction(stage, target, config)
+            _schedule_reduction(stage, target, cfg)
         else:
-            _schedule_injective(stage, target, config)
+            _schedule_injective(stage, target, cfg)
 
 
 def _lives_in_host(stage: Stage) -> bool:
@@ -332,7 +375,7 @@ def _host(stage: Stage, readers, schedule: Schedule, seen: set[int]) -> Stage | 
     return host
 
 
-def _schedule_host(host: Stage, members: list[Stage], target: Target, config: dict | None) -> None:
+def _schedule_host(host: Stage, members: list[Stage], target: Target, cfg: ConfigSpace) -> None:
     """`host` parallel over the axes every member keeps whole, with the members (local buffers) computed inside
     that loop: per vector tile when they have the host's shape, per row (softmax, layer norm) otherwise."""
     axes = list(host.op.axis)
@@ -353,8 +396,8 @@ def _schedule_host(host: Stage, members: list[Stage], target: Target, config: di
     inner_axes = [axis for axis, keep in zip(axes, kept) if not keep]
     if not outer_axes:
         for member in members:
-            _schedule_reduction(member, target, config)
-        _schedule_injective(host, target, config)
+            _schedule_reduction(member, target, cfg)
+        _schedule_injective(host, target, cfg)
         return
     host.reorder(*outer_axes, *inner_axes)
     fused = host.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
@@ -383,16 +426,18 @@ def _vectorize_innermost(stage: Stage, width: int):
 # -- anchor templates -----------------------------------------------------------------------------------------------
 
 
-def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, config: dict | None) -> None:
+def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """Register-blocked direct convolution: each task owns (batch, oc block, output row); per column tile the
     conv accumulates tile_oc x tile_ow outputs over input channels and the kernel window, vectorized along the
     output row, and the epilogue is applied to that tile before it is stored."""
-    values = knobs("conv2d", config)
+    values = fallback("conv2d", target)
     n, oc, oh, ow = output.op.axis
-    tile_oc = divisor_at_most(oc.extent, values["tile_oc"])
-    tile_ow = divisor_at_most(ow.extent, values["tile_ow"])
-    oc_outer, oc_inner = output.split(oc, tile_oc)
-    ow_outer, ow_inner = output.split(ow, tile_ow)
+    cfg.define_split("tile_oc", oc, default=values["tile_oc"])
+    cfg.define_split("tile_ow", ow, default=values["tile_ow"])
+    cfg.define_knob("unroll_oc", [0, 1], default=values["unroll_oc"])
+    _limit_registers(cfg, target, output.op.dtype, ("tile_oc",), "tile_ow")
+    oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
+    ow_outer, ow_inner = cfg["tile_ow"].apply(schedule, output, ow)
     output.reorder(n, oc_outer, oh, ow_outer, oc_inner, ow_inner)
     output.parallel(output.fuse(n, oc_outer, oh))
     output.vectorize(ow_inner)
@@ -400,22 +445,32 @@ def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, conf
     conv.compute_at(output, ow_outer)
     cn, coc, coh, cow = conv.op.axis
     conv.reorder(cn, coh, *conv.op.reduce_axis, coc, cow)
-    if values["unroll_oc"]:
+    if cfg["unroll_oc"].val:
         conv.unroll(coc)
     conv.vectorize(cow)
 
 
-def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, config: dict | None) -> None:
+def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """A 2-D output tile per step (tile_oh x tile_ow), vectorized along the row, parallel over batch x channels;
     the window taps are the outer loops of the tile's accumulation. The padding is read in place, the loops over
-    row and column tiles partitioned so only the border tiles test it (or, with `partition` off, padded rows are
-    made per tile)."""
-    values = knobs("depthwise_conv2d", config, target)
+    row and column tiles partitioned so only the border tiles test it (or padded rows are made per tile, or a
+    channel's padded plane per channel, or the whole padded input once)."""
+    values = fallback("depthwise_conv2d", target)
     n, c, oh, ow = output.op.axis
-    tile_oh = divisor_at_most(oh.extent, values["tile_oh"])
-    tile_ow = divisor_at_most(ow.extent, values["tile_ow"])
-    oh_outer, oh_inner = output.split(oh, tile_oh)
-    ow_outer, ow_inner = output.split(ow, tile_ow)
+    cfg.define_split("tile_oh", oh, default=values["tile_oh"])
+    cfg.define_split("tile_ow", ow, default=values["tile_ow"])
+    cfg.define_knob("unroll_taps", [0, 1], default=values["unroll_taps"])
+    _limit_registers(cfg, target, output.op.dtype, ("tile_oh",), "tile_ow")
+    pad = _padding_stage(schedule, conv.op.output(0))
+    if pad is not None:
+        options = ["in_place", "copy"]
+        if pad.shape[1] == output.op.shape[1]:
+            options.append("rows")
+            if math.prod(pad.shape[2:]) <= LOCAL_PAD_FLOATS:
+                options.append("plane")
+        cfg.define_knob("padding", options, default=values["padding"])
+    oh_outer, oh_inner = cfg["tile_oh"].apply(schedule, output, oh)
+    ow_outer, ow_inner = cfg["tile_ow"].apply(schedule, output, ow)
     output.reorder(n, c, oh_outer, ow_outer, oh_inner, ow_inner)
     channels = output.fuse(n, c)
     output.parallel(channels)
@@ -424,40 +479,44 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
     conv.compute_at(output, ow_outer)
     cn, cc, coh, cow = conv.op.axis
     conv.reorder(cn, cc, *conv.op.reduce_axis, coh, cow)
-    if values["unroll_taps"]:
+    if cfg["unroll_taps"].val:
         for tap in conv.op.reduce_axis:
             conv.unroll(tap)
-    if tile_oh > 1:
+    if cfg["tile_oh"].size[-1] > 1:
         conv.unroll(coh)
     conv.vectorize(cow)
-    pad = _padding_stage(schedule, conv.op.output(0))
     if pad is None:
         return
-    pad = schedule[pad]
-    if values["partition"]:
+    padding, pad = cfg["padding"].val, schedule[pad]
+    if padding == "in_place":
         pad.compute_inline()
         output.partition(oh_outer)
         output.partition(ow_outer)
         return
-    if pad.op.shape[1] == output.op.shape[1] and math.prod(pad.op.shape[2:]) <= values["local_pad_floats"]:
+    if padding != "copy":
         # the padded rows one row tile reads (or one channel's padded plane), filled right before its taps read
         # them, stay in cache
         pad.set_scope("local")
-        pad.compute_at(output, oh_outer if values["local_pad_rows"] else channels)
+        pad.compute_at(output, oh_outer if padding == "rows" else channels)
     _schedule_rows(pad, target)
 
 
-def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, config: dict | None) -> None:
+def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """NCHW[x]c convolution (group 1 or depthwise): each task owns (batch, filter block, output row); per tile of
     tile_ow columns the conv keeps tile_ow vectors of the block's filters in registers, the taps outside, the
     columns unrolled inside, so every tap is one multiply-add per column on contiguous weights. The epilogue runs
     on the tile before it is stored, still in the blocked layout."""
-    values = knobs(_template_kind(conv.op.output(0)), config, target)
+    values = fallback(conv.op.tag, target)
     n, outer, oh, ow, inner = output.op.axis
-    tile_ow = divisor_at_most(ow.extent, values["tile_ow"])
-    tile_blocks = divisor_at_most(outer.extent, values["tile_blocks"])
-    block_outer, block_inner = output.split(outer, tile_blocks)
-    ow_outer, ow_inner = output.split(ow, tile_ow)
+    cfg.define_split("tile_blocks", outer, default=values["tile_blocks"])
+    cfg.define_split("tile_ow", ow, default=values["tile_ow"])
+    _limit_registers(cfg, target, output.op.dtype, ("tile_blocks", "tile_ow"), inner.extent)
+    # a blocked dense conv's padded copy is scheduled with the group (schedule_group); a depthwise one's here
+    pad = _padding_stage(schedule, conv.op.output(0)) if conv.op.tag == "depthwise_conv2d_nchwc" else None
+    if pad is not None:
+        cfg.define_knob("padding", ["in_place", "rows", "copy"], default=values["padding"])
+    block_outer, block_inner = cfg["tile_blocks"].apply(schedule, output, outer)
+    ow_outer, ow_inner = cfg["tile_ow"].apply(schedule, output, ow)
     output.reorder(n, block_outer, oh, ow_outer, block_inner, ow_inner, inner)
     rows = output.fuse(n, block_outer, oh)
     output.parallel(rows)
@@ -469,35 +528,41 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     conv.unroll(couter)
     conv.unroll(cow)
     conv.vectorize(cinner)
-    pad = _padding_stage(schedule, conv.op.output(0))
-    if conv.op.tag != "depthwise_conv2d_nchwc" or pad is None:
+    if pad is None:
         return
-    pad = schedule[pad]
-    if values["partition"]:
+    padding, pad = cfg["padding"].val, schedule[pad]
+    if padding == "in_place":
         pad.compute_inline()
         output.partition(ow_outer)
         return
-    # the kh padded input rows one output row reads can be made right before its taps, in cache: that pays when
-    # it recomputes few rows (strided convs); else the padded copy of the whole tensor goes through memory
-    recomputed = output.op.shape[2] * conv.op.reduce_axis[0].extent
-    if 100 * recomputed <= values["local_pad_max_recompute_percent"] * pad.op.shape[2]:
+    if padding == "rows":
+        # the kh padded input rows one output row reads, made right before its taps, in cache
         pad.set_scope("local")
         pad.compute_at(output, rows)
     _schedule_rows(pad, target)
 
 
-def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, config: dict | None) -> None:
+def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """A tile_m x tile_n register block per step, vectorized along the output row, the k loop outside the block.
     With B transposed (N, K) the compute first sums interleaved partial products; those are vectorized along the
-    contiguous k instead, tile_n rows of B at a time."""
-    values = knobs("dense", config, target)
+    contiguous k instead, split_k_tile_n rows of B at a time, one output row per block."""
+    values = fallback("dense", target)
     partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
     *batch, i, j = output.op.axis
-    tile_m = divisor_at_most(i.extent, values["tile_m"] if partial is None else 1)
-    tile_n = divisor_at_most(j.extent, values["tile_n"] if partial is None else values["split_k_tile_n"])
-    i_outer, i_inner = output.split(i, tile_m)
-    j_outer, j_inner = output.split(j, tile_n)
-    tiles = (j_outer, i_outer) if values["columns_outer"] else (i_outer, j_outer)
+    if partial is None:
+        cfg.define_split("tile_m", i, default=values["tile_m"])
+        cfg.define_split("tile_n", j, default=values["tile_n"])
+        cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
+        _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
+        i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
+        j_outer, j_inner = cfg["tile_n"].apply(schedule, output, j)
+    else:
+        cfg.define_split("split_k_tile_n", j, default=values["split_k_tile_n"])
+        _limit_registers(cfg, target, output.op.dtype, ("split_k_tile_n",), partial.axis[-1].extent)
+        i_outer, i_inner = output.split(i, 1)
+        j_outer, j_inner = cfg["split_k_tile_n"].apply(schedule, output, j)
+    cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
+    tiles = cfg["tile_order"].permute([i_outer, j_outer])
     output.reorder(*batch, *tiles, i_inner, j_inner)
     fused = output.fuse(*batch, *tiles)
     output.parallel(fused)
@@ -518,18 +583,19 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, conf
         stage.vectorize(lane)
         return
     dense.reorder(*dbatch, k, di, dj)
-    if values["unroll_m"]:
+    if cfg["unroll_m"].val:
         dense.unroll(di)
     dense.vectorize(dj)
 
 
-def _pool_nchwc(schedule: Schedule, pool: Stage, output: Stage, target: Target, config: dict | None) -> None:
+def _pool_nchwc(schedule: Schedule, pool: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """NCHW[x]c max pool: each task owns (batch, channel block, output row); per tile of tile_ow columns the
     window's taps are the outer loops and the tile's columns, each a vector over the block, are held in
     registers. The padding (the lowest value) is read in place, the column tiles partitioned."""
-    values = knobs("pool_max", config, target)
     n, outer, oh, ow, inner = output.op.axis
-    ow_outer, ow_inner = output.split(ow, divisor_at_most(ow.extent, values["tile_ow"]))
+    cfg.define_split("tile_ow", ow, default=fallback("pool_max", target)["tile_ow"])
+    _limit_registers(cfg, target, output.op.dtype, ("tile_ow",), inner.extent)
+    ow_outer, ow_inner = cfg["tile_ow"].apply(schedule, output, ow)
     output.reorder(n, outer, oh, ow_outer, ow_inner, inner)
     output.parallel(output.fuse(n, outer, oh))
     output.vectorize(inner)
@@ -555,11 +621,13 @@ TEMPLATES = {
 
 __all__ = [
     "DEFAULTS",
-    "VECTOR_DEFAULTS",
+    "SPACE_VERSION",
     "TEMPLATES",
+    "VECTOR_DEFAULTS",
     "divisor_at_most",
-    "knobs",
+    "fallback",
     "lanes",
     "schedule_group",
     "vector_factor",
+    "vector_registers",
 ]

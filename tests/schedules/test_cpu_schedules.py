@@ -13,23 +13,27 @@ from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules import DEFAULTS, schedule_group
-from compiler.schedules.cpu import divisor_at_most, knobs, vector_factor
+from compiler.schedules.cpu import divisor_at_most, fallback, vector_factor
 from compiler.target import Target
+from compiler.tune.space import ConfigSpace
 
 TARGETS = ["llvm", "wasm"]
 RNG = np.random.default_rng(0)
 
 
 def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dict | None = None, packed=False):
-    """Optimise and fuse `graph` (with the target's layout pass when `packed`), build each group as one kernel, run
-    them in order; (outputs, kernels)."""
+    """Optimise and fuse `graph` (with the target's layout pass when `packed`), build each group as one kernel (with
+    the knob values of `config` where its template has those knobs), run them in order; (outputs, kernels)."""
     fused = optimize(graph, target=target if packed else None)
     env = {v: feeds[v.name] for v in fused.inputs}
     env.update(fused.params)
     kernels = []
     for node in fused.nodes:
         group = group_to_te(node)
-        schedule = schedule_group(group, target, config)
+        cfg = ConfigSpace(config)
+        schedule = schedule_group(group, target, cfg)
+        if cfg.misfits():
+            schedule = schedule_group(group, target)
         kernel = build(schedule, group.inputs + group.outputs, target=target, name=group.name)
         outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
         kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
@@ -141,9 +145,9 @@ def test_depthwise_scale_shift_relu_is_one_kernel_without_a_padded_copy(target):
     ("config", "pad"),
     [
         # the 2 + 2 padded rows one tile of 2 output rows reads, made right before the taps read them
-        ({"depthwise_conv2d": {"partition": 0}}, "float32[1, 1, 4, 26]"),
+        ({"padding": "rows"}, "float32[1, 1, 4, 26]"),
         # or one channel's whole padded plane
-        ({"depthwise_conv2d": {"partition": 0, "local_pad_rows": 0}}, "float32[1, 1, 26, 26]"),
+        ({"padding": "plane"}, "float32[1, 1, 26, 26]"),
     ],
 )
 def test_depthwise_unpartitioned_pads_inside_the_channel_loop(target, config, pad):
@@ -167,11 +171,23 @@ def test_partitioned_depthwise_on_odd_shapes(target, shape, strides, multiplier)
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_depthwise_with_a_large_plane_pads_at_the_root(target):
-    config = {"depthwise_conv2d": {"local_pad_floats": 100, "partition": 0}}
+def test_depthwise_padded_copy_is_made_at_the_root(target):
     graph, feeds = conv_graph((1, 4, 12, 12), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "none")
-    tir = anchor_kernel(check(graph, feeds, target, config))
+    tir = anchor_kernel(check(graph, feeds, target, {"padding": "copy"}))
     assert tir.index("allocate pad: float32[1, 4, 14, 14] global") < tir.index(") parallel {"), tir
+
+
+def test_depthwise_padding_choices_follow_the_plane():
+    """A channel's padded plane is copied into a local buffer only when it is small enough for one."""
+    spaces = {}
+    for size in (12, 200):
+        graph, _ = conv_graph((1, 4, size, size), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "none")
+        (node,) = optimize(graph).nodes
+        spaces[size] = ConfigSpace()
+        schedule_group(group_to_te(node), "llvm", spaces[size])
+    assert spaces[12].knobs["padding"].choices == ("in_place", "copy", "rows", "plane")
+    assert spaces[200].knobs["padding"].choices == ("in_place", "copy", "rows")
+    assert spaces[12]["padding"].val == spaces[200]["padding"].val == "in_place"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -276,8 +292,8 @@ def test_blocked_depthwise_reads_its_padding_in_place(target, stride):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("stride", [1, 2])
 def test_blocked_depthwise_unpartitioned_pads(target, stride):
-    depthwise = blocked_depthwise(target, stride, 14, {"depthwise_conv2d_nchwc": {"partition": 0}})
     # strided, the 3 padded rows an output row reads are made inside its task (5 x 3 rows instead of 12 at once)
+    depthwise = blocked_depthwise(target, stride, 14, {"padding": "rows" if stride == 2 else "copy"})
     pad = re.search(r"allocate pad: float32\[([\d, ]+)\] (local|global)", depthwise)
     assert pad, depthwise
     if stride == 2:
@@ -304,14 +320,14 @@ def test_blocked_max_pool_keeps_a_register_tile_and_reads_its_padding_in_place(t
 
 def test_blocked_conv_tile_knob():
     graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
-    config = {"conv2d_nchwc": {"tile_ow": 2}}
+    config = {"tile_ow": 2}
     tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, "wasm", config, packed=True))
     assert "allocate conv: float32[1, 1, 1, 2, 8] local" in tir
 
 
 def test_config_knobs_set_the_tile():
     graph, feeds = conv_graph((1, 4, 8, 8), (8, 4, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
-    tir = anchor_kernel(check(graph, feeds, "llvm", {"conv2d": {"tile_oc": 2, "tile_ow": 4}}))
+    tir = anchor_kernel(check(graph, feeds, "llvm", {"tile_oc": 2, "tile_ow": 4}))
     assert "allocate conv: float32[1, 2, 1, 4] local" in tir
 
 
@@ -360,17 +376,14 @@ def test_split_factors_divide_their_extents():
     assert vector_factor(13, 8) == 1
 
 
-def test_knobs_overlay_defaults():
-    assert knobs("conv2d", None) == DEFAULTS["conv2d"]
-    assert knobs("conv2d_nchwc", None, Target.parse("wasm")) == {
+def test_fallbacks_overlay_defaults():
+    assert fallback("conv2d") == DEFAULTS["conv2d"]
+    assert fallback("conv2d_nchwc", Target.parse("wasm")) == {
         **DEFAULTS["conv2d_nchwc"],
         "tile_ow": 8,
         "tile_blocks": 2,
     }
-    assert knobs("conv2d_nchwc", None, Target.parse("llvm -mattr=-avx512f")) == DEFAULTS["conv2d_nchwc"]
-    assert knobs("conv2d_nchwc", {"tile_blocks": 3}, Target.parse("wasm"))["tile_blocks"] == 3
-    assert knobs("conv2d", {"conv2d": {"tile_oc": 4}})["tile_oc"] == 4
-    assert knobs("dense", {"tile_n": 8})["tile_n"] == 8
+    assert fallback("conv2d_nchwc", Target.parse("llvm -mattr=-avx512f")) == DEFAULTS["conv2d_nchwc"]
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
-    assert knobs("dense", None, Target.parse("llvm -mcpu=haswell -mattr=-avx512f"))["tile_m"] == 6
-    assert knobs("dense", None, Target.parse("llvm -mcpu=znver4 -mattr=+avx512f")) == DEFAULTS["dense"]
+    assert fallback("dense", Target.parse("llvm -mcpu=haswell -mattr=-avx512f"))["tile_m"] == 6
+    assert fallback("dense", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f")) == DEFAULTS["dense"]
