@@ -118,6 +118,19 @@ def check_names(graph: onnx.GraphProto) -> None:
             _text(attribute.name, f"an attribute name of {label}")
 
 
+def check_function_imports(model: onnx.ModelProto) -> None:
+    """A call of a local function is in a domain the model imports an opset of (onnxruntime refuses the model
+    otherwise; a node of any other domain but the default is an unsupported op, named as such later)."""
+    imported = {entry.domain for entry in model.opset_import}
+    functions = {function.domain for function in model.functions}
+    for index, node in enumerate(model.graph.node):
+        if node.domain in functions and node.domain not in imported:
+            raise ModelError(
+                f"node {node.name or index} ({node.op_type}) is in domain {node.domain!r}, of which the model imports "
+                "no opset; export the model again"
+            )
+
+
 def check_function_names(function: onnx.FunctionProto) -> None:
     """A local function's names must be text before onnx's inliner copies them into the graph."""
     _text(function.name, "a local function's name")

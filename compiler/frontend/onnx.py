@@ -107,14 +107,15 @@ def _parse(model: Any) -> onnx.ModelProto:
     if base is not None:
         for tensor in _external_tensors(proto):
             _load_external(tensor, base, source)
+    checks.check_names(proto.graph)
     if proto.functions:
+        checks.check_function_imports(proto)
         for function in proto.functions:
             checks.check_function_names(function)
         try:
             proto = onnx.inliner.inline_local_functions(proto)
         except Exception as error:  # onnx's C++ inliner raises bare exceptions on malformed functions
             raise ModelError(f"{source}: its local functions cannot be inlined: {error}") from None
-    checks.check_names(proto.graph)
     return proto
 
 

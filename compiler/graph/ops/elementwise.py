@@ -185,9 +185,17 @@ def _clip(x, min=None, max=None, **_):
     return _result(result, x.dtype)
 
 
+def _infer_clip(types, attrs):
+    for bound in ("min", "max"):
+        value = attrs.get(bound)
+        if isinstance(value, tuple | np.ndarray) and np.size(value) != 1:
+            raise ShapeError(f"Clip's {bound} must be a scalar, but it holds {np.size(value)} values")
+    return [types[0]]
+
+
 register_op(
     "Clip",
-    infer=_infer_same,
+    infer=_infer_clip,
     pattern=Pattern.ELEMWISE,
     reference=_quiet(_clip),
     const_inputs=((1, "min"), (2, "max")),
