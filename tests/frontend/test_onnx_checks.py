@@ -255,3 +255,32 @@ def test_every_failure_is_a_tessel_error_with_the_node_named():
     model = _model([node], [_tensor("x", [1, 1, 5, 5])], [_tensor("y", [1, 1, 5, 5])], [weight])
     with pytest.raises(TesselError, match=r"node conv \(Conv\)"):
         load_onnx(model)
+
+
+def test_a_local_function_whose_domain_is_not_imported_is_refused():
+    function = helper.make_function("local", "Twice", ["a"], ["b"], [helper.make_node("Add", ["a", "a"], ["b"])], [])
+    function.opset_import.append(helper.make_opsetid("", 17))
+    model = _model([helper.make_node("Twice", ["x"], ["y"], domain="local")], [_tensor("x", [2])], [_tensor("y", [2])])
+    model.functions.append(function)
+    with pytest.raises(ModelError, match="is in domain 'local', of which the model imports no opset"):
+        load_onnx(model)
+
+
+def test_clip_bounds_must_be_scalars():
+    bounds = [
+        numpy_helper.from_array(np.zeros(3, np.float32), "low"),
+        numpy_helper.from_array(np.ones(1, np.float32), "high"),
+    ]
+    node = helper.make_node("Clip", ["x", "low", "high"], ["y"], name="clip")
+    model = _model([node], [_tensor("x", [2, 3])], [_tensor("y", [2, 3])], bounds)
+    with pytest.raises(ShapeError, match=r"node clip \(Clip\): Clip's min must be a scalar, but it holds 3 values"):
+        load_onnx(model)
+
+
+def test_a_graph_output_declared_with_another_dtype_is_refused():
+    model = _relu()
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT32
+    with pytest.raises(
+        ModelError, match="graph output 'y' is declared INT32, but the node that makes it computes float32"
+    ):
+        load_onnx(model)

@@ -163,7 +163,7 @@ def _edit(data: bytes, rng: random.Random) -> bytes:
     model = onnx.ModelProto()
     model.ParseFromString(data)
     graph = model.graph
-    kind = rng.choice(("dims", "dtype", "attribute", "raw_data", "name", "inputs", "op_type", "utf8"))
+    kind = rng.choice(("dims", "dtype", "attribute", "raw_data", "values", "name", "inputs", "op_type", "utf8"))
     tensors = list(graph.initializer) + [s.values for s in graph.sparse_initializer]
     infos = list(graph.input) + list(graph.output)
     node = rng.choice(graph.node) if graph.node else None
@@ -188,6 +188,17 @@ def _edit(data: bytes, rng: random.Random) -> bytes:
         tensor = rng.choice(tensors)
         if tensor.HasField("raw_data"):
             tensor.raw_data = tensor.raw_data[: -rng.randrange(1, 9)] if rng.random() < 0.5 else tensor.raw_data + b"\1"
+    elif kind == "values":
+        # an integer constant (a shape, pads, axes, indices, sparse indices) set to a hostile value
+        integers = [
+            t for t in [*tensors, *(s.indices for s in graph.sparse_initializer)] if t.data_type == TensorProto.INT64
+        ]
+        if integers:
+            tensor = rng.choice(integers)
+            array = numpy_helper.to_array(tensor).copy()
+            if array.size:
+                array.reshape(-1)[rng.randrange(array.size)] = rng.choice(_INTS + _DIMS)
+                tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
     elif kind == "name" and node is not None:
         names = [v for n in graph.node for v in [*n.input, *n.output]] + ["", "nowhere"]
         target = node.input if node.input and rng.random() < 0.5 else node.output
