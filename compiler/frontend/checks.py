@@ -118,6 +118,15 @@ def check_names(graph: onnx.GraphProto) -> None:
             _text(attribute.name, f"an attribute name of {label}")
 
 
+def check_ir_version(model: onnx.ModelProto, source: str) -> None:
+    """The IR version is one this onnx knows, from 3 (the first with opset imports) on, as onnxruntime requires."""
+    if not 3 <= model.ir_version <= onnx.IR_VERSION:
+        raise ModelError(
+            f"{source} has ONNX IR version {model.ir_version}; Tessel reads IR versions 3 to {onnx.IR_VERSION}: "
+            "export the model again"
+        )
+
+
 def check_function_imports(model: onnx.ModelProto) -> None:
     """A call of a local function is in a domain the model imports an opset of (onnxruntime refuses the model
     otherwise; a node of any other domain but the default is an unsupported op, named as such later)."""

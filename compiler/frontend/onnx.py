@@ -16,7 +16,6 @@ import onnx
 import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, numpy_helper
-from onnx.external_data_helper import ExternalDataInfo
 
 from compiler.errors import ModelError, ShapeError, TesselError, UnsupportedOpError
 from compiler.frontend import checks
@@ -104,6 +103,7 @@ def _parse(model: Any) -> onnx.ModelProto:
         raise ModelError(f"cannot load a model from a {type(model).__name__}; pass a path, bytes or an onnx.ModelProto")
     if not proto.HasField("graph") or not proto.graph.output:
         raise ModelError(f"{source} is not an ONNX model: it has no graph with outputs; export the model again")
+    checks.check_ir_version(proto, source)
     if base is not None:
         for tensor in _external_tensors(proto):
             _load_external(tensor, base, source)
@@ -159,13 +159,14 @@ def _load_external(tensor: TensorProto, base: Path, source: str) -> None:
     """Read an external tensor's bytes into raw_data, as if the model had been saved in one file."""
     path = _external_path(tensor, base, source)
     what = f"{source}: tensor {tensor.name!r} (data file {path.name!r})"
+    entries = {entry.key: entry.value for entry in tensor.external_data}
     try:
-        info = ExternalDataInfo(tensor)
-        offset, length = int(info.offset or 0), info.length
-    except (ValueError, TypeError):
+        offset = int(entries.get("offset") or 0)
+        length = int(entries["length"]) if entries.get("length") else None
+    except ValueError:
         raise ModelError(f"{what} has an offset or length that is not a number; export the model again") from None
     size = path.stat().st_size
-    length = size - offset if length is None else int(length)
+    length = size - offset if length is None else length
     if offset < 0 or length < 0 or offset + length > size:
         raise ModelError(f"{what} asks for {length} bytes at offset {offset}, but the file has {size}")
     with open(path, "rb") as file:

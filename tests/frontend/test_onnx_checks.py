@@ -284,3 +284,11 @@ def test_a_graph_output_declared_with_another_dtype_is_refused():
         ModelError, match="graph output 'y' is declared INT32, but the node that makes it computes float32"
     ):
         load_onnx(model)
+
+
+@pytest.mark.parametrize("ir_version", [0, 2, onnx.IR_VERSION + 1])
+def test_an_ir_version_onnxruntime_cannot_read_is_refused(ir_version):
+    model = _relu()
+    model.ir_version = ir_version
+    with pytest.raises(ModelError, match=f"has ONNX IR version {ir_version}; Tessel reads IR versions 3 to"):
+        load_onnx(model)

@@ -267,18 +267,23 @@ def _feeds(graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _agree(got: np.ndarray, expected: np.ndarray) -> bool:
+def _agree(got: np.ndarray, expected: np.ndarray, wild_weights: bool) -> bool:
     if got.shape != expected.shape or got.dtype != expected.dtype:
         return False
     if got.dtype.kind != "f":
         return bool(np.array_equal(got, expected))
-    both = np.isfinite(got) & np.isfinite(expected)
-    scale = float(np.abs(expected[both]).max(initial=0.0))
-    # damaged weights reach float32's overflow, where the order of a sum decides between inf, nan and a number
-    if not both.all() and scale < 1e30 and not np.array_equal(np.isnan(got), np.isnan(expected)):
-        return False
+    compared = np.isfinite(got) & np.isfinite(expected)
+    if wild_weights:
+        # A weight that is nan, inf or past 1e30 leaves it to the implementation where a nan goes (onnxruntime
+        # skips a conv's padded taps, so nan * 0 never happens, and its Relu maps nan to 0) and which sums
+        # overflow (Tessel folds a scale into the weights before the conv, onnxruntime multiplies after it):
+        # only the values that stay clear of that are compared.
+        compared &= (np.abs(np.where(compared, got, 0)) < 1e30) & (np.abs(np.where(compared, expected, 0)) < 1e30)
+    elif not np.array_equal(got[~compared], expected[~compared], equal_nan=True):
+        return False  # elsewhere inf and nan must be exactly where onnxruntime has them
+    scale = float(np.abs(expected[compared]).max(initial=0.0))
     # a sum of many products differs from onnxruntime's by rounding in proportion to its largest terms
-    return bool(np.allclose(got[both], expected[both], rtol=1e-4, atol=1e-5 * (1.0 + scale)))
+    return bool(np.allclose(got[compared], expected[compared], rtol=1e-4, atol=1e-5 * (1.0 + scale)))
 
 
 def judge(data: bytes, compiled: bool, seed: int) -> str:
@@ -303,8 +308,9 @@ def judge(data: bytes, compiled: bool, seed: int) -> str:
             results = compile_model(data, target="llvm").run(feeds)
     except TesselError:
         return "error"
+    wild_weights = any(a.dtype.kind == "f" and a.size and not np.abs(a).max() < 1e30 for a in graph.params.values())
     for name, array in expected.items():
-        if name not in results or not _agree(np.asarray(results[name]), array):
+        if name not in results or not _agree(np.asarray(results[name]), array, wild_weights):
             return f"wrong result ({'compiled' if compiled else 'reference'})"
     return "match"
 
