@@ -36,6 +36,9 @@ def test_a_long_chain_compiles_in_bounded_groups_and_matches_numpy(length):
         expected = np.maximum(expected, 0) if op == "Relu" else -expected
     module = compile_model(model, target="llvm")
     np.testing.assert_array_equal(module.run({"v0": x})[f"v{length}"], expected)
+    # the printers walk the same deep graphs and expressions
+    assert str(fused).count(" = fused(") == len(fused.nodes)
+    assert module.source("tir").count("kernel_0") >= 1
 
 
 def test_simplify_removes_a_long_identity_chain_but_the_copy_into_the_output():
