@@ -166,11 +166,8 @@ class Graph:
         from compiler.graph.registry import get_op
 
         defined: set[Value] = set()
-        for v in [*self.inputs, *self.params, *(v for node in self.nodes for v in node.outputs)]:
-            # names reach the bundle's manifest.json and the JS runtime, which take text only
-            if not isinstance(v.name, str):
-                raise GraphError(f"value name {v.name!r} is not text")
         for v in [*self.inputs, *self.params]:
+            _check_name(v)
             if v in defined:
                 raise GraphError(f"value %{v.name} is defined twice")
             defined.add(v)
@@ -191,6 +188,7 @@ class Graph:
                         f"node {node.name} ({node.op}) outputs {[str(t) for t in got]}, inference says {[str(t) for t in expected]}"
                     )
             for v in node.outputs:
+                _check_name(v)
                 if v in defined:
                     raise GraphError(f"value %{v.name} is defined twice (second time by node {node.name})")
                 defined.add(v)
@@ -202,3 +200,9 @@ class Graph:
         from compiler.graph.printer import format_graph
 
         return format_graph(self)
+
+
+def _check_name(value: Value) -> None:
+    # names reach the bundle's manifest.json and the JS runtime, which take text only
+    if not isinstance(value.name, str):
+        raise GraphError(f"value name {value.name!r} is not text")

@@ -54,9 +54,11 @@ class _Grouping:
                     self.consumers[value].append(index)
         self.group_of = list(range(len(self.nodes)))
         self.members = {index: [index] for index in range(len(self.nodes))}
+        self.group_patterns = dict(enumerate(self.patterns))
 
     def pattern(self, group: int) -> Pattern:
-        return max(self.patterns[index] for index in self.members[group])
+        """The group's pattern: the highest of its members'."""
+        return self.group_patterns[group]
 
     def place(self, index: int) -> None:
         """Put node `index` into the group of one of its producers if a fusion rule allows, else leave it alone."""
@@ -151,6 +153,7 @@ class _Grouping:
         for index in self.members[other]:
             self.group_of[index] = group
         self.members[group] = sorted(self.members[group] + self.members.pop(other))
+        self.group_patterns[group] = max(self.group_patterns[group], self.group_patterns.pop(other))
 
     def _ordered_groups(self) -> list[int]:
         """Groups in a topological order of the group graph, earliest first node first among the ready ones."""
