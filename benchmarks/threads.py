@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,9 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import compiler  # noqa: E402
-from compiler import zoo  # noqa: E402
+from compiler import te, zoo  # noqa: E402
+from compiler.tir.lower import lower  # noqa: E402
+from compiler.tir.nodes import For, ForKind, walk_stmts  # noqa: E402
 
 PATTERNS = {"back-to-back": None, "every 50 ms": 0.05, "every 200 ms": 0.2, "busy core": None}
 BLOCK = 10  # runs per back-to-back sample
@@ -175,6 +178,68 @@ def runners(name: str) -> dict[str, callable]:
     }
 
 
+def calibration_kernels():
+    """Parallel loops of three kinds of body at sizes around the work threshold, each built with the threshold off
+    so that it always reaches the pool: (label, work estimate, kernel, arrays)."""
+    from compiler.tir import work
+
+    def elementwise(size: int, heavy: bool):
+        x = te.placeholder((size,), name="x")
+        if heavy:
+            y = te.compute((size,), lambda i: te.tanh(x[i]) * te.sigmoid(x[i]), name="y")
+        else:
+            y = te.compute((size,), lambda i: x[i] * 3.0 + 1.0, name="y")
+        schedule = te.create_schedule(y.op)
+        outer, inner = schedule[y].split(y.op.axis[0], factor=16)
+        schedule[y].parallel(outer)
+        schedule[y].vectorize(inner)
+        return schedule, [x, y], [(size,), (size,)]
+
+    def row_sums(size: int, _heavy: bool):
+        x = te.placeholder((size // 64, 64), name="x")
+        k = te.reduce_axis((0, 64), name="k")
+        y = te.compute((size // 64,), lambda i: te.sum(x[i, k], axis=k), name="y")
+        schedule = te.create_schedule(y.op)
+        schedule[y].parallel(y.op.axis[0])
+        return schedule, [x, y], [(size // 64, 64), (size // 64,)]
+
+    saved, work.PARALLEL_MIN_WORK = work.PARALLEL_MIN_WORK, 0
+    try:
+        for label, make, heavy in (
+            ("affine", elementwise, False),
+            ("tanh*sigmoid", elementwise, True),
+            ("row sums", row_sums, False),
+        ):
+            for size in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20):
+                schedule, tensors, shapes = make(size, heavy)
+                func = lower(schedule, tensors, "calibrate")
+                kernel = compiler.build(schedule, tensors, target="llvm", name="calibrate")
+                arrays = [np.random.default_rng(0).standard_normal(shape).astype(np.float32) for shape in shapes]
+                (loop,) = [
+                    stmt for stmt in walk_stmts(func.body) if isinstance(stmt, For) and stmt.kind == ForKind.PARALLEL
+                ]
+                yield f"{label} {size}", work.stmt_work(loop), kernel, arrays
+    finally:
+        work.PARALLEL_MIN_WORK = saved
+
+
+def calibrate(rounds: int) -> None:
+    """One thread against the default for each calibration kernel, back to back, interleaved."""
+    print("| loop | work estimate | 1 thread us | default us | ns per operation (1 thread) | default / 1 |")
+    print("|---|---|---|---|---|---|")
+    for label, estimate, kernel, arrays in calibration_kernels():
+        samples = {1: [], 0: []}
+        for _ in range(rounds):
+            for threads, times in samples.items():
+                kernel.num_threads = threads
+                kernel(*arrays)
+                times.append(statistics.median(timed(partial(kernel, *arrays)) for _ in range(BLOCK)) * 1000)
+        one, default = statistics.median(samples[1]), statistics.median(samples[0])
+        print(
+            f"| {label} | {estimate} | {one:.1f} | {default:.1f} | {one * 1000 / estimate:.2f} | {default / one:.2f} |"
+        )
+
+
 def timed(run) -> float:
     started = time.perf_counter()
     run()
@@ -213,7 +278,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=every, choices=every)
     parser.add_argument("--patterns", nargs="+", default=list(PATTERNS), choices=list(PATTERNS))
     parser.add_argument("--rounds", type=int, default=15, help="samples of each variant per pattern")
+    parser.add_argument(
+        "--calibrate", action="store_true", help="time single parallel loops around the work threshold instead"
+    )
     arguments = parser.parse_args()
+    if arguments.calibrate:
+        calibrate(arguments.rounds)
+        return
     print(f"compiler: {Path(compiler.__file__).parent}, ms per run, median (min–max) of {arguments.rounds} samples\n")
     header = ["model", "pattern", *VARIANTS, "default / 1", "Tessel / onnxruntime (default)"]
     print("| " + " | ".join(header) + " |")

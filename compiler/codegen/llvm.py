@@ -629,6 +629,8 @@ class _FunctionEmitter:
             f"{self.function.name}.parallel.{context.counter}",
         )
         outlined.linkage = "internal"
+        # one copy of the body for the pool and for one thread: the same code, so the same results at any count
+        outlined.attributes.add("noinline")
         child = _FunctionEmitter(context, outlined, parallel_depth=self.parallel_depth + 1)
         closure = outlined.args[0]
         fields = []

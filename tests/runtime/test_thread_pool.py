@@ -110,3 +110,23 @@ def test_whole_models_give_one_threads_outputs_at_every_thread_count(name):
             for spec in module.outputs:
                 np.testing.assert_array_equal(outputs[spec.name], expected[spec.name])
     assert module.runtime.library.pool_jobs > 0
+
+
+def test_a_reduction_gives_the_same_bits_at_one_and_two_threads():
+    """The pool and the one-thread path call the same outlined body (kept out of line), so a reduction that LLVM
+    vectorizes with partial sums adds in the same order at every thread count."""
+    rows = 4096
+    x = te.placeholder((rows, 64), name="x")
+    k = te.reduce_axis((0, 64), name="k")
+    y = te.compute((rows,), lambda i: te.sum(x[i, k], axis=k), name="y")
+    schedule = te.create_schedule(y.op)
+    schedule[y].parallel(y.op.axis[0])
+    kernel = compiler.build(schedule, [x, y], target="llvm", name="row_sums", num_threads=1)
+    data = np.random.default_rng(1).standard_normal((rows, 64)).astype("float32")
+    one, two = np.zeros(rows, "float32"), np.zeros(rows, "float32")
+    kernel(data, one)
+    kernel.num_threads = 2
+    kernel(data, two)
+    assert kernel.runtime.pool_jobs == 1
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, data.sum(axis=1), rtol=1e-5, atol=1e-5)
