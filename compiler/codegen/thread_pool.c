@@ -7,8 +7,9 @@
      from the closure's counter, then closes the job and waits only for the workers that joined before it closed.
      A worker that wakes late finds the job closed and touches nothing: the job's fields live in the pool, not on
      the caller's stack, and a worker reads them only once it has joined an open job;
-   - idle workers spin for SPIN_NS (bridging the gaps between one kernel's loop and the next within a run),
-     yielding the core after YIELD_AFTER_NS so that a caller sharing it runs, then sleep on a futex;
+   - idle workers spin for SPIN_NS (or the environment's TESSEL_SPIN_US), bridging the gaps between one kernel's
+     loop and the next within a run, yielding the core after YIELD_AFTER_NS so that a caller sharing it runs,
+     then sleep on a futex;
    - one job at a time: a caller that finds the pool busy (another thread's job) runs its loop alone, so two
      threads calling one library at once never share or corrupt a job. */
 
@@ -18,18 +19,15 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define HIDDEN __attribute__((visibility("hidden")))
 #define MAX_WORKERS 63
-#ifndef SPIN_NS
-#define SPIN_NS 300000
-#endif
-#ifndef YIELD_AFTER_NS
+#define SPIN_NS 300000 /* unless TESSEL_SPIN_US says otherwise, read when the workers start */
 #define YIELD_AFTER_NS 20000
-#endif
 #define WAIT_SPINS 2000        /* rounds a closing caller spins on the joined workers before it sleeps */
 #define OPEN 0x80000000u       /* state: the job accepts workers */
 #define WAITING 0x40000000u    /* state: the caller sleeps until the joined workers leave */
@@ -46,6 +44,7 @@ static struct {
     void *closure;
     int32_t threads;
     int workers;
+    int64_t spin_ns;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
 
 /* Jobs handed to the pool (a loop kept serial, or run at one thread, never counts), and the times a worker took
@@ -81,7 +80,7 @@ static uint32_t next_generation(uint32_t seen) {
             continue;
         }
         int64_t spent = now_ns() - started;
-        if (spent > SPIN_NS) break;
+        if (spent > pool.spin_ns) break;
         if (spent > YIELD_AFTER_NS) sched_yield();
     }
     atomic_fetch_add(&pool.sleepers, 1);
@@ -119,6 +118,10 @@ static int cores(void) {
 /* Start workers until there are `wanted` (the first job at a thread count starts them). */
 static void start_workers(int wanted) {
     pthread_mutex_lock(&pool.starting);
+    if (pool.workers == 0) {
+        const char *text = getenv("TESSEL_SPIN_US");
+        pool.spin_ns = text && *text ? atoll(text) * 1000 : SPIN_NS;
+    }
     while (pool.workers < wanted) {
         pthread_t thread;
         pthread_attr_t attributes;
