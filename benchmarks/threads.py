@@ -210,7 +210,7 @@ def calibration_kernels():
             ("tanh*sigmoid", elementwise, True),
             ("row sums", row_sums, False),
         ):
-            for size in (1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20):
+            for size in (1 << 12, 1 << 13, 1 << 14, 1 << 15, 1 << 16, 1 << 17, 1 << 18, 1 << 20):
                 schedule, tensors, shapes = make(size, heavy)
                 func = lower(schedule, tensors, "calibrate")
                 kernel = compiler.build(schedule, tensors, target="llvm", name="calibrate")

@@ -11,11 +11,12 @@ from compiler.tir.simplify import bounds
 # Operations per call, about the instructions codegen/fast_math.py's polynomials take; other calls (sqrt, min,
 # fma...) are one instruction.
 CALL_OPERATIONS = {"exp": 14, "log": 20, "tanh": 24, "sigmoid": 18, "erf": 28, "pow": 36}
-# A parallel loop whose estimate is below this stays on the calling thread. Measured on a 2-core VM
-# (benchmarks/threads.py --calibrate): with the workers awake, a job costs the caller about 1-3 us in all, and
-# kernels of elementwise, reduction and conv bodies take about 0.2-0.5 ns per operation on one thread, so
-# below ~20,000 operations (5-10 us) two threads do not beat one; above ~40,000 they do.
-PARALLEL_MIN_WORK = 20_000
+# A parallel loop whose estimate is below this stays on the calling thread. Measured on the 2-core VM with
+# `benchmarks/threads.py --calibrate` (elementwise, polynomial and reduction bodies, workers awake): loops of up
+# to ~16,000 operations (5-7 us on one thread) were 4-10% slower at two threads than at one, loops of ~65,000 and
+# more 31-39% faster; the threshold sits between. Handing a loop to a pool whose workers do not come costs the
+# caller ~0.4 us, so a loop just above it loses little when the other core is busy.
+PARALLEL_MIN_WORK = 32_768
 
 
 def expr_operations(expr: Expr) -> int:
