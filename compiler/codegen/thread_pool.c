@@ -17,6 +17,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@
 typedef void (*body_fn)(void *closure, int32_t threads);
 
 static struct {
-    pthread_mutex_t busy, starting;
+    pthread_mutex_t busy;
     _Atomic uint32_t generation; /* bumped at every job; idle workers sleep on it */
     _Atomic uint32_t state;      /* OPEN | WAITING | joined count; the caller sleeps on it */
     _Atomic uint32_t sleepers;   /* workers that may be asleep on generation */
@@ -45,7 +46,7 @@ static struct {
     int32_t threads;
     int workers;
     int64_t spin_ns;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER};
 
 /* Jobs handed to the pool (a loop kept serial, or run at one thread, never counts), and the times a worker took
 part in one: for tests and benchmarks. */
@@ -115,13 +116,16 @@ static int cores(void) {
     return online > 0 ? (int)online : 1;
 }
 
-/* Start workers until there are `wanted` (the first job at a thread count starts them). */
+/* Start workers until there are `wanted` (the first job at a thread count starts them; the caller holds busy).
+   They block every signal, so that signals meant for the process reach the threads that handle them. */
 static void start_workers(int wanted) {
-    pthread_mutex_lock(&pool.starting);
     if (pool.workers == 0) {
         const char *text = getenv("TESSEL_SPIN_US");
         pool.spin_ns = text && *text ? atoll(text) * 1000 : SPIN_NS;
     }
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
     while (pool.workers < wanted) {
         pthread_t thread;
         pthread_attr_t attributes;
@@ -132,7 +136,7 @@ static void start_workers(int wanted) {
         if (failed) break;
         pool.workers++;
     }
-    pthread_mutex_unlock(&pool.starting);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
 }
 
 HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads) {
