@@ -45,10 +45,11 @@ from compiler.tir.nodes import (
     Stmt,
     Store,
 )
-from compiler.tir.work import worth_parallel
+from compiler.tir.work import stmt_work, worth_parallel
 
 NUM_THREADS_GLOBAL = "tessel_num_threads"
-# void tessel_parallel(void (*body)(void *closure, int32_t threads), void *closure, int32_t threads): thread_pool.c
+# void tessel_parallel(void (*body)(void *closure, int32_t threads), void *closure, int32_t threads, int64_t work):
+# thread_pool.c; work is tir/work.py's estimate (-1: unknown)
 PARALLEL_ENTRY = "tessel_parallel"
 # chunks of a parallel loop's range per thread, claimed from a shared counter: more balance the load when a
 # thread starts late, each costs one atomic add
@@ -666,7 +667,8 @@ class _FunctionEmitter:
         closure_value = _opaque(self.entry.alloca(closure_type))
         for position, value in enumerate([*captured, ir.Constant(_I64, 0)]):
             b.store(value, b.gep(closure_value, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type))
-        pool = context.function(PARALLEL_ENTRY, ir.VoidType(), [_PTR, _PTR, _I32])
+        pool = context.function(PARALLEL_ENTRY, ir.VoidType(), [_PTR, _PTR, _I32, _I64])
+        work = stmt_work(node)
         num_threads = b.load(context.num_threads, typ=_I32)
         one = ir.Constant(_I32, 1)
         # One thread means no thread pool at all: the body runs on the caller's thread and claims every chunk.
@@ -674,7 +676,7 @@ class _FunctionEmitter:
             with serial:
                 b.call(outlined, [closure_value, one])
             with pooled:
-                b.call(pool, [outlined, closure_value, num_threads])
+                b.call(pool, [outlined, closure_value, num_threads, ir.Constant(_I64, -1 if work is None else work)])
 
     # ---- expressions -----------------------------------------------------------------------------
 

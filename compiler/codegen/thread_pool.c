@@ -1,6 +1,7 @@
 /* Tessel's thread pool for native parallel loops: codegen/llvm.py outlines a parallel loop's body into
-   body(closure, threads) and calls tessel_parallel; link.py compiles this file once per target and links it into
-   every native library, so a library needs only libc and pthreads (docs/codegen.md, "Threads").
+   body(closure, threads) and calls tessel_parallel(body, closure, threads, work); link.py compiles this file once
+   per target and links it into every native library, so a library needs only libc and pthreads
+   (docs/codegen.md, "Threads").
 
    The rules, each measured on a 2-core VM where a sleeping thread takes 100-200 us to wake:
    - the caller never waits for a worker that has not joined the job: it runs the body itself, claiming chunks
@@ -9,7 +10,7 @@
      the caller's stack, and a worker reads them only once it has joined an open job;
    - idle workers spin for SPIN_NS (or the environment's TESSEL_SPIN_US), bridging the gaps between one kernel's
      loop and the next within a run, yielding the core after YIELD_AFTER_NS so that a caller sharing it runs,
-     then sleep on a futex;
+     then sleep on a futex, and a caller wakes them only when the job is large or jobs come densely (below);
    - one job at a time: a caller that finds the pool busy (another thread's job) runs its loop alone, so two
      threads calling one library at once never share or corrupt a job. */
 
@@ -29,6 +30,13 @@
 #define MAX_WORKERS 63
 #define SPIN_NS 300000 /* unless TESSEL_SPIN_US says otherwise, read when the workers start */
 #define YIELD_AFTER_NS 20000
+/* Waking a sleeping worker costs the caller 12-16 us here (a futex wake that sends an interrupt to an idle
+   virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (mlp, 0.2 ms) lost that much
+   against one thread. So sleepers are woken only for a job of at least WAKE_MIN_WORK operations (tir/work.py's
+   estimate, -1 when unknown), or once DENSE_JOBS jobs have come within DENSE_NS (a model run back to back). */
+#define WAKE_MIN_WORK 524288
+#define DENSE_JOBS 8
+#define DENSE_NS 2000000
 #define WAIT_SPINS 2000        /* rounds a closing caller spins on the joined workers before it sleeps */
 #define OPEN 0x80000000u       /* state: the job accepts workers */
 #define WAITING 0x40000000u    /* state: the caller sleeps until the joined workers leave */
@@ -46,6 +54,8 @@ static struct {
     int32_t threads;
     int workers;
     int64_t spin_ns;
+    int64_t window_start; /* the caller's count of recent jobs: DENSE_JOBS within DENSE_NS */
+    int recent_jobs;
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER};
 
 /* Jobs handed to the pool (a loop kept serial, or run at one thread, never counts), and the times a worker took
@@ -139,7 +149,7 @@ static void start_workers(int wanted) {
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
 }
 
-HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads) {
+HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work) {
     if (threads <= 0) threads = cores();
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
     if (threads == 1 || pthread_mutex_trylock(&pool.busy) != 0) {
@@ -154,7 +164,14 @@ HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads) {
     atomic_fetch_add_explicit(&tessel_pool_jobs, 1, memory_order_relaxed);
     atomic_store(&pool.state, OPEN);
     atomic_fetch_add(&pool.generation, 1);
-    if (atomic_exchange(&pool.sleepers, 0) != 0) futex(&pool.generation, FUTEX_WAKE, MAX_WORKERS);
+    int64_t now = now_ns();
+    if (now - pool.window_start > DENSE_NS) {
+        pool.window_start = now;
+        pool.recent_jobs = 0;
+    }
+    pool.recent_jobs++;
+    int worth_waking = work < 0 || work >= WAKE_MIN_WORK || pool.recent_jobs >= DENSE_JOBS;
+    if (worth_waking && atomic_exchange(&pool.sleepers, 0) != 0) futex(&pool.generation, FUTEX_WAKE, MAX_WORKERS);
     body(closure, threads);
     uint32_t state = atomic_fetch_and(&pool.state, ~OPEN) & ~OPEN;
     for (int round = 0; (state & JOINED) && round < WAIT_SPINS; round++) {
