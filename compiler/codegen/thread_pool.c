@@ -34,7 +34,7 @@
    virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (mlp, 0.2 ms) lost that much
    against one thread. So sleepers are woken only for a job of at least WAKE_MIN_WORK operations (tir/work.py's
    estimate, -1 when unknown), or once DENSE_JOBS jobs have come within DENSE_NS (a model run back to back). */
-#define WAKE_MIN_WORK 524288
+#define WAKE_MIN_WORK 4194304
 #define DENSE_JOBS 8
 #define DENSE_NS 2000000
 #define WAIT_SPINS 2000        /* rounds a closing caller spins on the joined workers before it sleeps */
@@ -119,11 +119,16 @@ static void *worker(void *argument) {
     return NULL;
 }
 
+/* The cores this process may use, asked once: sched_getaffinity is a system call, ~5 us here. */
 static int cores(void) {
+    static _Atomic int known;
+    int count = atomic_load_explicit(&known, memory_order_relaxed);
+    if (count > 0) return count;
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
     long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online > 0 ? (int)online : 1;
+    count = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : online > 0 ? (int)online : 1;
+    atomic_store_explicit(&known, count, memory_order_relaxed);
+    return count;
 }
 
 /* Start workers until there are `wanted` (the first job at a thread count starts them; the caller holds busy).
