@@ -13,7 +13,6 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -155,26 +154,32 @@ def onnxruntime_session(model: onnx.ModelProto, threads: int) -> ort.InferenceSe
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def runners(name: str) -> dict[str, callable]:
-    """The four variants of one model, each a function of no arguments that runs one inference; Tessel's two are
-    separate loads of one bundle, so each has its own library and thread pool."""
+def runners(name: str) -> dict[str, tuple]:
+    """The four variants of one model, each (prepare, run): functions of no arguments, prepare untimed before each
+    sample. Tessel's two are one module whose thread count prepare sets, so both run the same code on the same
+    memory (two loads of one bundle differed by up to 10% in their one-thread times)."""
     model, feeds = model_and_feeds(name)
-    built = compiler.compile_model(model, target="llvm")
-    with tempfile.TemporaryDirectory(prefix="tessel-threads-") as folder:
-        built.export(Path(folder, name))
-        one = compiler.load_module(Path(folder, name), num_threads=1)
-        default = compiler.load_module(Path(folder, name))
+    module = compiler.compile_model(model, target="llvm")
+    default_threads = module.num_threads
     sessions = {1: onnxruntime_session(model, 1), 0: onnxruntime_session(model, 0)}
     expected = sessions[1].run(None, feeds)
-    for module in (one, default):
+    for threads in (1, default_threads):
+        module.num_threads = threads
         outputs = module.run(feeds)
         for spec, reference in zip(module.outputs, expected):
             np.testing.assert_allclose(outputs[spec.name], reference, rtol=1e-3, atol=1e-4, err_msg=name)
+
+    def threads(count: int):
+        return lambda: setattr(module, "num_threads", count)
+
+    def nothing():
+        return None
+
     return {
-        "tessel 1": lambda: one.run(feeds),
-        "tessel default": lambda: default.run(feeds),
-        "onnxruntime 1": lambda: sessions[1].run(None, feeds),
-        "onnxruntime default": lambda: sessions[0].run(None, feeds),
+        "tessel 1": (threads(1), partial(module.run, feeds)),
+        "tessel default": (threads(default_threads), partial(module.run, feeds)),
+        "onnxruntime 1": (nothing, partial(sessions[1].run, None, feeds)),
+        "onnxruntime default": (nothing, partial(sessions[0].run, None, feeds)),
     }
 
 
@@ -250,11 +255,13 @@ def measure(variants: dict, pattern: str, rounds: int) -> dict[str, list[float]]
     """Milliseconds per variant: `rounds` samples each, the variants interleaved within every round."""
     samples = {label: [] for label in variants}
     pause = PATTERNS[pattern]
-    for run in variants.values():
+    for prepare, run in variants.values():
+        prepare()
         for _ in range(3):
             run()
     for _ in range(rounds):
-        for label, run in variants.items():
+        for label, (prepare, run) in variants.items():
+            prepare()
             if pause is None:
                 run()
                 samples[label].append(statistics.median(timed(run) for _ in range(BLOCK)))
