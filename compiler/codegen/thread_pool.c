@@ -31,8 +31,8 @@
 #define SPIN_NS 300000 /* unless TESSEL_SPIN_US says otherwise, read when the workers start */
 #define YIELD_AFTER_NS 20000
 /* Waking a sleeping worker costs the caller 12-16 us here (a futex wake that sends an interrupt to an idle
-   virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (mlp, 0.2 ms) lost that much
-   against one thread. So sleepers are woken only for a job of at least WAKE_MIN_WORK operations (tir/work.py's
+   virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (small_convnet, 0.3 ms, whose
+   largest job is 3.5M operations) lost that much against one thread. So sleepers are woken only for a job of at least WAKE_MIN_WORK operations (tir/work.py's
    estimate, -1 when unknown), or once DENSE_JOBS jobs have come within DENSE_NS (a model run back to back). */
 #define WAKE_MIN_WORK 4194304
 #define DENSE_JOBS 8
