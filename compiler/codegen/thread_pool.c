@@ -32,8 +32,9 @@
 #define YIELD_AFTER_NS 20000
 /* Waking a sleeping worker costs the caller 12-16 us here (a futex wake that sends an interrupt to an idle
    virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (small_convnet, 0.3 ms, whose
-   largest job is 3.5M operations) lost that much against one thread. So sleepers are woken only for a job of at least WAKE_MIN_WORK operations (tir/work.py's
-   estimate, -1 when unknown), or once DENSE_JOBS jobs have come within DENSE_NS (a model run back to back). */
+   largest job is 3.5M operations) lost that much against one thread. So sleepers are woken only for a job of at
+   least WAKE_MIN_WORK operations (tir/work.py's estimate, -1 when unknown), or once DENSE_JOBS jobs have come
+   within DENSE_NS (a model run back to back). */
 #define WAKE_MIN_WORK 4194304
 #define DENSE_JOBS 8
 #define DENSE_NS 2000000
