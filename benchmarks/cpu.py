@@ -36,7 +36,6 @@ from compiler.zoo import model_flops
 
 @dataclass(frozen=True)
 class IdlePolicy:
-    omp_wait_policy: str | None  # None: Tessel's runtime default (a brief spin, compiler/runtime/native.py)
     onnxruntime_spins: bool
     # Tessel and onnxruntime with its default spinning workers, each timed alone after the interleaved runs (threads > 1)
     spinning_reference: bool
@@ -45,21 +44,14 @@ class IdlePolicy:
 
 IDLE_POLICIES = {
     "default": IdlePolicy(
-        None,
         False,
         True,
-        "Tessel's default (libgomp spins briefly, then sleeps), onnxruntime not spinning: its spinning workers do "
+        "Tessel's pool (workers spin 300 us, then sleep), onnxruntime not spinning: its spinning workers do "
         "not go back to sleep between runs and would take the cores Tessel's runs need; onnxruntime with spinning "
         "and Tessel are then timed alone for reference",
     ),
-    "sleep": IdlePolicy(
-        "PASSIVE", False, False, "libgomp passive, onnxruntime not spinning (every parallel loop wakes)"
-    ),
     "spin": IdlePolicy(
-        "ACTIVE",
-        True,
-        False,
-        "libgomp active (never sleeps), onnxruntime spinning: interleaved, they steal each other's cores",
+        True, False, "Tessel's pool, onnxruntime spinning: interleaved, its workers hold the cores Tessel's need"
     ),
 }
 
@@ -90,9 +82,6 @@ def main() -> None:
     arguments = parser.parse_args()
     threads, repeat = arguments.threads, max(30, arguments.repeat)
     policy = IDLE_POLICIES[arguments.idle]
-    if policy.omp_wait_policy:
-        # libgomp reads this when it is loaded, at the first compile.
-        os.environ["OMP_WAIT_POLICY"] = policy.omp_wait_policy
 
     # Other processes may share the machine: the best of many short runs, before and after the models.
     peak, bandwidth = fma_peak_gflops(threads), copy_bandwidth(threads)

@@ -1,5 +1,5 @@
 """Parallel-loop speedup of native kernels: one compute-heavy elementwise kernel and one matmul,
-built from TE schedules with a parallel outer loop, timed with 1 and 2 libgomp threads (median of
+built from TE schedules with a parallel outer loop, timed with 1 and 2 threads of Tessel's pool (median of
 many runs). Run: .venv/bin/python benchmarks/parallel.py"""
 
 from __future__ import annotations

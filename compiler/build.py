@@ -79,7 +79,7 @@ class Kernel:
 
     @property
     def num_threads(self) -> int:
-        """Threads for parallel loops (0: libgomp's default); native host kernels only."""
+        """Threads for parallel loops (0: every usable core, 1: no thread pool); native host kernels only."""
         return getattr(self.runtime, "num_threads", 1)
 
     @num_threads.setter
@@ -398,7 +398,7 @@ class Module:
 
     @property
     def num_threads(self) -> int:
-        """Threads for parallel loops (0: libgomp's default, 1: no thread pool); native modules only."""
+        """Threads for parallel loops (0: every usable core, 1: no thread pool); native modules only."""
         return getattr(self.runtime, "num_threads", 1)
 
     @num_threads.setter

@@ -3,6 +3,7 @@ module (wasm-ld from the ziglang wheel). The runtimes and `export_library` take 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import shutil
 import subprocess
@@ -16,6 +17,9 @@ from compiler.target import Target
 # zig's own target names for the cross triples Target produces.
 _ZIG_TARGETS = {"aarch64": "aarch64-linux-gnu", "armv7": "arm-linux-gnueabihf"}
 WASM_STACK_BYTES = 1 << 20
+# The thread pool that native parallel loops call (tessel_parallel): compiled once per target and linked into
+# every shared library, so a library needs no OpenMP runtime on the machine that loads it.
+THREAD_POOL_SOURCE = Path(__file__).resolve().parent / "codegen" / "thread_pool.c"
 
 
 def _zig() -> list[str]:
@@ -30,25 +34,42 @@ def _run(command: list[str], what: str) -> None:
         raise TargetError(f"{what} failed ({' '.join(command[:4])} ...):\n{result.stderr.strip()}")
 
 
-def shared_library_command(target: Target) -> list[str]:
+def c_compiler_command(target: Target) -> list[str]:
+    """The C compiler that links native libraries for `target`: the host's cc (zig cc where there is none), zig cc
+    with zig's target name for the cross triples."""
     if target.kind != "llvm":
         raise TargetError(f"target {target} does not make shared libraries; use link_wasm")
     if target.is_host:
         compiler = shutil.which("cc")
-        if compiler is not None:
-            return [compiler, "-shared"]
-        return [*_zig(), "cc", "-shared"]
-    return [*_zig(), "cc", "-target", _ZIG_TARGETS[target.arch], "-shared"]
+        return [compiler] if compiler is not None else [*_zig(), "cc"]
+    return [*_zig(), "cc", "-target", _ZIG_TARGETS[target.arch]]
+
+
+def shared_library_command(target: Target) -> list[str]:
+    return [*c_compiler_command(target), "-shared"]
+
+
+@functools.cache
+def _thread_pool_object(target: Target) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="tessel-pool-") as folder:
+        output = Path(folder, "thread_pool.o")
+        command = [*c_compiler_command(target), "-c", "-O2", "-fPIC", "-o", str(output), str(THREAD_POOL_SOURCE)]
+        _run(command, f"compiling the thread pool for {target}")
+        return output.read_bytes()
 
 
 def link_shared(object_code: bytes, target: Target) -> bytes:
-    """A shared library holding the object's kernels; libgomp is resolved when it is loaded, libm (float64
-    transcendentals, codegen/llvm.py) is linked."""
+    """A shared library holding the object's kernels and the thread pool; libm (float64 transcendentals,
+    codegen/llvm.py) and pthreads are linked."""
     command = shared_library_command(target)
     with tempfile.TemporaryDirectory(prefix="tessel-link-") as folder:
-        source, output = Path(folder, "kernel.o"), Path(folder, "kernel.so")
+        source, pool, output = Path(folder, "kernel.o"), Path(folder, "thread_pool.o"), Path(folder, "kernel.so")
         source.write_bytes(object_code)
-        _run([*command, "-o", str(output), str(source), "-lm"], f"linking a shared library for {target}")
+        pool.write_bytes(_thread_pool_object(target))
+        _run(
+            [*command, "-o", str(output), str(source), str(pool), "-lm", "-lpthread"],
+            f"linking a shared library for {target}",
+        )
         return output.read_bytes()
 
 

@@ -51,3 +51,15 @@ def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():
     assert means.count("×") == len(columns)
     assert any("the worst geometric mean ratio" in line for line in lines)
     assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"
+
+
+def test_threads_benchmark_prints_a_row_per_model_and_pattern():
+    command = [sys.executable, "benchmarks/threads.py", "--models", "mlp", "small_convnet", "--rounds", "2"]
+    command += ["--patterns", "back-to-back", "every 50 ms"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("| mlp |", "| small_convnet |"))]
+    assert [row.split("|")[2].strip() for row in rows] == ["back-to-back", "every 50 ms"] * 2
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 8 and all(float(cell) > 0 for cell in cells[-2:])

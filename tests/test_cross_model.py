@@ -13,6 +13,7 @@ import pytest
 
 from compiler import zoo
 from compiler.build import compile_model
+from compiler.link import THREAD_POOL_SOURCE
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +21,12 @@ TARGET = "llvm -mtriple=aarch64-linux-gnu"
 EM_AARCH64 = 183
 
 # Loads params.bin and the input into 64-byte-aligned memory, calls the model's run entry once and
-# writes the output; the static program has no libgomp, so parallel loops run on the calling thread.
+# writes the output; parallel loops run on Tessel's thread pool (thread_pool.c, linked in) at its default thread
+# count, the cores qemu reports.
 MAIN_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 void run(const void *input, void *output, const void *params, void *arena);
-void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned flags) { fn(data); }
-int omp_get_num_threads(void) { return 1; }
 static void *read_file(const char *path) {
     FILE *file = fopen(path, "rb");
     if (!file) { perror(path); exit(1); }
@@ -79,7 +79,7 @@ def test_aarch64_object_runs_under_qemu(module, tmp_path):
     program = tmp_path / "program"
     command = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl", "-static", "-O2"]
     linked = subprocess.run(
-        [*command, "-o", str(program), str(tmp_path / "main.c"), str(tmp_path / "model.o")],
+        [*command, "-o", str(program), str(tmp_path / "main.c"), str(tmp_path / "model.o"), str(THREAD_POOL_SOURCE)],
         capture_output=True,
         text=True,
     )

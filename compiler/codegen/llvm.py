@@ -2,7 +2,8 @@
 and an object file for a Target. link.py turns the object into a .so or .wasm; build.py drives it.
 
 Every kernel is `void name(T0* arg0, T1* arg1, ...)`. Vectorized loops become LLVM vector values,
-parallel loops an outlined body run through libgomp's GOMP_parallel, math a polynomial in IR."""
+parallel loops an outlined body run through Tessel's thread pool (thread_pool.c, linked in by link.py) when
+tir/work.py says they do enough work, math a polynomial in IR."""
 
 from __future__ import annotations
 
@@ -44,8 +45,12 @@ from compiler.tir.nodes import (
     Stmt,
     Store,
 )
+from compiler.tir.work import stmt_work, worth_parallel
 
 NUM_THREADS_GLOBAL = "tessel_num_threads"
+# void tessel_parallel(void (*body)(void *closure, int32_t threads), void *closure, int32_t threads, int64_t work):
+# thread_pool.c; work is tir/work.py's estimate (-1: unknown)
+PARALLEL_ENTRY = "tessel_parallel"
 # chunks of a parallel loop's range per thread, claimed from a shared counter: more balance the load when a
 # thread starts late, each costs one atomic add
 CHUNKS_PER_THREAD = 4
@@ -565,7 +570,12 @@ class _FunctionEmitter:
                     del self.values[node.var]
                 return
         extent = self.expr(node.extent)
-        if node.kind == ForKind.PARALLEL and self.context.parallel and self.parallel_depth == 0:
+        if (
+            node.kind == ForKind.PARALLEL
+            and self.context.parallel
+            and self.parallel_depth == 0
+            and worth_parallel(node)
+        ):
             self.parallel_loop(node, start, extent)
             return
         self.serial_loop(node.var, start, ir.Constant(start.type, 0), extent, node.body)
@@ -601,10 +611,10 @@ class _FunctionEmitter:
             del self.values[node.var]
 
     def parallel_loop(self, node: For, start: ir.Value, extent: ir.Value) -> None:
-        """Outline the body into fn(closure) and run it through GOMP_parallel. The threads claim chunks of the
-        iteration range from a shared counter (CHUNKS_PER_THREAD per thread), so a thread that starts late (a
-        sleeping worker takes tens of microseconds to wake, more on a virtual machine) does fewer chunks instead
-        of the others waiting for it."""
+        """Outline the body into fn(closure, threads) and run it through tessel_parallel. The threads claim chunks
+        of the iteration range from a shared counter in the closure (CHUNKS_PER_THREAD per thread), so a thread
+        that starts late (a sleeping worker takes 100-200 us to wake on a virtual machine) does fewer chunks, or
+        none: the pool does not wait for a worker that has not joined."""
         free_vars = [v for v in dict.fromkeys(n for n in _walk(node.body) if isinstance(n, Var)) if v in self.values]
         buffers = [n.buffer for n in _walk(node.body) if isinstance(n, (Load, Store))]
         free_buffers = [buffer for buffer in dict.fromkeys(buffers) if buffer in self.buffers]
@@ -615,9 +625,13 @@ class _FunctionEmitter:
         context = self.context
         context.counter += 1
         outlined = ir.Function(
-            context.module, ir.FunctionType(ir.VoidType(), [_PTR]), f"{self.function.name}.parallel.{context.counter}"
+            context.module,
+            ir.FunctionType(ir.VoidType(), [_PTR, _I32]),
+            f"{self.function.name}.parallel.{context.counter}",
         )
         outlined.linkage = "internal"
+        # one copy of the body for the pool and for one thread: the same code, so the same results at any count
+        outlined.attributes.add("noinline")
         child = _FunctionEmitter(context, outlined, parallel_depth=self.parallel_depth + 1)
         closure = outlined.args[0]
         fields = []
@@ -630,7 +644,7 @@ class _FunctionEmitter:
         child.buffers.update(zip(free_buffers, fields[2 + len(free_vars) :]))
         cb = child.builder
         index_type = child_extent.type
-        threads = cb.sext(cb.call(context.function("omp_get_num_threads", _I32, []), []), _I64)
+        threads = cb.sext(outlined.args[1], _I64)
         total = cb.sext(child_extent, _I64) if index_type.width < 64 else child_extent
         pieces = cb.mul(threads, ir.Constant(_I64, CHUNKS_PER_THREAD))
         chunk = cb.sdiv(cb.add(total, cb.sub(pieces, ir.Constant(_I64, 1))), pieces)
@@ -653,15 +667,16 @@ class _FunctionEmitter:
         closure_value = _opaque(self.entry.alloca(closure_type))
         for position, value in enumerate([*captured, ir.Constant(_I64, 0)]):
             b.store(value, b.gep(closure_value, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type))
-        gomp = context.function("GOMP_parallel", ir.VoidType(), [_PTR, _PTR, _I32, _I32])
+        pool = context.function(PARALLEL_ENTRY, ir.VoidType(), [_PTR, _PTR, _I32, _I64])
+        work = stmt_work(node)
         num_threads = b.load(context.num_threads, typ=_I32)
-        # One thread means no thread pool at all: the body runs on the caller's thread, where libgomp's
-        # omp_get_num_threads answers 1, so it claims every chunk itself.
-        with b.if_else(b.icmp_signed("==", num_threads, ir.Constant(_I32, 1))) as (serial, pooled):
+        one = ir.Constant(_I32, 1)
+        # One thread means no thread pool at all: the body runs on the caller's thread and claims every chunk.
+        with b.if_else(b.icmp_signed("==", num_threads, one)) as (serial, pooled):
             with serial:
-                b.call(outlined, [closure_value])
+                b.call(outlined, [closure_value, one])
             with pooled:
-                b.call(gomp, [outlined, closure_value, num_threads, ir.Constant(_I32, 0)])
+                b.call(pool, [outlined, closure_value, num_threads, ir.Constant(_I64, -1 if work is None else work)])
 
     # ---- expressions -----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Native runtime: a shared library from link.py, loaded with ctypes, kernels called on numpy
-arrays. libgomp is loaded first with RTLD_GLOBAL so the library's GOMP_parallel calls resolve."""
+arrays. Each library carries its own thread pool (codegen/thread_pool.c) and its thread count."""
 
 from __future__ import annotations
 
@@ -14,53 +14,26 @@ from compiler.errors import TargetError
 from compiler.runtime import ArgSpec, check_args
 
 NUM_THREADS_ENV = "TESSEL_NUM_THREADS"
-# How long libgomp's idle workers spin (rounds of a load and a pause) before they sleep, unless the user set
-# OMP_WAIT_POLICY or GOMP_SPINCOUNT. A run is a chain of parallel loops, one per kernel, and a sleeping worker costs
-# ~50 us to wake on this machine (mlp at 2 threads: 0.155 ms passive, 0.030 ms spinning): the spin must bridge the
-# gap from one loop to the next. 1000 rounds does (300 do not: mobilenet_v2 8.6 ms against 4.4 ms), and is short
-# enough not to slow what runs next: in benchmarks/cpu.py onnxruntime's interleaved mobilenet_v2 took 4.8-5.2 ms
-# both with this spin and with passive libgomp.
-SPIN_ROUNDS = 1000
-WAIT_POLICY_ENVS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-_gomp: ctypes.CDLL | None = None
-
-
-def _load_gomp() -> None:
-    """Load libgomp once, with SPIN_ROUNDS as its spin count unless the environment says otherwise. libgomp reads
-    its environment when it is loaded, so a libgomp that something else in the process loaded first keeps its own
-    wait policy."""
-    global _gomp
-    if _gomp is not None:
-        return
-    chosen = any(name in os.environ for name in WAIT_POLICY_ENVS)
-    if not chosen:
-        os.environ["GOMP_SPINCOUNT"] = str(SPIN_ROUNDS)
-    try:
-        _gomp = ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
-    except OSError as error:
-        raise TargetError(
-            "native kernels with parallel loops need GCC's OpenMP runtime libgomp.so.1 "
-            "(Debian: apt-get install libgomp1)"
-        ) from error
-    finally:
-        if not chosen:
-            del os.environ["GOMP_SPINCOUNT"]
 
 
 def default_num_threads() -> int:
-    """TESSEL_NUM_THREADS if set, else 0: libgomp's own default (OMP_NUM_THREADS or every core)."""
+    """TESSEL_NUM_THREADS if set, else the cores this process may run on (its CPU affinity, which is what a
+    container or taskset leaves it; os.cpu_count where there is no affinity)."""
     text = os.environ.get(NUM_THREADS_ENV, "")
     try:
-        return max(0, int(text)) if text else 0
+        count = int(text) if text else 0
     except ValueError as error:
         raise TargetError(f"{NUM_THREADS_ENV}={text!r} is not a whole number of threads") from error
+    if count > 0:
+        return count
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 class NativeLibrary:
     """One loaded shared library; the file is removed once mapped, the bytes are kept by the caller."""
 
     def __init__(self, library: bytes, num_threads: int | None = None):
-        _load_gomp()
         with tempfile.TemporaryDirectory(prefix="tessel-native-") as folder:
             path = Path(folder, "kernel.so")
             path.write_bytes(library)
@@ -74,6 +47,12 @@ class NativeLibrary:
     @num_threads.setter
     def num_threads(self, count: int) -> None:
         ctypes.c_int32.in_dll(self.handle, "tessel_num_threads").value = int(count)
+
+    @property
+    def pool_jobs(self) -> int:
+        """Parallel loops this library has handed to its thread pool (one kept serial or run at one thread never
+        counts)."""
+        return ctypes.c_uint64.in_dll(self.handle, "tessel_pool_jobs").value
 
     def function(self, name: str, specs: list[ArgSpec]):
         entry = getattr(self.handle, name)

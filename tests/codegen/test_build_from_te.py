@@ -13,7 +13,7 @@ RNG = np.random.default_rng(11)
 
 
 @pytest.mark.parametrize("target", ["llvm", "wasm"])
-def test_parallel_vectorized_elementwise(target):
+def test_parallel_vectorized_elementwise(target, every_parallel_loop_pooled):
     n = 1000
     a, b = te.placeholder((n,), name="a"), te.placeholder((n,), name="b")
     c = te.compute((n,), lambda i: te.sigmoid(a[i]) * b[i] + te.sqrt(te.abs(a[i])), name="c")
@@ -30,7 +30,7 @@ def test_parallel_vectorized_elementwise(target):
     kernel(x, y, out)
     np.testing.assert_allclose(out, 1 / (1 + np.exp(-x)) * y + np.sqrt(np.abs(x)), rtol=2e-6, atol=1e-6)
     assert "vectorized" in kernel.source("tir") and "parallel" in kernel.source("tir")
-    assert ("GOMP_parallel" in kernel.source("ll")) == (target == "llvm")
+    assert ("tessel_parallel" in kernel.source("ll")) == (target == "llvm")
 
 
 @pytest.mark.parametrize("target", ["llvm", "wasm"])

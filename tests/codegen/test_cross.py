@@ -16,6 +16,7 @@ from codegen_helpers import index, loop
 from compiler.build import build_func
 from compiler.codegen.llvm import compile_funcs
 from compiler.errors import TargetError
+from compiler.link import THREAD_POOL_SOURCE
 from compiler.te.expr import Binary, Call, Cast, Var
 from compiler.tir.nodes import Buffer, ForKind, PrimFunc, Seq, Store
 from compiler.tir.nodes import Load as L
@@ -62,15 +63,15 @@ def expected() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 MAIN_C = """
 #include <stdio.h>
 void cross_kernel(float *x, int *n, float *out, int *q, unsigned short *half);
-/* The static test program has no libgomp: parallel loops run on the calling thread. */
-void GOMP_parallel(void (*fn)(void *), void *data, unsigned threads, unsigned flags) { fn(data); }
-int omp_get_num_threads(void) { return 1; }
+/* Three threads: the parallel loop runs on Tessel's thread pool (linked in from thread_pool.c) under qemu. */
+extern int tessel_num_threads;
 static float x[SIZE] = {X};
 static int n[SIZE] = {N};
 static float out[SIZE];
 static int q[SIZE];
 static unsigned short half[SIZE];
 int main(void) {
+    tessel_num_threads = 3;
     cross_kernel(x, n, out, q, half);
     for (int i = 0; i < SIZE; i++) printf("%.9g %d %u\\n", out[i], q[i], half[i]);
     return 0;
@@ -79,12 +80,12 @@ int main(void) {
 
 
 @pytest.mark.parametrize("arch", list(CROSS))
-def test_cross_shared_library_is_an_elf_for_the_machine(arch, tmp_path):
+def test_cross_shared_library_is_an_elf_for_the_machine(arch, tmp_path, every_parallel_loop_pooled):
     target, machine, elf_class, _, _ = CROSS[arch]
     kernel = build_func(cross_func(), target)
     with pytest.raises(TargetError, match="cross-compiled"):
         kernel(*inputs(), np.zeros(SIZE, "float32"), np.zeros(SIZE, "int32"), np.zeros(SIZE, "float16"))
-    assert "GOMP_parallel" in kernel.source("ll")
+    assert "tessel_parallel" in kernel.source("ll")
     library = kernel.export_library(tmp_path / "kernel.so").read_bytes()
     assert library[:4] == b"\x7fELF" and library[4] == elf_class
     assert struct.unpack_from("<H", library, 16)[0] == 3  # ET_DYN: a shared object
@@ -92,7 +93,7 @@ def test_cross_shared_library_is_an_elf_for_the_machine(arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", list(CROSS))
-def test_cross_kernel_runs_under_qemu(arch, tmp_path):
+def test_cross_kernel_runs_under_qemu(arch, tmp_path, every_parallel_loop_pooled):
     target, _, _, zig_target, qemu = CROSS[arch]
     emulator = shutil.which(qemu)
     if emulator is None:
@@ -104,9 +105,8 @@ def test_cross_kernel_runs_under_qemu(arch, tmp_path):
     (tmp_path / "kernel.o").write_bytes(compile_funcs([cross_func()], target).object)
     program = tmp_path / "program"
     command = [sys.executable, "-m", "ziglang", "cc", "-target", zig_target, "-static", "-O2", "-o", str(program)]
-    linked = subprocess.run(
-        [*command, str(tmp_path / "main.c"), str(tmp_path / "kernel.o")], capture_output=True, text=True
-    )
+    sources = [str(tmp_path / "main.c"), str(tmp_path / "kernel.o"), str(THREAD_POOL_SOURCE)]
+    linked = subprocess.run([*command, *sources, "-lpthread"], capture_output=True, text=True)
     assert linked.returncode == 0, linked.stderr
     result = subprocess.run([emulator, str(program)], check=True, capture_output=True, text=True, timeout=60)
     rows = [line.split() for line in result.stdout.splitlines()]

@@ -427,7 +427,7 @@ def test_unrolled_and_wide_vectorized_loops(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("num_threads", [None, 1, 3])
-def test_parallel_loop(target, num_threads):
+def test_parallel_loop(target, num_threads, every_parallel_loop_pooled):
     """out[i, :] = rowscale[i] * x[i, :] + offset, with a parallel row loop (and a nested parallel
     loop that must run serially inside it)."""
     rows, cols = 37, 16
@@ -448,13 +448,13 @@ def test_parallel_loop(target, num_threads):
     # the multiply-add may be one FMA (one rounding): near a cancellation that differs from numpy's two roundings
     # by up to half an ulp of the product (~0.3 here)
     np.testing.assert_allclose(out, s[:, None] * x + 0.25, rtol=1e-6, atol=3e-8)
-    calls = kernel.source("ll").count("call void @GOMP_parallel")
+    calls = kernel.source("ll").count("call void @tessel_parallel")
     assert calls == (1 if target == "llvm" else 0)
 
 
 @pytest.mark.parametrize("num_threads", [1, 2, 3, 5])
 @pytest.mark.parametrize("extent", [1, 2, 7, 21, 1000])
-def test_parallel_loop_chunks_run_every_iteration_once(num_threads, extent):
+def test_parallel_loop_chunks_run_every_iteration_once(num_threads, extent, every_parallel_loop_pooled):
     """Threads claim chunks of the range from a shared counter: each iteration increments its element once, so a
     chunk run twice or skipped shows as a 2 or a 0, whatever the thread count and however the range divides."""
     counts = Buffer("counts", (extent,), "int32")

@@ -37,4 +37,4 @@ def test_exported_module_imports_memory_and_exports_the_kernel(tmp_path):
     module = wasmtime.Module(wasmtime.Engine(), data)
     assert [(item.module, item.name) for item in module.imports] == [("env", "memory")]
     assert {"axpy", "__heap_base"} <= {item.name for item in module.exports}
-    assert "GOMP" not in kernel.source("ll")
+    assert "tessel_parallel" not in kernel.source("ll")

@@ -1,0 +1,195 @@
+/* Tessel's thread pool for native parallel loops: codegen/llvm.py outlines a parallel loop's body into
+   body(closure, threads) and calls tessel_parallel(body, closure, threads, work); link.py compiles this file once
+   per target and links it into every native library, so a library needs only libc and pthreads
+   (docs/codegen.md, "Threads").
+
+   The rules, each measured on a 2-core VM where a sleeping thread takes 100-200 us to wake:
+   - the caller never waits for a worker that has not joined the job: it runs the body itself, claiming chunks
+     from the closure's counter, then closes the job and waits only for the workers that joined before it closed.
+     A worker that wakes late finds the job closed and touches nothing: the job's fields live in the pool, not on
+     the caller's stack, and a worker reads them only once it has joined an open job;
+   - idle workers spin for SPIN_NS (or the environment's TESSEL_SPIN_US), bridging the gaps between one kernel's
+     loop and the next within a run, yielding the core after YIELD_AFTER_NS so that a caller sharing it runs,
+     then sleep on a futex, and a caller wakes them only when the job is large or jobs come densely (below);
+   - one job at a time: a caller that finds the pool busy (another thread's job) runs its loop alone, so two
+     threads calling one library at once never share or corrupt a job. */
+
+#define _GNU_SOURCE
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define MAX_WORKERS 63
+#define SPIN_NS 300000 /* unless TESSEL_SPIN_US says otherwise, read when the workers start */
+#define YIELD_AFTER_NS 20000
+/* Waking a sleeping worker costs the caller 12-16 us here (a futex wake that sends an interrupt to an idle
+   virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (small_convnet, 0.3 ms, whose
+   largest job is 3.5M operations) lost that much against one thread. So sleepers are woken only for a job of at
+   least WAKE_MIN_WORK operations (tir/work.py's estimate, -1 when unknown), or once DENSE_JOBS jobs have come
+   within DENSE_NS (a model run back to back). */
+#define WAKE_MIN_WORK 4194304
+#define DENSE_JOBS 8
+#define DENSE_NS 2000000
+#define WAIT_SPINS 2000        /* rounds a closing caller spins on the joined workers before it sleeps */
+#define OPEN 0x80000000u       /* state: the job accepts workers */
+#define WAITING 0x40000000u    /* state: the caller sleeps until the joined workers leave */
+#define JOINED 0x3fffffffu     /* state: workers inside the job */
+
+typedef void (*body_fn)(void *closure, int32_t threads);
+
+static struct {
+    pthread_mutex_t busy;
+    _Atomic uint32_t generation; /* bumped at every job; idle workers sleep on it */
+    _Atomic uint32_t state;      /* OPEN | WAITING | joined count; the caller sleeps on it */
+    _Atomic uint32_t sleepers;   /* workers that may be asleep on generation */
+    body_fn body;
+    void *closure;
+    int32_t threads;
+    int workers;
+    int64_t spin_ns;
+    int64_t window_start; /* the caller's count of recent jobs: DENSE_JOBS within DENSE_NS */
+    int recent_jobs;
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER};
+
+/* Jobs handed to the pool (a loop kept serial, or run at one thread, never counts), and the times a worker took
+part in one: for tests and benchmarks. */
+_Atomic uint64_t tessel_pool_jobs, tessel_pool_joins;
+
+static void futex(_Atomic uint32_t *word, int operation, uint32_t value) {
+    syscall(SYS_futex, (uint32_t *)word, operation | FUTEX_PRIVATE_FLAG, value, NULL, NULL, 0);
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || (defined(__arm__) && __ARM_ARCH >= 7)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec time;
+    clock_gettime(CLOCK_MONOTONIC, &time);
+    return (int64_t)time.tv_sec * 1000000000 + time.tv_nsec;
+}
+
+/* The next generation after `seen`: spin, then yield, then sleep. */
+static uint32_t next_generation(uint32_t seen) {
+    int64_t started = now_ns();
+    for (int round = 0;; round++) {
+        uint32_t generation = atomic_load_explicit(&pool.generation, memory_order_acquire);
+        if (generation != seen) return generation;
+        if ((round & 63) != 63) {
+            relax();
+            continue;
+        }
+        int64_t spent = now_ns() - started;
+        if (spent > pool.spin_ns) break;
+        if (spent > YIELD_AFTER_NS) sched_yield();
+    }
+    atomic_fetch_add(&pool.sleepers, 1);
+    uint32_t generation;
+    while ((generation = atomic_load(&pool.generation)) == seen) futex(&pool.generation, FUTEX_WAIT, seen);
+    return generation;
+}
+
+static void *worker(void *argument) {
+    int index = (int)(intptr_t)argument; /* workers 0 .. threads-2 take part in a job of `threads` threads */
+    uint32_t seen = 0;
+    for (;;) {
+        seen = next_generation(seen);
+        uint32_t state = atomic_load(&pool.state);
+        int joined = 0;
+        while ((state & OPEN) && !joined) joined = atomic_compare_exchange_weak(&pool.state, &state, state + 1);
+        if (!joined) continue;
+        if (index < pool.threads - 1) {
+            pool.body(pool.closure, pool.threads);
+            atomic_fetch_add_explicit(&tessel_pool_joins, 1, memory_order_relaxed);
+        }
+        uint32_t before = atomic_fetch_sub(&pool.state, 1);
+        if ((before & JOINED) == 1 && (before & WAITING)) futex(&pool.state, FUTEX_WAKE, 1);
+    }
+    return NULL;
+}
+
+/* The cores this process may use, asked once: sched_getaffinity is a system call, ~5 us here. */
+static int cores(void) {
+    static _Atomic int known;
+    int count = atomic_load_explicit(&known, memory_order_relaxed);
+    if (count > 0) return count;
+    cpu_set_t set;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    count = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : online > 0 ? (int)online : 1;
+    atomic_store_explicit(&known, count, memory_order_relaxed);
+    return count;
+}
+
+/* Start workers until there are `wanted` (the first job at a thread count starts them; the caller holds busy).
+   They block every signal, so that signals meant for the process reach the threads that handle them. */
+static void start_workers(int wanted) {
+    if (pool.workers == 0) {
+        const char *text = getenv("TESSEL_SPIN_US");
+        pool.spin_ns = text && *text ? atoll(text) * 1000 : SPIN_NS;
+    }
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
+    while (pool.workers < wanted) {
+        pthread_t thread;
+        pthread_attr_t attributes;
+        pthread_attr_init(&attributes);
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&thread, &attributes, worker, (void *)(intptr_t)pool.workers);
+        pthread_attr_destroy(&attributes);
+        if (failed) break;
+        pool.workers++;
+    }
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+}
+
+HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work) {
+    if (threads <= 0) threads = cores();
+    if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
+    if (threads == 1 || pthread_mutex_trylock(&pool.busy) != 0) {
+        body(closure, 1);
+        return;
+    }
+    if (pool.workers < threads - 1) start_workers(threads - 1);
+    if (pool.workers < threads - 1) threads = pool.workers + 1;
+    pool.body = body;
+    pool.closure = closure;
+    pool.threads = threads;
+    atomic_fetch_add_explicit(&tessel_pool_jobs, 1, memory_order_relaxed);
+    atomic_store(&pool.state, OPEN);
+    atomic_fetch_add(&pool.generation, 1);
+    int64_t now = now_ns();
+    if (now - pool.window_start > DENSE_NS) {
+        pool.window_start = now;
+        pool.recent_jobs = 0;
+    }
+    pool.recent_jobs++;
+    int worth_waking = work < 0 || work >= WAKE_MIN_WORK || pool.recent_jobs >= DENSE_JOBS;
+    if (worth_waking && atomic_exchange(&pool.sleepers, 0) != 0) futex(&pool.generation, FUTEX_WAKE, MAX_WORKERS);
+    body(closure, threads);
+    uint32_t state = atomic_fetch_and(&pool.state, ~OPEN) & ~OPEN;
+    for (int round = 0; (state & JOINED) && round < WAIT_SPINS; round++) {
+        relax();
+        state = atomic_load(&pool.state);
+    }
+    if (state & JOINED) {
+        state = atomic_fetch_or(&pool.state, WAITING) | WAITING;
+        while (state & JOINED) {
+            futex(&pool.state, FUTEX_WAIT, state);
+            state = atomic_load(&pool.state);
+        }
+    }
+    pthread_mutex_unlock(&pool.busy);
+}

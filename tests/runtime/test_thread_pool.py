@@ -1,0 +1,133 @@
+"""Tessel's thread pool (codegen/thread_pool.c) and the work rule (tir/work.py): parallel loops give the results of
+one thread at every thread count, over repeated calls and from several Python threads at once; a loop below the
+work threshold is emitted without a pool call and never reaches the pool; whole models match one thread."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import compiler
+from compiler import te, zoo
+from compiler.build import build_func
+from compiler.te.expr import Const, Var
+from compiler.tir import work
+from compiler.tir.nodes import Buffer, For, ForKind, Load, PrimFunc, Store
+
+
+def affine_func(size: int) -> PrimFunc:
+    """out[i] = x[i] * 3 + 1 over one parallel loop: 3 operations per iteration (a load, a multiply, an add) and
+    the store."""
+    x, out = Buffer("x", (size,), "float32"), Buffer("out", (size,), "float32")
+    i = Var("i")
+    body = Store(out, i, Load(x, i) * Const(3.0, "float32") + Const(1.0, "float32"))
+    return PrimFunc("affine", [x, out], For(i, Const(0, "int32"), Const(size, "int32"), ForKind.PARALLEL, body))
+
+
+def test_work_counts_operations_times_iterations_and_vectors_once():
+    assert work.stmt_work(affine_func(1000).body) == 1000 * 4
+    x, out = Buffer("x", (64, 16), "float32"), Buffer("out", (64, 16), "float32")
+    row, lane = Var("row"), Var("lane")
+    flat = row * 16 + lane
+    exp = Store(out, flat, te.exp(Load(x, flat)))
+    lanes = For(lane, Const(0, "int32"), Const(16, "int32"), ForKind.VECTORIZED, exp)
+    rows = For(row, Const(0, "int32"), Const(64, "int32"), ForKind.PARALLEL, lanes)
+    assert work.stmt_work(rows) == 64 * (1 + work.CALL_OPERATIONS["exp"] + 1)
+    unknown = For(row, Const(0, "int32"), Var("n"), ForKind.PARALLEL, exp)
+    assert work.stmt_work(unknown) is None and work.worth_parallel(unknown)
+
+
+def test_a_loop_below_the_threshold_stays_on_the_calling_thread():
+    small = work.PARALLEL_MIN_WORK // 4 - 1  # 4 operations per iteration: just below the threshold
+    large = work.PARALLEL_MIN_WORK // 4 + 1
+    kernel_small, kernel_large = (
+        build_func(affine_func(small), num_threads=4),
+        build_func(affine_func(large), num_threads=4),
+    )
+    assert "tessel_parallel" not in kernel_small.source("ll")
+    (call,) = [line for line in kernel_large.source("ll").splitlines() if "call void @tessel_parallel" in line]
+    assert f"i64 {large * 4})" in call  # the estimate goes to the pool, which decides on waking
+    for kernel, size in ((kernel_small, small), (kernel_large, large)):
+        x = np.arange(size, dtype="float32")
+        out = np.zeros_like(x)
+        kernel(x, out)
+        np.testing.assert_array_equal(out, x * 3 + 1)
+    assert kernel_small.runtime.pool_jobs == 0
+    assert kernel_large.runtime.pool_jobs == 1
+
+
+def test_every_thread_count_and_repeated_calls_give_one_threads_results():
+    size = 1 << 16
+    kernel = build_func(affine_func(size), num_threads=1)
+    x = np.random.default_rng(0).standard_normal(size).astype("float32")
+    expected = np.zeros_like(x)
+    kernel(x, expected)
+    jobs = 0
+    for threads in (2, 3, 0, 5, 2, 1):
+        kernel.num_threads = threads
+        for _ in range(50):
+            out = np.zeros_like(x)
+            kernel(x, out)
+            np.testing.assert_array_equal(out, expected)
+        jobs += 50 if threads != 1 else 0
+        assert kernel.runtime.pool_jobs == jobs
+
+
+def test_several_python_threads_calling_one_library_at_once_get_their_own_results():
+    """ctypes lets go of the GIL, so the calls overlap: one holds the pool, the others run their loop alone; each
+    caller's output must be its own input's."""
+    size = 1 << 16
+    kernel = build_func(affine_func(size), num_threads=2)
+    inputs = [np.full(size, float(caller), np.float32) for caller in range(4)]
+    failures = []
+
+    def call(caller: int) -> None:
+        for _ in range(100):
+            out = np.zeros(size, np.float32)
+            kernel(inputs[caller], out)
+            if not np.array_equal(out, inputs[caller] * 3 + 1):
+                failures.append(caller)
+
+    callers = [threading.Thread(target=call, args=(caller,)) for caller in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert failures == []
+    assert 0 < kernel.runtime.pool_jobs <= 400
+
+
+@pytest.mark.parametrize("name", ["mlp", "dwconv_block"])
+def test_whole_models_give_one_threads_outputs_at_every_thread_count(name):
+    module = compiler.compile_model(zoo.build_model(name), target="llvm", num_threads=1)
+    feeds = zoo.sample_input(name)
+    expected = module.run(feeds)
+    for threads in (2, 3, 0):
+        module.num_threads = threads
+        for _ in range(5):
+            outputs = module.run(feeds)
+            for spec in module.outputs:
+                np.testing.assert_array_equal(outputs[spec.name], expected[spec.name])
+    assert module.runtime.library.pool_jobs > 0
+
+
+def test_a_reduction_gives_the_same_bits_at_one_and_two_threads():
+    """The pool and the one-thread path call the same outlined body (kept out of line), so a reduction that LLVM
+    vectorizes with partial sums adds in the same order at every thread count."""
+    rows = 4096
+    x = te.placeholder((rows, 64), name="x")
+    k = te.reduce_axis((0, 64), name="k")
+    y = te.compute((rows,), lambda i: te.sum(x[i, k], axis=k), name="y")
+    schedule = te.create_schedule(y.op)
+    schedule[y].parallel(y.op.axis[0])
+    kernel = compiler.build(schedule, [x, y], target="llvm", name="row_sums", num_threads=1)
+    data = np.random.default_rng(1).standard_normal((rows, 64)).astype("float32")
+    one, two = np.zeros(rows, "float32"), np.zeros(rows, "float32")
+    kernel(data, one)
+    kernel.num_threads = 2
+    kernel(data, two)
+    assert kernel.runtime.pool_jobs == 1
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, data.sum(axis=1), rtol=1e-5, atol=1e-5)
