@@ -50,6 +50,11 @@ def _type(tensor: te.Tensor) -> TensorType:
     return TensorType(tuple(tensor.shape), tensor.dtype)
 
 
+def _plain_of_blocked(x: te.Tensor) -> TensorType:
+    """The NCHW type an NCHW[x]c tensor stands for."""
+    return TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
+
+
 def _lowest(dtype: str) -> te.Const:
     return identity_element("max", dtype)
 
@@ -250,8 +255,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 def max_pool_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     """MaxPool over the spatial axes of an NCHW[x]c tensor: a vector over the channel block loads contiguously."""
     (x,) = inputs[:1]
-    plain = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
-    window = pool_geometry("MaxPoolNCHWc", plain, attrs)
+    window = pool_geometry("MaxPoolNCHWc", _plain_of_blocked(x), attrs)
     padded = _pad_blocked(x, window.pads_begin, window.read_end, _lowest(x.dtype))
     taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
 
@@ -478,33 +482,45 @@ def _count(base, kernel: int, dilation: int, low: int, high: int):
     return te.maximum(largest - smallest + 1, 0)
 
 
-def average_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
-    (x,) = inputs[:1]
-    window = pool_geometry("AveragePool", _type(x), attrs)
-    include_pad = bool(int(attrs.get("count_include_pad", 0)))
-    acc = _accumulator(x.dtype)
-    padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
-    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
-    shape = output_types[0].shape
+def _average_pool(blocked: bool):
+    """AveragePool over NCHW, or (blocked) over the spatial axes of NCHW[x]c, where a vector over the channel
+    block loads contiguously; the divisor is each window's count of counted positions."""
 
-    def body(n, c, *spatial):
-        return te.sum(padded[(n, c, *_window_source(window, spatial, taps))].astype(acc), axis=taps)
+    def compute(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+        (x,) = inputs[:1]
+        plain = _plain_of_blocked(x) if blocked else _type(x)
+        window = pool_geometry("AveragePool", plain, attrs)
+        include_pad = bool(int(attrs.get("count_include_pad", 0)))
+        acc = _accumulator(x.dtype)
+        if blocked:
+            padded = _pad_blocked(x, window.pads_begin, window.read_end)
+        else:
+            padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+        rank = len(window.kernel)
+        taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+        shape = output_types[0].shape
 
-    sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
-    sizes = x.shape[2:]
+        def body(n, c, *rest):
+            source = _window_source(window, rest[:rank], taps)
+            return te.sum(padded[(n, c, *source, *rest[rank:])].astype(acc), axis=taps)
 
-    def divide(n, c, *spatial):
-        count = None
-        for axis, o in enumerate(spatial):
-            begin = window.pads_begin[axis]
-            low = -begin if include_pad else 0
-            high = sizes[axis] + window.declared_end[axis] if include_pad else sizes[axis]
-            base = o * window.strides[axis] - begin
-            term = _count(base, window.kernel[axis], window.dilations[axis], low, high)
-            count = term if count is None else count * term
-        return (sums[(n, c, *spatial)] / count.astype(acc)).astype(x.dtype)
+        sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
+        sizes = plain.shape[2:]
 
-    return [te.compute(shape, divide, name="average_pool", tag="elemwise")]
+        def divide(*index):
+            count = None
+            for axis, o in enumerate(index[2 : 2 + rank]):
+                begin = window.pads_begin[axis]
+                low = -begin if include_pad else 0
+                high = sizes[axis] + window.declared_end[axis] if include_pad else sizes[axis]
+                base = o * window.strides[axis] - begin
+                term = _count(base, window.kernel[axis], window.dilations[axis], low, high)
+                count = term if count is None else count * term
+            return (sums[index] / count.astype(acc)).astype(x.dtype)
+
+        return [te.compute(shape, divide, name="average_pool", tag="elemwise")]
+
+    return compute
 
 
 def _power(value, p: float):
@@ -980,7 +996,8 @@ set_compute("ConvTranspose", conv_transpose)
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)
 set_compute("MaxPool", max_pool)
-set_compute("AveragePool", average_pool)
+set_compute("AveragePool", _average_pool(blocked=False))
+set_compute("AveragePoolNCHWc", _average_pool(blocked=True))
 set_compute("GlobalAveragePool", _global_pool("sum"))
 set_compute("GlobalMaxPool", _global_pool("max"))
 set_compute("BatchNormalization", batch_norm)

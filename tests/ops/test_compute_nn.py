@@ -105,6 +105,16 @@ CASES = {
         [(2, 1, 11, 30, 8)],
         {"kernel_shape": [2, 3], "strides": [2, 2], "dilations": [2, 1], "ceil_mode": 1, "pads": [0, 1, 1, 2]},
     ),
+    "average_pool_nchwc_pads_ceil": (
+        "AveragePoolNCHWc",
+        [(1, 2, 7, 8, 4)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 0], "ceil_mode": 1},
+    ),
+    "average_pool_nchwc_include_pad_dilated": (
+        "AveragePoolNCHWc",
+        [(2, 1, 9, 12, 8)],
+        {"kernel_shape": [2, 3], "dilations": [2, 1], "pads": [0, 1, 1, 2], "count_include_pad": 1},
+    ),
     "layout_transform_to_blocked": ("LayoutTransform", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NCHW4c"}),
     "layout_transform_to_plain": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW"}),
     "conv_transpose": (

@@ -806,20 +806,25 @@ def _plain_of_blocked(op: str, x: TensorType) -> TensorType:
     return TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
 
 
-def _infer_max_pool_nchwc(types, attrs):
-    (x,) = _inputs("MaxPoolNCHWc", types, 1, 1)
-    _single_output("MaxPoolNCHWc", attrs)
-    (plain,) = _infer_max_pool([_plain_of_blocked("MaxPoolNCHWc", x)], attrs)
-    block = x.shape[-1]
-    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+def _register_blocked_pool(op: str, infer_plain, reference_plain) -> None:
+    """`op`NCHWc: the pool `op` (its values only) over the spatial axes of an NCHW[x]c tensor, made by the
+    alter_layout pass between blocked convolutions."""
+    name = f"{op}NCHWc"
+
+    def infer(types, attrs):
+        (x,) = _inputs(name, types, 1, 1)
+        _single_output(name, attrs)
+        (plain,) = infer_plain([_plain_of_blocked(name, x)], attrs)
+        block = x.shape[-1]
+        return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+    def reference(x, **attrs):
+        return block_channels(reference_plain(unblock_channels(x), **attrs), x.shape[-1])
+
+    register_op(name, infer=infer, pattern=Pattern.OUT_EWISE_FUSABLE, reference=reference)
 
 
-def _max_pool_nchwc(x, **attrs):
-    return block_channels(_max_pool(unblock_channels(x), **attrs), x.shape[-1])
-
-
-# MaxPool (its values only) in NCHW[x]c, made by the alter_layout pass between blocked convolutions
-register_op("MaxPoolNCHWc", infer=_infer_max_pool_nchwc, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_max_pool_nchwc)
+_register_blocked_pool("MaxPool", _infer_max_pool, _max_pool)
 
 
 def _infer_average_pool(types, attrs):
@@ -857,6 +862,7 @@ def _average_pool(x, *, count_include_pad=0, **attrs):
 
 
 register_op("AveragePool", infer=_infer_average_pool, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_average_pool)
+_register_blocked_pool("AveragePool", _infer_average_pool, _average_pool)
 
 
 def _infer_global_pool(op: str):
@@ -996,6 +1002,9 @@ def _given(value) -> tuple | None:
     return values or None
 
 
+ASPECT_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
 def attr_string(attrs: dict[str, Any], name: str, default: str, allowed: tuple[str, ...], op: str = "Resize") -> str:
     value = attrs.get(name, default)
     value = value.decode() if isinstance(value, bytes) else str(value)
@@ -1021,7 +1030,7 @@ def resize_plan(shape: tuple[int, ...], attrs: dict[str, Any]) -> ResizePlan:
         for axis, size in zip(axes, sizes):
             output[axis] = int(size)
         factors = [output[a] / shape[a] if shape[a] else 1.0 for a in range(rank)]
-        policy = attr_string(attrs, "keep_aspect_ratio_policy", "stretch", ("stretch", "not_larger", "not_smaller"))
+        policy = attr_string(attrs, "keep_aspect_ratio_policy", "stretch", ASPECT_POLICIES)
         if policy != "stretch":
             chosen = (min if policy == "not_larger" else max)(factors[a] for a in axes)
             factors = [chosen if a in axes else 1.0 for a in range(rank)]
