@@ -80,7 +80,8 @@ def excite_net() -> onnx.ModelProto:
 
 
 def upsample_net() -> onnx.ModelProto:
-    """U-Net / YOLO-neck pieces: a reflect Pad, nearest and linear Resize, a skip Concat, SPPF's 5x5 max pools."""
+    """U-Net / YOLO-neck pieces: a reflect Pad, nearest and linear Resize, a skip Concat, SPPF's 5x5 max pools, a
+    strided ConvTranspose."""
     b = _Builder([1, 8, 10, 10])
     skip = b.conv("x", 8, 16, 3)
     (down,) = b.op("MaxPool", [skip], kernel_shape=[2, 2], strides=[2, 2])
@@ -91,7 +92,9 @@ def upsample_net() -> onnx.ModelProto:
     (padded,) = b.op("Pad", [pooled, b.constant(np.array([0, 0, 1, 1, 0, 0, 1, 1]))], mode="reflect")
     x = b.conv(padded, 32, 16, 3)
     (resized,) = b.op("Resize", [x, "", "", b.constant(np.array([1, 16, 17, 15]))], mode="linear")
-    return b.model([b.conv(resized, 16, 8)])
+    weight = b.constant(b.rng.standard_normal((16, 16, 3, 3)).astype(np.float32) / 12)
+    (up,) = b.op("ConvTranspose", [x, weight], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    return b.model([b.conv(resized, 16, 8), b.conv(up, 16, 8)])
 
 
 MODELS = {"fire": fire_net, "excite": excite_net, "upsample": upsample_net}
@@ -99,7 +102,7 @@ MODELS = {"fire": fire_net, "excite": excite_net, "upsample": upsample_net}
 BLOCKED = {
     "fire": {"Concat", "MaxPoolNCHWc", "AveragePoolNCHWc", "ReduceMean"},
     "excite": {"ReduceMean", "HardSigmoid", "Mul", "Add", "Split", "Slice"},
-    "upsample": {"MaxPoolNCHWc", "Resize", "Concat", "Pad"},
+    "upsample": {"MaxPoolNCHWc", "Resize", "Concat", "Pad", "ConvTransposeNCHWc"},
 }
 
 

@@ -24,6 +24,7 @@ from compiler.graph.ops.nn import (
     RESIZE_MODES,
     attr_string,
     blocked_conv_types,
+    blocked_transposed_types,
     conv_geometry,
     pool_geometry,
     resize_plan,
@@ -286,38 +287,99 @@ def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
     return te.compute(tensor.shape, lambda *i: tensor[i].astype(dtype), name="cast", tag="elemwise")
 
 
+def _transposed_taps(geometry, spatial):
+    """The reduce axes of a transposed conv's taps and how an output position reads through them:
+    read(outputs) -> (conditions, input positions, taps). Output o takes input i through tap t where
+    i * stride + t * dilation == o + pad. With dilation 1 (and no negative pad) only the taps of o's phase
+    (t = (o + pad) mod stride + stride * j) can meet that, so the loop runs over ceil(k / stride) of them, not all k
+    with a test each (a 2x2 stride-2 upsampling reads one tap per output, not four)."""
+    axes, kinds = [], []
+    for axis, kernel in enumerate(geometry.kernel):
+        stride, phased = geometry.strides[axis], geometry.dilations[axis] == 1 and geometry.pads_begin[axis] >= 0
+        phased = phased and stride > 1
+        axes.append(te.reduce_axis((0, -(-kernel // stride) if phased else kernel), f"r{axis}"))
+        kinds.append(phased)
+
+    def read(outputs):
+        conditions, source, taps = [], [], []
+        for axis, (tap_axis, phased) in enumerate(zip(axes, kinds)):
+            stride, kernel = geometry.strides[axis], geometry.kernel[axis]
+            shifted = outputs[axis] + geometry.pads_begin[axis]
+            if phased:
+                tap = shifted % stride + tap_axis * stride
+                position = shifted // stride - tap_axis
+                conditions += [tap < kernel] if kernel % stride else []
+                conditions.append(position >= 0)
+            else:
+                tap = tap_axis
+                offset = shifted - tap_axis * geometry.dilations[axis]
+                position = offset // stride if stride > 1 else offset
+                if stride > 1:
+                    conditions.append(te.Compare("eq", offset % stride, te.const(0)))
+                conditions.append(offset >= 0)
+            conditions.append(position < spatial[axis])
+            source.append(_clamp(position, 0, spatial[axis] - 1))
+            taps.append(_clamp(tap, 0, kernel - 1) if phased and kernel % stride else tap)
+        return conditions, source, taps
+
+    return axes, read
+
+
 def conv_transpose(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     x, w, bias = (list(inputs) + [None, None])[:3]
     group, geometry = transposed_geometry(_type(x), _type(w), attrs)
-    rank = len(geometry.kernel)
-    spatial = x.shape[2:]
     per_group = x.shape[1] // group
     filters_per_group = w.shape[1]
     acc = _accumulator(x.dtype)
     channel = te.reduce_axis((0, per_group), "rc")
-    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(geometry.kernel)]
+    taps, read = _transposed_taps(geometry, x.shape[2:])
 
     def body(n, m, *outputs):
-        conditions, source = [], []
-        for axis in range(rank):
-            # output o reads input i where i * stride + tap * dilation == o + pad
-            offset = outputs[axis] + geometry.pads_begin[axis] - taps[axis] * geometry.dilations[axis]
-            stride = geometry.strides[axis]
-            position = offset // stride if stride > 1 else offset
-            if stride > 1:
-                conditions.append(te.Compare("eq", offset % stride, te.const(0)))
-            conditions += [offset >= 0, position < spatial[axis]]
-            source.append(_clamp(position, 0, spatial[axis] - 1))
+        conditions, source, tap = read(outputs)
         first = (m // filters_per_group) * per_group + channel
-        value = x[(n, first, *source)].astype(acc) * w[(first, m % filters_per_group, *taps)].astype(acc)
+        value = x[(n, first, *source)].astype(acc) * w[(first, m % filters_per_group, *tap)].astype(acc)
         return te.sum(te.select(te.all(*conditions), value, 0.0), axis=[channel, *taps])
 
     shape = output_types[0].shape
-    result = te.compute(shape, body, name="conv_transpose", tag=f"conv{rank}d_transpose")
+    result = te.compute(shape, body, name="conv_transpose", tag=f"conv{len(taps)}d_transpose")
     if bias is not None:
         plain = result
         result = te.compute(
             shape, lambda n, m, *s: plain[(n, m, *s)] + bias[m].astype(acc), name="bias", tag="broadcast"
+        )
+    return [_cast(result, x.dtype)]
+
+
+def conv_transpose_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """A group-1 ConvTranspose in NCHW[x]c over a packed (M / x, C, kh, kw, x) weight: the innermost axis is the
+    filter block, so a vector over it loads the block's weights contiguously and broadcasts one input value."""
+    x, w, bias = (list(inputs) + [None, None])[:3]
+    plain_x, plain_w = blocked_transposed_types(_type(x), _type(w))
+    _, geometry = transposed_geometry(plain_x, plain_w, attrs)
+    acc = _accumulator(x.dtype)
+    input_block = x.shape[-1]
+    channel_outer = te.reduce_axis((0, x.shape[1]), "rco")
+    channel_inner = te.reduce_axis((0, input_block), "rci")
+    taps, read = _transposed_taps(geometry, x.shape[2:4])
+    shape = output_types[0].shape
+    block = shape[-1]
+
+    def body(n, outer, row, column, inner):
+        conditions, source, tap = read((row, column))
+        value = x[(n, channel_outer, *source, channel_inner)].astype(acc)
+        weight = w[(outer, channel_outer * input_block + channel_inner, *tap, inner)].astype(acc)
+        return te.sum(te.select(te.all(*conditions), value * weight, 0.0), axis=[channel_outer, *taps, channel_inner])
+
+    result = te.compute(shape, body, name="conv_transpose", tag="conv2d_transpose_nchwc")
+    if bias is not None:
+        plain = result
+        result = te.compute(
+            shape,
+            lambda n, outer, row, column, inner: (
+                plain[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
+            ),
+            name="bias",
+            tag="broadcast",
         )
     return [_cast(result, x.dtype)]
 
@@ -993,6 +1055,7 @@ set_compute("ConvNCHWc", conv_nchwc)
 set_compute("LayoutTransform", layout_transform)
 set_compute("MaxPoolNCHWc", max_pool_nchwc)
 set_compute("ConvTranspose", conv_transpose)
+set_compute("ConvTransposeNCHWc", conv_transpose_nchwc)
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)
 set_compute("MaxPool", max_pool)

@@ -5,7 +5,7 @@ Each 2-D Conv with a param weight that is group=1 or depthwise becomes a ConvNCH
 time as (M / x, C / group, kh, kw, x). The blocked layout then flows through every op that has a blocked form, one
 rule each: elementwise ops (ReLU, Clip, residual Add, scale-shift Mul/Add with per-channel params, repacked too,
 and activations broadcast per channel, such as the SE scale (N, C, 1, 1)); max and average pools (MaxPoolNCHWc,
-AveragePoolNCHWc); global pools (a mean or max over the two spatial axes); Concat, Split and Slice on channels in
+AveragePoolNCHWc); a group-1 ConvTranspose (ConvTransposeNCHWc); global pools (a mean or max over the two spatial axes); Concat, Split and Slice on channels in
 whole blocks; spatial Pad and Resize. LayoutTransform nodes convert only where the layout must change: into the
 first blocked op, and back to NCHW before an op that needs it (Flatten, a softmax, a graph output). Hands fusion a
 graph whose convolution groups read and write blocked tensors. A Gemm with transB gets the target's float32 vector
@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
-from compiler.graph.ops.nn import ASPECT_POLICIES, attr_string, block_channels, resize_plan
+from compiler.graph.ops.nn import ASPECT_POLICIES, attr_string, block_channels, pack_transposed_weight, resize_plan
 from compiler.graph.ops.transform import pad_widths, slice_plan
 from compiler.target import Target
 
@@ -87,6 +87,7 @@ class _Rewriter:
         self.converted: dict[int, Node] = {}  # position of each converted conv -> its ConvNCHWc
         self.rules = {
             "Conv": self._conv,
+            "ConvTranspose": self._conv_transpose,
             "MaxPool": self._pool,
             "AveragePool": self._pool,
             "GlobalAveragePool": self._global_pool,
@@ -226,6 +227,22 @@ class _Rewriter:
         packed = self.graph.add_param(f"{weight.name}_packed{block}", pack_weight(array, block))
         inputs = [self._blocked_of(x, input_block), packed, *node.inputs[2:]]
         self._replace(node, "ConvNCHWc", inputs, dict(node.attrs), block)
+        return True
+
+    def _conv_transpose(self, node: Node) -> bool:
+        """A group-1 2-D ConvTranspose (a U-Net's upsampling) of a blocked value, with a param weight, stays blocked
+        as a ConvTransposeNCHWc over its weight packed as (M / x, C, kh, kw, x)."""
+        block = self._blocked_input(node)
+        weight = node.inputs[1] if len(node.inputs) > 1 else None
+        array = self.graph.params.get(weight)
+        if not block or array is None or array.ndim != 4 or int(node.attrs.get("group", 1)) != 1:
+            return False
+        filters = self._block_for(array.shape[1])
+        if not filters or array.dtype != np.float32:
+            return False
+        packed = self.graph.add_param(f"{weight.name}_packed{filters}", pack_transposed_weight(array, filters))
+        inputs = [self.blocked[(node.inputs[0], block)], packed, *node.inputs[2:]]
+        self._replace(node, "ConvTransposeNCHWc", inputs, dict(node.attrs), filters)
         return True
 
     def _pool(self, node: Node) -> bool:

@@ -122,6 +122,27 @@ CASES = {
         [(1, 3, 4, 5), (3, 2, 3, 3), (2,)],
         {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
     ),
+    "conv_transpose_2x2_stride_2": ("ConvTranspose", [(1, 4, 3, 5), (4, 3, 2, 2), (3,)], {"strides": [2, 2]}),
+    "conv_transpose_4x4_stride_2_pads": (
+        "ConvTranspose",
+        [(2, 3, 4, 3), (3, 2, 4, 3)],
+        {"strides": [2, 3], "pads": [1, 0, 1, 2], "output_padding": [1, 0]},
+    ),
+    "conv_transpose_output_shape": (
+        "ConvTranspose",
+        [(1, 2, 3, 3), (2, 2, 3, 3)],
+        {"strides": [2, 2], "output_shape": [8, 8], "auto_pad": "SAME_LOWER"},
+    ),
+    "conv_transpose_nchwc_stride_2": (
+        "ConvTransposeNCHWc",
+        [(1, 2, 4, 5, 4), (2, 8, 3, 3, 4), (8,)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+    ),
+    "conv_transpose_nchwc_2x2_dilated": (
+        "ConvTransposeNCHWc",
+        [(1, 1, 3, 4, 8), (1, 8, 2, 2, 8)],
+        {"strides": [2, 1], "dilations": [1, 2]},
+    ),
     "conv_transpose_groups": ("ConvTranspose", [(1, 4, 4, 4), (4, 1, 3, 3)], {"group": 2, "dilations": [2, 2]}),
     "gemm_bias": ("Gemm", [(3, 5), (5, 4), (4,)], {}),
     "gemm_trans_alpha_beta": ("Gemm", [(5, 3), (4, 5), (3, 4)], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}),

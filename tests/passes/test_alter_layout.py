@@ -443,3 +443,34 @@ def test_pad_and_resize_of_a_blocked_value_stay_blocked(assert_same_results):
     assert near_node.attrs == {"mode": "nearest", "scales": (2.0, 2.0), "axes": (2, 3)}
     assert linear_node.attrs["sizes"] == (7, 9) and linear_node.outputs[0].type.shape == (1, 2, 7, 9, 8)
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_transpose_of_a_blocked_value_stays_blocked(assert_same_results):
+    """A U-Net's upsampling: a 2x2 stride-2 ConvTranspose (weight (C, M, kh, kw) packed as (M / x, C, kh, kw, x))
+    and its skip Concat; a grouped one goes through NCHW."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 4, 5), "float32"))
+    y = conv(graph, x, 16, 3)
+    (up,) = graph.add_node("ConvTranspose", [y, param(graph, (16, 8, 2, 2)), param(graph, (8,))], {"strides": (2, 2)})
+    (skip,) = graph.add_node("Resize", [conv(graph, x, 8)], {"scales": (1.0, 1.0, 2.0, 2.0)})
+    (joined,) = graph.add_node("Concat", [up, skip], {"axis": 1})
+    (grouped,) = graph.add_node("ConvTranspose", [y, param(graph, (16, 1, 3, 3))], {"group": 16})
+    graph.outputs = [conv(graph, joined, 8), grouped]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == [
+        "LayoutTransform",
+        "ConvNCHWc",
+        "Relu",
+        "ConvTransposeNCHWc",
+        "ConvNCHWc",
+        "Relu",
+        "Resize",
+        "Concat",
+        "LayoutTransform",
+        "ConvTranspose",
+        "ConvNCHWc",
+        "Relu",
+        "LayoutTransform",
+    ]
+    assert altered.nodes[3].inputs[1].type.shape == (1, 16, 2, 2, 8)
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)

@@ -438,6 +438,51 @@ def _conv_transpose(x, w, bias=None, *, group=1, **attrs):
 register_op("ConvTranspose", infer=_infer_conv_transpose, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_transpose)
 
 
+def pack_transposed_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """A group-1 ConvTranspose weight (C, M, kernel...) -> (M / block, C, kernel..., block)."""
+    channels, filters, *kernel = weight.shape
+    blocked = weight.reshape(channels, filters // block, block, *kernel)
+    return np.ascontiguousarray(np.moveaxis(np.moveaxis(blocked, 1, 0), 2, -1))
+
+
+def _unpack_transposed_weight(w: np.ndarray) -> np.ndarray:
+    return np.moveaxis(np.moveaxis(w, -1, 1), 2, 0).reshape(w.shape[1], w.shape[0] * w.shape[-1], *w.shape[2:-1])
+
+
+def blocked_transposed_types(x: TensorType, w: TensorType) -> tuple[TensorType, TensorType]:
+    """The NCHW input and (C, M, kh, kw) weight types a ConvTransposeNCHWc stands for."""
+    if len(x.shape) != 5 or len(w.shape) != 5 or w.shape[1] != x.shape[1] * x.shape[-1]:
+        raise ShapeError(
+            "ConvTransposeNCHWc needs an NCHW[x]c input and a packed (M/x, C, kh, kw, x) weight of its C, "
+            f"got {list(x.shape)} and {list(w.shape)}"
+        )
+    plain_x = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
+    return plain_x, TensorType((w.shape[1], w.shape[0] * w.shape[-1], *w.shape[2:4]), w.dtype)
+
+
+def _infer_conv_transpose_nchwc(types, attrs):
+    x, w, bias = _inputs("ConvTransposeNCHWc", types, 2, 3)
+    if int(attrs.get("group", 1)) != 1:
+        raise ShapeError("ConvTransposeNCHWc has group 1 only")
+    (plain,) = _infer_conv_transpose([*blocked_transposed_types(x, w), bias], attrs)
+    block = w.shape[-1]
+    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+
+def _conv_transpose_nchwc(x, w, bias=None, **attrs):
+    plain = _conv_transpose(unblock_channels(x), _unpack_transposed_weight(w), bias, **attrs)
+    return block_channels(plain, w.shape[-1])
+
+
+# a group-1 ConvTranspose in NCHW[x]c over a weight packed as (M / x, C, kh, kw, x), made by alter_layout
+register_op(
+    "ConvTransposeNCHWc",
+    infer=_infer_conv_transpose_nchwc,
+    pattern=Pattern.OUT_EWISE_FUSABLE,
+    reference=_conv_transpose_nchwc,
+)
+
+
 # -- Gemm and MatMul ------------------------------------------------------------------------------------------------
 
 
