@@ -318,6 +318,21 @@ def test_blocked_max_pool_keeps_a_register_tile_and_reads_its_padding_in_place(t
     assert "allocate pad" not in pool
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(target):
+    """31 columns (SqueezeNet after a ceil_mode pool): tiles of 11, 11 and 9 (limit 14; the only divisor below it
+    is 1), the tile loop partitioned so the full tiles test nothing and the tail's loops are 9 long (0.31 -> 0.08 ms
+    for a 16 -> 64 3x3 conv)."""
+    graph, feeds = conv_graph((1, 8, 3, 31), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
+    tile = 11 if target == "llvm" else 8  # wasm's limit is 8: 31 = 8 + 8 + 8 + 7
+    assert re.search(rf"allocate conv: float32\[1, \d+, 1, {tile}, \d+\] local", tir), tir
+    tail = 31 - tile * (31 // tile)
+    assert re.search(rf"for \(column(?:_\d+)?: int32, 0, {tail}\) unrolled", tir), tir
+    assert re.search(rf"for \(column(?:_\d+)?: int32, 0, {tile}\) unrolled", tir), tir
+    assert not re.search(r"if \(column", tir), tir
+
+
 def test_blocked_conv_tile_knob():
     graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
     config = {"tile_ow": 2}
