@@ -64,7 +64,7 @@ def fire_net() -> onnx.ModelProto:
 
 def excite_net() -> onnx.ModelProto:
     """MobileNetV3 / EfficientNet pieces: SE (global pool, 1x1 convs, HardSigmoid, the broadcast scale), a
-    depthwise conv, SiLU, a residual Add, a channel Split and Slice."""
+    depthwise conv, SiLU, a residual Add, a grouped conv, a channel Split and Slice."""
     b = _Builder([1, 8, 12, 12])
     x = b.conv("x", 8, 32, 3)
     (pooled,) = b.op("GlobalAveragePool", [x])
@@ -74,7 +74,8 @@ def excite_net() -> onnx.ModelProto:
     (sigmoid,) = b.op("Sigmoid", [depthwise])
     (silu,) = b.op("Mul", [depthwise, sigmoid])
     (residual,) = b.op("Add", [b.conv(silu, 32, 32, relu=False), x])
-    left, right = b.op("Split", [residual, b.constant(np.array([16, 16]))], outputs=2, axis=1)
+    grouped = b.conv(residual, 32, 32, 3, group=2)
+    left, right = b.op("Split", [grouped, b.constant(np.array([16, 16]))], outputs=2, axis=1)
     (sliced,) = b.op("Slice", [right, *(b.constant(np.array(v)) for v in ([8, 0], [16, 12], [1, 3], [1, 2]))])
     return b.model([b.conv(left, 16, 16), b.conv(sliced, 8, 8)])
 

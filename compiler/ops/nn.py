@@ -205,9 +205,9 @@ def _pad_blocked(x: te.Tensor, begins, ends, fill=0.0) -> te.Tensor:
 
 
 def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
-    """A 2-D convolution in NCHW[x]c (group 1, or depthwise) over a packed weight (M / x, C / group, kh, kw, x).
-    The innermost axis of the result is the filter block: a vector over it loads the block's weights contiguously
-    and broadcasts one input value (group 1) or loads the matching input channels (depthwise)."""
+    """A 2-D convolution in NCHW[x]c (depthwise, or groups of whole blocks) over a packed weight
+    (M / x, C / group, kh, kw, x). The innermost axis of the result is the filter block: a vector over it loads the
+    block's weights contiguously and broadcasts one input value (or loads the matching input channels, depthwise)."""
     x, w, bias = (list(inputs) + [None, None])[:3]
     plain_x, plain_w = blocked_conv_types(_type(x), _type(w), attrs)
     group, window = conv_geometry("ConvNCHWc", plain_x, plain_w, attrs)
@@ -221,7 +221,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
     def source(row, column):
         return row * stride_h + taps[0] * dilation_h, column * stride_w + taps[1] * dilation_w
 
-    if group > 1:
+    if group > 1 and plain_w.shape[1] == 1:
 
         def body(n, outer, row, column, inner):
             value = padded[(n, outer, *source(row, column), inner)].astype(acc)
@@ -229,12 +229,17 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 
         tag = "depthwise_conv2d_nchwc"
     else:
+        # a group's input blocks: group g reads blocks g * group_blocks ... (g + 1) * group_blocks - 1, and its
+        # filters fill the output blocks g * filter_blocks ... (group 1: one group of them all)
         input_block = x.shape[-1]
-        channel_outer = te.reduce_axis((0, x.shape[1]), "rco")
+        group_blocks = x.shape[1] // group
+        filter_blocks = shape[1] // group
+        channel_outer = te.reduce_axis((0, group_blocks), "rco")
         channel_inner = te.reduce_axis((0, input_block), "rci")
 
         def body(n, outer, row, column, inner):
-            value = padded[(n, channel_outer, *source(row, column), channel_inner)].astype(acc)
+            first = channel_outer if group == 1 else (outer // filter_blocks) * group_blocks + channel_outer
+            value = padded[(n, first, *source(row, column), channel_inner)].astype(acc)
             weight = w[outer, channel_outer * input_block + channel_inner, taps[0], taps[1], inner].astype(acc)
             return te.sum(value * weight, axis=[channel_outer, *taps, channel_inner])
 

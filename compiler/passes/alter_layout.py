@@ -1,7 +1,7 @@
 """Layout alteration for CPU targets, run after simplification and before fusion: convolution chains move from NCHW
 to the blocked NCHW[x]c layout, x being a measured multiple of the target's float32 vector lanes.
 
-Each 2-D Conv with a param weight that is group=1 or depthwise becomes a ConvNCHWc over a weight packed at compile
+Each 2-D Conv with a param weight that is group=1, depthwise, or grouped in whole blocks becomes a ConvNCHWc over a weight packed at compile
 time as (M / x, C / group, kh, kw, x). The blocked layout then flows through every op that has a blocked form, one
 rule each: elementwise ops (ReLU, Clip, residual Add, scale-shift Mul/Add with per-channel params, repacked too,
 and activations broadcast per channel, such as the SE scale (N, C, 1, 1)); max and average pools (MaxPoolNCHWc,
@@ -216,12 +216,17 @@ class _Rewriter:
             return False
         channels, filters, group = x.type.shape[1], array.shape[0], int(node.attrs.get("group", 1))
         block = self._block_for(filters)
-        if group == 1:
+        if group == channels == filters:
+            input_block = block
+        elif group == 1:
             # the input keeps the block it has; a few input channels (an RGB image) form one block of their own
             made = self.first_block.get(x, 0)
             input_block = made or self._block_for(channels) or (channels if channels < self.block else 0)
         else:
-            input_block = block if group == channels == filters else 0
+            # groups of whole blocks (ResNeXt, RegNet, ShuffleNet v1): a block never spans two groups
+            input_block = self.first_block.get(x, 0) or self._block_for(channels // group)
+            if input_block and (channels // group % input_block or filters // group % block):
+                input_block = 0
         if not block or not input_block:
             return False
         packed = self.graph.add_param(f"{weight.name}_packed{block}", pack_weight(array, block))

@@ -89,6 +89,12 @@ CASES = {
         [(1, 2, 9, 8, 4), (2, 1, 3, 3, 4), (8,)],
         {"group": 8, "strides": [2, 2], "pads": [1, 0, 1, 2]},
     ),
+    "conv_nchwc_groups_of_whole_blocks": (
+        "ConvNCHWc",
+        [(1, 4, 7, 6, 4), (4, 8, 3, 3, 4), (16,)],
+        {"group": 2, "pads": [1, 1, 1, 1], "strides": [2, 1]},
+    ),
+    "conv_nchwc_groups_filter_blocks_differ": ("ConvNCHWc", [(1, 3, 5, 5, 4), (3, 4, 1, 1, 8)], {"group": 3}),
     "max_pool_nchwc_pads_ceil": (
         "MaxPoolNCHWc",
         [(1, 2, 7, 8, 4)],

@@ -217,7 +217,7 @@ def test_layout_ops_reject_bad_shapes():
     conv = get_op("ConvNCHWc")
     blocked = TensorType((1, 2, 4, 4, 8), "float32")
     with pytest.raises(ShapeError, match="depthwise"):
-        conv.infer([blocked, TensorType((2, 8, 3, 3, 8), "float32")], {"group": 2})
+        conv.infer([blocked, TensorType((2, 4, 3, 3, 8), "float32")], {"group": 4})
     with pytest.raises(ShapeError, match="packed"):
         conv.infer([blocked, TensorType((16, 16, 3, 3), "float32")], {})
     with pytest.raises(ShapeError, match="NCHW"):
@@ -473,4 +473,28 @@ def test_conv_transpose_of_a_blocked_value_stays_blocked(assert_same_results):
         "LayoutTransform",
     ]
     assert altered.nodes[3].inputs[1].type.shape == (1, 16, 2, 2, 8)
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_groups_of_whole_blocks_are_blocked(assert_same_results):
+    """ResNeXt/RegNet's grouped 3x3 conv: 32 channels in 2 groups of 16 are blocks of 8 (wasm), its 1x1 convs around
+    it too; 4 groups of 4 channels would split a block, so that conv stays NCHW."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 16, 6, 6), "float32"))
+    y = conv(graph, x, 32)
+    y = conv(graph, y, 32, 3, group=2)
+    small = conv(graph, y, 16, 3, group=8)
+    graph.outputs = [conv(graph, y, 16), small]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == [
+        "LayoutTransform",
+        *["ConvNCHWc", "Relu"] * 2,
+        "LayoutTransform",
+        "Conv",
+        "Relu",
+        "ConvNCHWc",
+        "Relu",
+        "LayoutTransform",
+    ]
+    assert altered.nodes[3].attrs["group"] == 2 and altered.nodes[3].inputs[1].type.shape == (4, 16, 3, 3, 8)
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)

@@ -297,7 +297,8 @@ def unpack_weight(packed_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[TensorType, TensorType]:
     """The NCHW input and OIHW weight types a ConvNCHWc stands for; ShapeError unless it is a 2-D conv with
-    group 1, or a depthwise one (group = channels = filters) whose input and filter blocks agree."""
+    group 1, a depthwise one (group = channels = filters) whose input and filter blocks agree, or one whose groups
+    hold whole blocks of input channels and of filters."""
     if len(x.shape) != 5 or len(w.shape) != 5:
         raise ShapeError(
             f"ConvNCHWc needs an NCHW[x]c input and a packed (M/x, C/group, kh, kw, x) weight, "
@@ -307,10 +308,11 @@ def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> t
     plain_w = TensorType(unpack_weight(w.shape), w.dtype)
     group = int(attrs.get("group", 1))
     depthwise = group == plain_x.shape[1] == plain_w.shape[0] and x.shape[-1] == w.shape[-1]
-    if group != 1 and not depthwise:
+    whole_blocks = x.shape[1] % group == 0 and w.shape[0] % group == 0
+    if group != 1 and not depthwise and not whole_blocks:
         raise ShapeError(
-            f"ConvNCHWc with group={group} must be depthwise (group = channels = filters, one block size); "
-            f"input {list(x.shape)}, weight {list(w.shape)}"
+            f"ConvNCHWc with group={group} must be depthwise (group = channels = filters, one block size) or have "
+            f"whole blocks of channels and filters per group; input {list(x.shape)}, weight {list(w.shape)}"
         )
     return plain_x, plain_w
 
