@@ -50,7 +50,8 @@ class _Builder:
 
 
 def fire_net() -> onnx.ModelProto:
-    """SqueezeNet's shape: a strided RGB stem, ceil_mode max pools, fire modules (Concat), a global pool."""
+    """SqueezeNet's shape: a strided RGB stem, ceil_mode max pools, fire modules (Concat), a head of 63 classes
+    (padded to whole blocks), a global pool."""
     b = _Builder([1, 3, 33, 33])
     x = b.conv("x", 3, 32, 3, strides=[2, 2])
     (x,) = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
@@ -58,7 +59,7 @@ def fire_net() -> onnx.ModelProto:
         squeezed = b.conv(x, 32, 16)
         (x,) = b.op("Concat", [b.conv(squeezed, 16, 16), b.conv(squeezed, 16, 16, 3)], axis=1)
     (x,) = b.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)
-    (pooled,) = b.op("GlobalAveragePool", [b.conv(x, 32, 24)])
+    (pooled,) = b.op("GlobalAveragePool", [b.conv(x, 32, 63)])
     return b.model([b.op("Flatten", [pooled])[0]])
 
 

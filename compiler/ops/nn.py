@@ -276,12 +276,16 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
     (x,) = inputs[:1]
     shape = output_types[0].shape
     if len(shape) == 5:
-        block = shape[-1]
-        return [
-            te.compute(
-                shape, lambda n, outer, h, w, inner: x[n, outer * block + inner, h, w], name="nchwc", tag="injective"
-            )
-        ]
+        block, channels = shape[-1], x.shape[1]
+
+        def body(n, outer, h, w, inner):
+            channel = outer * block + inner
+            if channels % block == 0:
+                return x[n, channel, h, w]
+            # the channels past the last whole block are zeros
+            return te.select(channel < channels, x[n, te.minimum(channel, channels - 1), h, w], te.const(0.0, x.dtype))
+
+        return [te.compute(shape, body, name="nchwc", tag="injective")]
     block = x.shape[-1]
     return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="injective")]
 

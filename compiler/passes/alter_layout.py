@@ -40,6 +40,12 @@ UNARY_OPS = (
     *("Softplus", "Softsign", "Exp", "Neg", "Abs", "Sqrt", "Reciprocal", "Erf", "Identity"),
 )
 BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu")
+# ops that can make an infinity or a NaN of the finite values in padded channels (0 / 0), which a conv's zero
+# weights for them would then spread (0 * inf): they read padded values only in NCHW
+UNSAFE_ON_PADDING = ("Div", "Reciprocal")
+
+# a tensor's channels are padded to whole blocks of the target's x when that wastes at most 1 / PADDED_WASTE of them
+PADDED_WASTE = 8
 
 
 def channel_block(target: Target | str) -> int:
@@ -153,21 +159,34 @@ class _Rewriter:
         return {position for position, conv in self.converted.items() if cheap(conv) and not linked(conv)}
 
     def _block_for(self, channels: int) -> int:
-        """The x for a tensor of `channels`: the target's block, else half of it (mobilenet's 24 channels with 16),
-        else 0 (stays NCHW)."""
+        """The x for a tensor of `channels`: the target's block, also when padding the last block wastes at most
+        1 / PADDED_WASTE of it (1000 classes in 63 blocks of 16), else half of it (mobilenet's 24 channels with
+        16), else 0 (stays NCHW)."""
+        if channels > self.block and (-channels % self.block) * PADDED_WASTE <= channels:
+            return self.block
         for block in (self.block, self.block // 2):
             if block >= 4 and channels % block == 0:
                 return block
         return 0
+
+    def _shape(self, value: Value, block: int) -> tuple[int, ...]:
+        """The NCHW[block]c shape of `value`, its channels padded to whole blocks."""
+        batch, channels, height, width = value.type.shape
+        return (batch, -(-channels // block), height, width, block)
+
+    @staticmethod
+    def _padding(value: Value, block: int) -> dict:
+        """A LayoutTransform's attrs for the channels past `value`'s whole blocks, if it has any."""
+        channels = value.type.shape[1]
+        return {"channels": channels} if channels % block else {}
 
     def _blocked_of(self, value: Value, block: int) -> Value:
         """The NCHW[block]c twin of `value`, converting it now if nothing made it yet."""
         key = (value, block)
         if key not in self.blocked:
             self._plain(value)
-            batch, channels, height, width = value.type.shape
-            twin = self._twin(value, (batch, channels // block, height, width, block))
-            attrs = {"src": "NCHW", "dst": f"NCHW{block}c"}
+            twin = self._twin(value, self._shape(value, block))
+            attrs = {"src": "NCHW", "dst": f"NCHW{block}c", **self._padding(value, block)}
             self.nodes.append(Node("LayoutTransform", [value], [twin], attrs, f"{value.name}_to_nchw{block}c"))
             self._record(value, block, twin)
         return self.blocked[key]
@@ -181,7 +200,7 @@ class _Rewriter:
         if value is None or value not in self.only_blocked:
             return
         block = self.only_blocked.pop(value)
-        attrs = {"src": f"NCHW{block}c", "dst": "NCHW"}
+        attrs = {"src": f"NCHW{block}c", "dst": "NCHW", **self._padding(value, block)}
         self.nodes.append(
             Node("LayoutTransform", [self.blocked[(value, block)]], [value], attrs, f"{value.name}_to_nchw")
         )
@@ -193,8 +212,7 @@ class _Rewriter:
         """Emit `op` computing the NCHW[block]c twins of `node`'s outputs."""
         twins = []
         for output in node.outputs:
-            batch, channels, height, width = output.type.shape
-            twins.append(self._twin(output, (batch, channels // block, height, width, block)))
+            twins.append(self._twin(output, self._shape(output, block)))
             self._record(output, block, twins[-1])
             self.only_blocked[output] = block
         self.nodes.append(Node(op, inputs, twins, attrs, node.name))
@@ -217,7 +235,7 @@ class _Rewriter:
         channels, filters, group = x.type.shape[1], array.shape[0], int(node.attrs.get("group", 1))
         block = self._block_for(filters)
         if group == channels == filters:
-            input_block = block
+            input_block = block if channels % block == 0 else 0
         elif group == 1:
             # the input keeps the block it has; a few input channels (an RGB image) form one block of their own
             made = self.first_block.get(x, 0)
@@ -229,8 +247,19 @@ class _Rewriter:
                 input_block = 0
         if not block or not input_block:
             return False
+        # padded channels: the packed weight's extra filters and input channels are zeros, and so are the bias's
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        padded_filters = -(-filters // block) * block
+        if padded_filters != filters and bias is not None and bias not in self.graph.params:
+            return False
+        array = np.pad(array, [(0, padded_filters - filters), (0, 0), (0, 0), (0, 0)])
+        if group == 1:
+            array = np.pad(array, [(0, 0), (0, -channels % input_block), (0, 0), (0, 0)])
         packed = self.graph.add_param(f"{weight.name}_packed{block}", pack_weight(array, block))
-        inputs = [self._blocked_of(x, input_block), packed, *node.inputs[2:]]
+        if padded_filters != filters and bias is not None:
+            padded = np.pad(self.graph.params[bias], (0, padded_filters - filters))
+            bias = self.graph.add_param(f"{bias.name}_padded", padded)
+        inputs = [self._blocked_of(x, input_block), packed, *([bias] if bias is not None else [])]
         self._replace(node, "ConvNCHWc", inputs, dict(node.attrs), block)
         return True
 
@@ -243,7 +272,7 @@ class _Rewriter:
         if not block or array is None or array.ndim != 4 or int(node.attrs.get("group", 1)) != 1:
             return False
         filters = self._block_for(array.shape[1])
-        if not filters or array.dtype != np.float32:
+        if not filters or array.shape[1] % filters or node.inputs[0].type.shape[1] % block or array.dtype != np.float32:
             return False
         packed = self.graph.add_param(f"{weight.name}_packed{filters}", pack_transposed_weight(array, filters))
         inputs = [self.blocked[(node.inputs[0], block)], packed, *node.inputs[2:]]
@@ -369,6 +398,8 @@ class _Rewriter:
             return False
         block = self._block_for(shape[1]) if len(shape) == 4 else 0
         if not block or not any((value, block) in self.blocked for value in operands):
+            return False
+        if shape[1] % block and node.op in UNSAFE_ON_PADDING:
             return False
         activations = [value not in self.graph.params and _broadcasts_per_channel(value, shape) for value in operands]
         if not all(active or self._channel_param(value, shape[1]) for value, active in zip(operands, activations)):

@@ -214,6 +214,10 @@ def test_layout_ops_reject_bad_shapes():
         transform.infer([x], {"src": "NCHW", "dst": "NCHW8c"})
     with pytest.raises(ShapeError, match="NCHW<x>c"):
         transform.infer([x], {"src": "NCHW", "dst": "NHWC"})
+    (padded,) = transform.infer([x], {"src": "NCHW", "dst": "NCHW8c", "channels": 12})
+    assert padded.shape == (1, 2, 4, 4, 8)
+    with pytest.raises(ShapeError, match="last block"):
+        transform.infer([padded], {"src": "NCHW8c", "dst": "NCHW", "channels": 8})
     conv = get_op("ConvNCHWc")
     blocked = TensorType((1, 2, 4, 4, 8), "float32")
     with pytest.raises(ShapeError, match="depthwise"):
@@ -497,4 +501,38 @@ def test_groups_of_whole_blocks_are_blocked(assert_same_results):
         "LayoutTransform",
     ]
     assert altered.nodes[3].attrs["group"] == 2 and altered.nodes[3].inputs[1].type.shape == (4, 16, 3, 3, 8)
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_channels_short_of_a_whole_block_are_padded(assert_same_results):
+    """63 channels (a 1000-class head's shape, x = 8): 8 blocks, the last channel's filters and bias zeros; ops
+    that follow read the padding as it is, a conversion back keeps the 63, and a Div (0 / 0 in the padding) reads
+    NCHW."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 5, 5), "float32"))
+    (y,) = graph.add_node("Conv", [conv(graph, x, 16), param(graph, (63, 16, 1, 1)), param(graph, (63,))])
+    (y,) = graph.add_node("Relu", [y])
+    (pooled,) = graph.add_node("MaxPool", [y], {"kernel_shape": (2, 2)})
+    (divided,) = graph.add_node("Div", [y, y])
+    (mean,) = graph.add_node("GlobalAveragePool", [conv(graph, pooled, 8)])
+    graph.outputs = [mean, divided]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == [
+        "LayoutTransform",
+        "ConvNCHWc",
+        "Relu",
+        "ConvNCHWc",
+        "Relu",
+        "MaxPoolNCHWc",
+        "LayoutTransform",
+        "Div",
+        "ConvNCHWc",
+        "Relu",
+        "ReduceMean",
+        "LayoutTransform",
+    ]
+    head = altered.nodes[3]
+    assert head.outputs[0].type.shape == (1, 8, 5, 5, 8)
+    assert [value.type.shape for value in head.inputs[1:]] == [(8, 16, 1, 1, 8), (64,)]
+    assert altered.nodes[6].attrs == {"src": "NCHW8c", "dst": "NCHW", "channels": 63}
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)

@@ -253,38 +253,51 @@ def _blocked_layout(op: str, text: str) -> int:
 
 
 def block_channels(x: np.ndarray, block: int) -> np.ndarray:
-    """NCHW -> NCHW[block]c."""
+    """NCHW -> NCHW[block]c, channels past the last whole block padded with zeros."""
     batch, channels, *spatial = x.shape
-    return np.ascontiguousarray(np.moveaxis(x.reshape(batch, channels // block, block, *spatial), 2, -1))
+    padded = -(-channels // block) * block
+    if padded != channels:
+        x = np.pad(x, [(0, 0), (0, padded - channels), *[(0, 0)] * len(spatial)])
+    return np.ascontiguousarray(np.moveaxis(x.reshape(batch, padded // block, block, *spatial), 2, -1))
 
 
-def unblock_channels(x: np.ndarray) -> np.ndarray:
-    """NCHW[x]c -> NCHW."""
-    return np.ascontiguousarray(np.moveaxis(x, -1, 2)).reshape(x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:-1])
+def unblock_channels(x: np.ndarray, channels: int | None = None) -> np.ndarray:
+    """NCHW[x]c -> NCHW, keeping the first `channels` (all when None)."""
+    plain = np.moveaxis(x, -1, 2).reshape(x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:-1])
+    return np.ascontiguousarray(plain if channels is None else plain[:, :channels])
 
 
 def _infer_layout_transform(types, attrs):
+    """`channels` (optional) is the NCHW side's channel count when it is not whole blocks: the blocked side holds
+    it padded with zeros to the next whole block."""
     (x,) = _inputs("LayoutTransform", types, 1, 1)
     source = _blocked_layout("LayoutTransform", str(attrs.get("src", "")))
     target = _blocked_layout("LayoutTransform", str(attrs.get("dst", "")))
+    channels = attrs.get("channels")
     if (source == 0) == (target == 0):
         raise ShapeError(
             f"LayoutTransform goes from NCHW to NCHW<x>c or back, got src={attrs.get('src')!r} dst={attrs.get('dst')!r}"
         )
     if source == 0:
-        if len(x.shape) != 4 or x.shape[1] % target:
-            raise ShapeError(f"LayoutTransform to NCHW{target}c needs (N, C, H, W) with C divisible by {target}")
-        return [TensorType((x.shape[0], x.shape[1] // target, *x.shape[2:], target), x.dtype)]
+        if len(x.shape) != 4 or (x.shape[1] % target and channels != x.shape[1]):
+            raise ShapeError(
+                f"LayoutTransform to NCHW{target}c needs (N, C, H, W) with C divisible by {target}, or the "
+                "channels attribute equal to C to pad it"
+            )
+        return [TensorType((x.shape[0], -(-x.shape[1] // target), *x.shape[2:], target), x.dtype)]
     if len(x.shape) != 5 or x.shape[-1] != source:
         raise ShapeError(
             f"LayoutTransform from NCHW{source}c needs (N, C/{source}, H, W, {source}), got {list(x.shape)}"
         )
-    return [TensorType((x.shape[0], x.shape[1] * source, *x.shape[2:4]), x.dtype)]
+    whole = x.shape[1] * source
+    if channels is not None and not whole - source < int(channels) <= whole:
+        raise ShapeError(f"LayoutTransform channels={channels} must lie in the last block of {list(x.shape)}")
+    return [TensorType((x.shape[0], whole if channels is None else int(channels), *x.shape[2:4]), x.dtype)]
 
 
-def _layout_transform(x, *, src, dst, **_):
+def _layout_transform(x, *, src, dst, channels=None, **_):
     target = _blocked_layout("LayoutTransform", dst)
-    return block_channels(x, target) if target else unblock_channels(x)
+    return block_channels(x, target) if target else unblock_channels(x, channels)
 
 
 register_op("LayoutTransform", infer=_infer_layout_transform, pattern=Pattern.INJECTIVE, reference=_layout_transform)
