@@ -137,3 +137,30 @@ def test_compiled_model_matches_onnxruntime(name, target):
     results = compile_model(model, target=target).run(feeds)
     for (output, array), wanted in zip(results.items(), expected):
         np.testing.assert_allclose(array, wanted, rtol=1e-4, atol=1e-5, err_msg=f"{name} {target} {output}")
+
+
+def concat_net() -> onnx.ModelProto:
+    """Concats the memory plan does in place: one of the input's conversion and a conv, whose parts others read
+    too; and one it cannot, a Concat of a Concat (fused into one group of two Concats)."""
+    b = _Builder([1, 16, 6, 6])
+    a, c, d = (b.conv("x", 16, 16, 3) for _ in range(3))
+    (inner,) = b.op("Concat", [a, c], axis=1)
+    (outer,) = b.op("Concat", [inner, d], axis=1)
+    (with_input,) = b.op("Concat", ["x", b.conv(a, 16, 16)], axis=1)
+    return b.model([b.conv(outer, 48, 16), b.conv(a, 16, 16), b.conv(with_input, 32, 16)])
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_concat_parts_are_written_in_place(target):
+    model = concat_net()
+    feeds = _feeds(model)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    module = compile_model(model, target=target)
+    ops = {kernel["name"]: kernel["ops"] for kernel in module.manifest["kernels"]}
+    calls = [ops[call["kernel"]] for call in module.manifest["calls"]]
+    assert [members for members in calls if "Concat" in members] == [["Concat", "Concat"]], calls
+    for (output, array), wanted in zip(module.run(feeds).items(), expected):
+        np.testing.assert_allclose(array, wanted, rtol=1e-4, atol=1e-5, err_msg=f"{target} {output}")
+    replayed, _ = module.replay(feeds, repeat=2)
+    for (output, array), wanted in zip(replayed.items(), expected):
+        np.testing.assert_allclose(array, wanted, rtol=1e-4, atol=1e-5, err_msg=f"{target} {output} replayed")
