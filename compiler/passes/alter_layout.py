@@ -373,7 +373,8 @@ class _Rewriter:
         """A Resize of a blocked value over its spatial axes only stays blocked: the same resize over axes 2 and 3
         of the blocked tensor, its scales or sizes for those two."""
         block = self._blocked_input(node)
-        if not block or node.attrs.get("roi") is not None:
+        roi = node.attrs.get("roi")
+        if not block or (roi is not None and len(roi)):
             return False
         x = node.inputs[0]
         plan = resize_plan(x.type.shape, node.attrs)
