@@ -5,7 +5,7 @@ reuses) and tags its stages so `compiler/schedules/` can pick a template: the an
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
 "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
-LayoutTransform "injective", epilogues "elemwise"/"broadcast", and a stage made once for several readers
+LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues "elemwise"/"broadcast", and a stage made once for several readers
 (softmax's exponentials) te.tensor.STASH.
 """
 
@@ -287,7 +287,7 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
 
         return [te.compute(shape, body, name="nchwc", tag="injective")]
     block = x.shape[-1]
-    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="injective")]
+    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="layout_nchw")]
 
 
 def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:

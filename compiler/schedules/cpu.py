@@ -297,6 +297,24 @@ def _schedule_injective(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
         stage.parallel(axes[0])
 
 
+def _schedule_unblock(stage: Stage, target: Target) -> None:
+    """NCHW[x]c -> NCHW: parallel over (batch, channel block, row); inside, each of the block's x channels is one
+    output row, a vector loop over its columns that reads the column's x channels, a stride of x apart, from the
+    row's x-by-W tile while it is in cache. Fusing all the axes (the generic injective template) made a division
+    and a modulo per element and, over a width no vector divides, no vector loop: (1, 32, 112, 112) 0.23 ms."""
+    n, c, h, w = stage.op.axis
+    block = next(load.tensor.shape[-1] for load in walk(stage.op.body) if isinstance(load, TensorLoad))
+    outer, inner = stage.split(c, block)
+    stage.reorder(n, outer, h, inner, w)
+    stage.parallel(stage.fuse(n, outer, h))
+    width = lanes(target, stage.op.dtype)
+    if w.extent >= width:
+        columns, vector = stage.split(w, width)
+        stage.vectorize(vector)
+        if w.extent % width:
+            stage.partition(columns)
+
+
 def _schedule_rows(stage: Stage, target: Target) -> None:
     """A padding stage: parallel over its rows, each row a vector loop when its width allows one, else a plain
     loop. Fusing the row axis in too (as _schedule_injective does) would cost a division and a modulo per element
@@ -363,6 +381,8 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
             continue
         elif stage.op.reduce_axis:
             _schedule_reduction(stage, target, cfg)
+        elif stage.op.tag == "layout_nchw":
+            _schedule_unblock(stage, target)
         else:
             _schedule_injective(stage, target, cfg)
 

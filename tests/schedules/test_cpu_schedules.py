@@ -333,6 +333,18 @@ def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(targ
     assert not re.search(r"if \(column", tir), tir
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("width", [32, 31])
+def test_conversion_back_to_nchw_writes_rows_of_a_channel(target, width):
+    """NCHW[x]c -> NCHW: parallel over (batch, channel block, row), each channel of the block a vector loop over its
+    row's columns (a tail of 31 in its own partitioned piece), no division of a fused index per element."""
+    graph, feeds = conv_graph((1, 8, 3, width), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    kernels = check(then_pointwise_conv(graph), feeds, target, packed=True)
+    (tir,) = [kernel.source("tir") for kernel in kernels if "nchw[" in kernel.source("tir")]
+    assert re.search(r"for \(n\.c\.outer\.h\.fused: int32, 0, \d+\) parallel \{\n\s*for \(c\.inner: ", tir), tir
+    assert re.search(r"for \(w\.inner: int32, 0, \d+\) vectorized", tir), tir
+
+
 def test_blocked_conv_tile_knob():
     graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
     config = {"tile_ow": 2}
