@@ -90,10 +90,10 @@ def pad(x: te.Tensor, begins, ends, fill, name: str) -> te.Tensor:
     return te.compute(shape, body, name=name, tag="injective")
 
 
-def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
-    """`x` zero-padded like `pad`, with its last axis split by `stride` into (phase, column): element
+def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str, fill=0.0) -> te.Tensor:
+    """`x` padded with `fill` like `pad`, with its last axis split by `stride` into (phase, column): element
     [..., phase, q] is padded column q * stride + phase. A strided window then reads consecutive columns of one
-    phase for consecutive outputs, so the conv's vector loop loads contiguously instead of gathering."""
+    phase for consecutive outputs, so the conv's (or pool's) vector loop loads contiguously instead of gathering."""
     rank = len(begins)
     lead = x.ndim - rank
     spatial = x.shape[lead:]
@@ -112,16 +112,17 @@ def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
         for axis, position in enumerate(positions):
             inside += [position >= 0, position < spatial[axis]]
             source.append(_clamp(position, 0, spatial[axis] - 1))
-        return te.select(te.all(*inside), x[tuple(source)], te.const(0.0, x.dtype))
+        return te.select(te.all(*inside), x[tuple(source)], te.as_expr(fill, x.dtype))
 
     return te.compute(shape, body, name=name, tag="injective")
 
 
-def _conv_reader(x: te.Tensor, window):
-    """The padded input of a conv and how a window tap reads it: (padded, read(n, channel, outputs, taps))."""
+def _conv_reader(x: te.Tensor, window, fill=0.0):
+    """The padded input of a conv (or pool) and how a window tap reads it: (padded, read(n, channel, outputs,
+    taps)); with a column stride the padding is phased, so consecutive outputs read consecutive columns."""
     strides, dilations = window.strides, window.dilations
     if strides[-1] == 1:
-        padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+        padded = pad(x, window.pads_begin, window.read_end, fill, "pad")
 
         def read(n, channel, outputs, taps):
             source = [o * s + r * d for o, s, r, d in zip(outputs, strides, taps, dilations)]
@@ -129,7 +130,7 @@ def _conv_reader(x: te.Tensor, window):
 
         return padded, read
     stride = strides[-1]
-    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad")
+    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad", fill)
 
     def read(n, channel, outputs, taps):
         source = [o * s + r * d for o, s, r, d in zip(outputs[:-1], strides[:-1], taps[:-1], dilations[:-1])]
@@ -498,8 +499,8 @@ def _window_source(window, spatial, taps):
 def max_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     (x,) = inputs[:1]
     window = pool_geometry("MaxPool", _type(x), attrs)
-    padded = pad(x, window.pads_begin, window.read_end, _lowest(x.dtype), "pad")
     taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+    padded = pad(x, window.pads_begin, window.read_end, _lowest(x.dtype), "pad")
 
     def body(n, c, *spatial):
         return te.max(padded[(n, c, *_window_source(window, spatial, taps))], axis=taps)
@@ -563,17 +564,23 @@ def _average_pool(blocked: bool):
         window = pool_geometry("AveragePool", plain, attrs)
         include_pad = bool(int(attrs.get("count_include_pad", 0)))
         acc = _accumulator(x.dtype)
-        if blocked:
-            padded = _pad_blocked(x, window.pads_begin, window.read_end)
-        else:
-            padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
         rank = len(window.kernel)
         taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
         shape = output_types[0].shape
+        if blocked:
+            padded = _pad_blocked(x, window.pads_begin, window.read_end)
+
+            def read(n, c, rest):
+                return padded[(n, c, *_window_source(window, rest[:rank], taps), *rest[rank:])]
+
+        else:
+            padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+
+            def read(n, c, rest):
+                return padded[(n, c, *_window_source(window, rest, taps))]
 
         def body(n, c, *rest):
-            source = _window_source(window, rest[:rank], taps)
-            return te.sum(padded[(n, c, *source, *rest[rank:])].astype(acc), axis=taps)
+            return te.sum(read(n, c, rest).astype(acc), axis=taps)
 
         sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
         sizes = plain.shape[2:]

@@ -345,6 +345,33 @@ def test_conversion_back_to_nchw_writes_rows_of_a_channel(target, width):
     assert re.search(r"for \(w\.inner: int32, 0, \d+\) vectorized", tir), tir
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+        ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+        ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1}),
+        ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ],
+)
+def test_nchw_pool_pads_its_rows_in_its_task_and_keeps_a_register_tile(target, op, attrs):
+    """An NCHW pool: the padded rows an output row reads made inside its task, their interior columns copied
+    without a clamp; the taps unrolled around a vector tile of output columns (strided columns read as runs)."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 3, 13, 76), "float32"))
+    graph.outputs = graph.add_node(op, [x], attrs)
+    feeds = {"x": RNG.standard_normal((1, 3, 13, 76)).astype(np.float32)}
+    (kernel,) = check(graph, feeds, target)
+    tir = kernel.source("tir")
+    assert re.search(r"for \(r0: int32, 0, [23]\) unrolled", tir), tir
+    assert re.search(r"allocate (max_pool\.local|pool_sum): float32\[1, 1, 1, \d+\] local", tir), tir
+    if "pads" in attrs or attrs.get("ceil_mode"):
+        assert tir.index(") parallel {") < tir.index("allocate pad:"), tir
+        # the padded row's column vectors partitioned: the interior ones (after the first, with a left pad) test nothing
+        assert re.search(r"for \(ax3\.outer: int32, [01], \d+\) \{", tir), tir
+
+
 def test_blocked_conv_tile_knob():
     graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
     config = {"tile_ow": 2}
