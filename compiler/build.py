@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -197,6 +198,9 @@ def compile_model(
     _check_indexable(fused)
     records = load_records(tuning_records) if tuning_records is not None else {}
 
+    parts = _concatenated_in_place(fused)
+    kept = [node for node in fused.nodes if node.outputs[0] not in parts.values()]
+    fused = Graph(fused.inputs, fused.outputs, kept, fused.params, fused.name)
     kernels: dict[str, PrimFunc] = {}
     kernel_entries: dict[str, dict] = {}
     kernel_of: list[str] = []
@@ -212,7 +216,7 @@ def compile_model(
         kernel_of.append(kernels[key].name)
         kernel_entries[key]["groups"].append(node.name)
 
-    places, params, params_layout, plan, output_sources = _lay_out(fused)
+    places, params, params_layout, plan, output_sources = _lay_out(fused, parts)
     _check_addressable(fused, target, plan.arena_bytes, len(params))
     run = _run_func(fused, kernel_of, places)
     progress(f"generating code for {len(kernels)} kernels", 0.6)
@@ -297,9 +301,36 @@ def _check_addressable(graph: Graph, target: Target, arena_bytes: int, params_by
         )
 
 
-def _lay_out(graph: Graph):
+def _concatenated_in_place(graph: Graph) -> dict:
+    """The Concats that need no kernel: value -> the Concat output it is a slab of. A group that is one Concat
+    along an axis with only size-1 axes before it (channels of a batch of 1, NCHW or blocked) lays its parts end
+    to end, so the kernels that make the parts can write them straight into its buffer. Each part must be an
+    intermediate made by a kernel and a part of one such Concat only; the Concat's output an intermediate too."""
+    made = {value for node in graph.nodes for value in node.outputs}
+    outputs = set(graph.outputs)
+    parts: dict = {}
+    for node in graph.nodes:
+        body = node.attrs.get("body")
+        if body is None or [member.op for member in body.nodes] != ["Concat"] or len(node.outputs) != 1:
+            continue
+        (concat,) = body.nodes
+        (output,) = node.outputs
+        axis = int(concat.attrs["axis"]) % len(output.type.shape)
+        sources = [node.inputs[body.inputs.index(value)] for value in concat.inputs]
+        unique = len(set(sources)) == len(sources)
+        if not unique or math.prod(output.type.shape[:axis]) != 1 or output in outputs or output in parts:
+            continue
+        if all(value in made and value not in outputs and value not in parts for value in sources):
+            parts.update(dict.fromkeys(sources, output))
+    # a Concat whose output is a part of another keeps its kernel (it writes into the outer one's buffer)
+    return {value: whole for value, whole in parts.items() if whole not in parts}
+
+
+def _lay_out(graph: Graph, parts: dict | None = None):
     """Places for every value the kernels touch: graph inputs and outputs are the caller's arrays, params
-    sit at 64-byte-aligned offsets of params.bin, intermediates in the arena of a static memory plan.
+    sit at 64-byte-aligned offsets of params.bin, intermediates in the arena of a static memory plan. A part of
+    a Concat done in place (`parts`: value -> the Concat output) lives inside the output's buffer, which is alive
+    from its first part's kernel to its last reader.
 
     An output that no kernel writes (it is an input, a param, or a repeat of another output) is copied on
     the host; `output_sources` says from where."""
@@ -324,20 +355,28 @@ def _lay_out(graph: Graph):
         padded = align(array.nbytes)
         chunks.append(array.tobytes() + bytes(padded - array.nbytes))
         offset += padded
+    parts = parts or {}
     lifetimes: dict = {}
     for step, node in enumerate(graph.nodes):
         for value in node.inputs:
+            value = parts.get(value, value)
             if value in lifetimes:
                 lifetimes[value] = (lifetimes[value][0], step)
         for value in node.outputs:
+            value = parts.get(value, value)
             if value not in places:
-                lifetimes[value] = (step, step)
+                lifetimes[value] = (lifetimes.get(value, (step,))[0], step)
     names = {value: f"{value.name}#{position}" for position, value in enumerate(lifetimes)}
     plan = plan_memory(
         [Lifetime(names[value], value.type.nbytes, first, last) for value, (first, last) in lifetimes.items()]
     )
     for value in lifetimes:
         places[value] = _Place("arena", 0, plan.offsets[names[value]])
+    offsets: dict = {}
+    for value, whole in parts.items():
+        # parts in the Concat's order, each after the bytes of those before it
+        places[value] = _Place("arena", 0, places[whole].offset + offsets.get(whole, 0))
+        offsets[whole] = offsets.get(whole, 0) + value.type.nbytes
     for position, source in enumerate(output_sources):
         if source is not None and source["region"] == "params":
             source["offset"] = places[graph.outputs[position]].offset

@@ -123,6 +123,10 @@ def _same(a, b) -> bool:
     return True
 
 
+# the constant strides between lanes that a vector load reads as contiguous runs and shuffles (longer ones gather)
+STRIDED_LOADS = (2, 3, 4)
+
+
 def _coefficient(expr: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
     """The constant c with expr = c*var + (terms free of var), or None if expr is not affine in var."""
     if isinstance(expr, Var):
@@ -349,12 +353,29 @@ class _FunctionEmitter:
         index = self.expr(node.index)
         if not _lanes(index):
             return self.load_scalar(node.buffer, index)
-        if _coefficient(node.index, self.vector_var, self.lets) == 1:
+        stride = _coefficient(node.index, self.vector_var, self.lets)
+        if stride == 1:
             return self.load_scalar(node.buffer, index)
+        if stride in STRIDED_LOADS:
+            return self.load_strided(node.buffer, index, stride)
         clamped = _clamped_run(node.index, self.vector_var, self.lets)
         if clamped is not None:
             return self.load_clamped_run(node.buffer, *clamped)
         return self.gather(node.buffer, index)
+
+    def load_strided(self, buffer: Buffer, index: ir.Value, stride: int) -> ir.Value:
+        """A vector of buffer[start + stride * lane]: the run of elements from the first lane's to the last one's
+        in contiguous loads (the elements past the last lane's masked off, so nothing beyond it is read), then
+        every stride-th element picked out. A stride-2 pool's or conv's columns, lane by lane, were one scalar load
+        each."""
+        b = self.builder
+        lanes = _lanes(index)
+        span = stride * (lanes - 1) + 1
+        total = stride * lanes
+        mask = ir.Constant(ir.VectorType(_I1, total), [int(lane < span) for lane in range(total)])
+        wide = self.masked_load(buffer, b.extract_element(index, _zero()), mask)
+        picks = ir.Constant(ir.VectorType(_I32, lanes), [stride * lane for lane in range(lanes)])
+        return self.from_memory(b.shuffle_vector(wide, wide, picks), buffer.dtype)
 
     def load_clamped_run(
         self, buffer: Buffer, position: Expr, low: int | None, high: int | None, unclamped: Expr

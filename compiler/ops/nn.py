@@ -5,7 +5,7 @@ reuses) and tags its stages so `compiler/schedules/` can pick a template: the an
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
 "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
-LayoutTransform "injective", epilogues "elemwise"/"broadcast", and a stage made once for several readers
+LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues "elemwise"/"broadcast", and a stage made once for several readers
 (softmax's exponentials) te.tensor.STASH.
 """
 
@@ -24,6 +24,7 @@ from compiler.graph.ops.nn import (
     RESIZE_MODES,
     attr_string,
     blocked_conv_types,
+    blocked_transposed_types,
     conv_geometry,
     pool_geometry,
     resize_plan,
@@ -48,6 +49,11 @@ def _accumulator(dtype: str) -> str:
 
 def _type(tensor: te.Tensor) -> TensorType:
     return TensorType(tuple(tensor.shape), tensor.dtype)
+
+
+def _plain_of_blocked(x: te.Tensor) -> TensorType:
+    """The NCHW type an NCHW[x]c tensor stands for."""
+    return TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
 
 
 def _lowest(dtype: str) -> te.Const:
@@ -84,10 +90,10 @@ def pad(x: te.Tensor, begins, ends, fill, name: str) -> te.Tensor:
     return te.compute(shape, body, name=name, tag="injective")
 
 
-def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
-    """`x` zero-padded like `pad`, with its last axis split by `stride` into (phase, column): element
+def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str, fill=0.0) -> te.Tensor:
+    """`x` padded with `fill` like `pad`, with its last axis split by `stride` into (phase, column): element
     [..., phase, q] is padded column q * stride + phase. A strided window then reads consecutive columns of one
-    phase for consecutive outputs, so the conv's vector loop loads contiguously instead of gathering."""
+    phase for consecutive outputs, so the conv's (or pool's) vector loop loads contiguously instead of gathering."""
     rank = len(begins)
     lead = x.ndim - rank
     spatial = x.shape[lead:]
@@ -106,16 +112,17 @@ def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
         for axis, position in enumerate(positions):
             inside += [position >= 0, position < spatial[axis]]
             source.append(_clamp(position, 0, spatial[axis] - 1))
-        return te.select(te.all(*inside), x[tuple(source)], te.const(0.0, x.dtype))
+        return te.select(te.all(*inside), x[tuple(source)], te.as_expr(fill, x.dtype))
 
     return te.compute(shape, body, name=name, tag="injective")
 
 
-def _conv_reader(x: te.Tensor, window):
-    """The padded input of a conv and how a window tap reads it: (padded, read(n, channel, outputs, taps))."""
+def _conv_reader(x: te.Tensor, window, fill=0.0):
+    """The padded input of a conv (or pool) and how a window tap reads it: (padded, read(n, channel, outputs,
+    taps)); with a column stride the padding is phased, so consecutive outputs read consecutive columns."""
     strides, dilations = window.strides, window.dilations
     if strides[-1] == 1:
-        padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
+        padded = pad(x, window.pads_begin, window.read_end, fill, "pad")
 
         def read(n, channel, outputs, taps):
             source = [o * s + r * d for o, s, r, d in zip(outputs, strides, taps, dilations)]
@@ -123,7 +130,7 @@ def _conv_reader(x: te.Tensor, window):
 
         return padded, read
     stride = strides[-1]
-    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad")
+    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad", fill)
 
     def read(n, channel, outputs, taps):
         source = [o * s + r * d for o, s, r, d in zip(outputs[:-1], strides[:-1], taps[:-1], dilations[:-1])]
@@ -199,9 +206,9 @@ def _pad_blocked(x: te.Tensor, begins, ends, fill=0.0) -> te.Tensor:
 
 
 def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
-    """A 2-D convolution in NCHW[x]c (group 1, or depthwise) over a packed weight (M / x, C / group, kh, kw, x).
-    The innermost axis of the result is the filter block: a vector over it loads the block's weights contiguously
-    and broadcasts one input value (group 1) or loads the matching input channels (depthwise)."""
+    """A 2-D convolution in NCHW[x]c (depthwise, or groups of whole blocks) over a packed weight
+    (M / x, C / group, kh, kw, x). The innermost axis of the result is the filter block: a vector over it loads the
+    block's weights contiguously and broadcasts one input value (or loads the matching input channels, depthwise)."""
     x, w, bias = (list(inputs) + [None, None])[:3]
     plain_x, plain_w = blocked_conv_types(_type(x), _type(w), attrs)
     group, window = conv_geometry("ConvNCHWc", plain_x, plain_w, attrs)
@@ -215,7 +222,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
     def source(row, column):
         return row * stride_h + taps[0] * dilation_h, column * stride_w + taps[1] * dilation_w
 
-    if group > 1:
+    if group > 1 and plain_w.shape[1] == 1:
 
         def body(n, outer, row, column, inner):
             value = padded[(n, outer, *source(row, column), inner)].astype(acc)
@@ -223,12 +230,17 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 
         tag = "depthwise_conv2d_nchwc"
     else:
+        # a group's input blocks: group g reads blocks g * group_blocks ... (g + 1) * group_blocks - 1, and its
+        # filters fill the output blocks g * filter_blocks ... (group 1: one group of them all)
         input_block = x.shape[-1]
-        channel_outer = te.reduce_axis((0, x.shape[1]), "rco")
+        group_blocks = x.shape[1] // group
+        filter_blocks = shape[1] // group
+        channel_outer = te.reduce_axis((0, group_blocks), "rco")
         channel_inner = te.reduce_axis((0, input_block), "rci")
 
         def body(n, outer, row, column, inner):
-            value = padded[(n, channel_outer, *source(row, column), channel_inner)].astype(acc)
+            first = channel_outer if group == 1 else (outer // filter_blocks) * group_blocks + channel_outer
+            value = padded[(n, first, *source(row, column), channel_inner)].astype(acc)
             weight = w[outer, channel_outer * input_block + channel_inner, taps[0], taps[1], inner].astype(acc)
             return te.sum(value * weight, axis=[channel_outer, *taps, channel_inner])
 
@@ -250,8 +262,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 def max_pool_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     """MaxPool over the spatial axes of an NCHW[x]c tensor: a vector over the channel block loads contiguously."""
     (x,) = inputs[:1]
-    plain = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
-    window = pool_geometry("MaxPoolNCHWc", plain, attrs)
+    window = pool_geometry("MaxPoolNCHWc", _plain_of_blocked(x), attrs)
     padded = _pad_blocked(x, window.pads_begin, window.read_end, _lowest(x.dtype))
     taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
 
@@ -266,14 +277,18 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
     (x,) = inputs[:1]
     shape = output_types[0].shape
     if len(shape) == 5:
-        block = shape[-1]
-        return [
-            te.compute(
-                shape, lambda n, outer, h, w, inner: x[n, outer * block + inner, h, w], name="nchwc", tag="injective"
-            )
-        ]
+        block, channels = shape[-1], x.shape[1]
+
+        def body(n, outer, h, w, inner):
+            channel = outer * block + inner
+            if channels % block == 0:
+                return x[n, channel, h, w]
+            # the channels past the last whole block are zeros
+            return te.select(channel < channels, x[n, te.minimum(channel, channels - 1), h, w], te.const(0.0, x.dtype))
+
+        return [te.compute(shape, body, name="nchwc", tag="injective")]
     block = x.shape[-1]
-    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="injective")]
+    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="layout_nchw")]
 
 
 def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
@@ -282,38 +297,99 @@ def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
     return te.compute(tensor.shape, lambda *i: tensor[i].astype(dtype), name="cast", tag="elemwise")
 
 
+def _transposed_taps(geometry, spatial):
+    """The reduce axes of a transposed conv's taps and how an output position reads through them:
+    read(outputs) -> (conditions, input positions, taps). Output o takes input i through tap t where
+    i * stride + t * dilation == o + pad. With dilation 1 (and no negative pad) only the taps of o's phase
+    (t = (o + pad) mod stride + stride * j) can meet that, so the loop runs over ceil(k / stride) of them, not all k
+    with a test each (a 2x2 stride-2 upsampling reads one tap per output, not four)."""
+    axes, kinds = [], []
+    for axis, kernel in enumerate(geometry.kernel):
+        stride, phased = geometry.strides[axis], geometry.dilations[axis] == 1 and geometry.pads_begin[axis] >= 0
+        phased = phased and stride > 1
+        axes.append(te.reduce_axis((0, -(-kernel // stride) if phased else kernel), f"r{axis}"))
+        kinds.append(phased)
+
+    def read(outputs):
+        conditions, source, taps = [], [], []
+        for axis, (tap_axis, phased) in enumerate(zip(axes, kinds)):
+            stride, kernel = geometry.strides[axis], geometry.kernel[axis]
+            shifted = outputs[axis] + geometry.pads_begin[axis]
+            if phased:
+                tap = shifted % stride + tap_axis * stride
+                position = shifted // stride - tap_axis
+                conditions += [tap < kernel] if kernel % stride else []
+                conditions.append(position >= 0)
+            else:
+                tap = tap_axis
+                offset = shifted - tap_axis * geometry.dilations[axis]
+                position = offset // stride if stride > 1 else offset
+                if stride > 1:
+                    conditions.append(te.Compare("eq", offset % stride, te.const(0)))
+                conditions.append(offset >= 0)
+            conditions.append(position < spatial[axis])
+            source.append(_clamp(position, 0, spatial[axis] - 1))
+            taps.append(_clamp(tap, 0, kernel - 1) if phased and kernel % stride else tap)
+        return conditions, source, taps
+
+    return axes, read
+
+
 def conv_transpose(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     x, w, bias = (list(inputs) + [None, None])[:3]
     group, geometry = transposed_geometry(_type(x), _type(w), attrs)
-    rank = len(geometry.kernel)
-    spatial = x.shape[2:]
     per_group = x.shape[1] // group
     filters_per_group = w.shape[1]
     acc = _accumulator(x.dtype)
     channel = te.reduce_axis((0, per_group), "rc")
-    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(geometry.kernel)]
+    taps, read = _transposed_taps(geometry, x.shape[2:])
 
     def body(n, m, *outputs):
-        conditions, source = [], []
-        for axis in range(rank):
-            # output o reads input i where i * stride + tap * dilation == o + pad
-            offset = outputs[axis] + geometry.pads_begin[axis] - taps[axis] * geometry.dilations[axis]
-            stride = geometry.strides[axis]
-            position = offset // stride if stride > 1 else offset
-            if stride > 1:
-                conditions.append(te.Compare("eq", offset % stride, te.const(0)))
-            conditions += [offset >= 0, position < spatial[axis]]
-            source.append(_clamp(position, 0, spatial[axis] - 1))
+        conditions, source, tap = read(outputs)
         first = (m // filters_per_group) * per_group + channel
-        value = x[(n, first, *source)].astype(acc) * w[(first, m % filters_per_group, *taps)].astype(acc)
+        value = x[(n, first, *source)].astype(acc) * w[(first, m % filters_per_group, *tap)].astype(acc)
         return te.sum(te.select(te.all(*conditions), value, 0.0), axis=[channel, *taps])
 
     shape = output_types[0].shape
-    result = te.compute(shape, body, name="conv_transpose", tag=f"conv{rank}d_transpose")
+    result = te.compute(shape, body, name="conv_transpose", tag=f"conv{len(taps)}d_transpose")
     if bias is not None:
         plain = result
         result = te.compute(
             shape, lambda n, m, *s: plain[(n, m, *s)] + bias[m].astype(acc), name="bias", tag="broadcast"
+        )
+    return [_cast(result, x.dtype)]
+
+
+def conv_transpose_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """A group-1 ConvTranspose in NCHW[x]c over a packed (M / x, C, kh, kw, x) weight: the innermost axis is the
+    filter block, so a vector over it loads the block's weights contiguously and broadcasts one input value."""
+    x, w, bias = (list(inputs) + [None, None])[:3]
+    plain_x, plain_w = blocked_transposed_types(_type(x), _type(w))
+    _, geometry = transposed_geometry(plain_x, plain_w, attrs)
+    acc = _accumulator(x.dtype)
+    input_block = x.shape[-1]
+    channel_outer = te.reduce_axis((0, x.shape[1]), "rco")
+    channel_inner = te.reduce_axis((0, input_block), "rci")
+    taps, read = _transposed_taps(geometry, x.shape[2:4])
+    shape = output_types[0].shape
+    block = shape[-1]
+
+    def body(n, outer, row, column, inner):
+        conditions, source, tap = read((row, column))
+        value = x[(n, channel_outer, *source, channel_inner)].astype(acc)
+        weight = w[(outer, channel_outer * input_block + channel_inner, *tap, inner)].astype(acc)
+        return te.sum(te.select(te.all(*conditions), value * weight, 0.0), axis=[channel_outer, *taps, channel_inner])
+
+    result = te.compute(shape, body, name="conv_transpose", tag="conv2d_transpose_nchwc")
+    if bias is not None:
+        plain = result
+        result = te.compute(
+            shape,
+            lambda n, outer, row, column, inner: (
+                plain[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
+            ),
+            name="bias",
+            tag="broadcast",
         )
     return [_cast(result, x.dtype)]
 
@@ -423,8 +499,8 @@ def _window_source(window, spatial, taps):
 def max_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     (x,) = inputs[:1]
     window = pool_geometry("MaxPool", _type(x), attrs)
-    padded = pad(x, window.pads_begin, window.read_end, _lowest(x.dtype), "pad")
     taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+    padded = pad(x, window.pads_begin, window.read_end, _lowest(x.dtype), "pad")
 
     def body(n, c, *spatial):
         return te.max(padded[(n, c, *_window_source(window, spatial, taps))], axis=taps)
@@ -478,33 +554,51 @@ def _count(base, kernel: int, dilation: int, low: int, high: int):
     return te.maximum(largest - smallest + 1, 0)
 
 
-def average_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
-    (x,) = inputs[:1]
-    window = pool_geometry("AveragePool", _type(x), attrs)
-    include_pad = bool(int(attrs.get("count_include_pad", 0)))
-    acc = _accumulator(x.dtype)
-    padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
-    taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
-    shape = output_types[0].shape
+def _average_pool(blocked: bool):
+    """AveragePool over NCHW, or (blocked) over the spatial axes of NCHW[x]c, where a vector over the channel
+    block loads contiguously; the divisor is each window's count of counted positions."""
 
-    def body(n, c, *spatial):
-        return te.sum(padded[(n, c, *_window_source(window, spatial, taps))].astype(acc), axis=taps)
+    def compute(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+        (x,) = inputs[:1]
+        plain = _plain_of_blocked(x) if blocked else _type(x)
+        window = pool_geometry("AveragePool", plain, attrs)
+        include_pad = bool(int(attrs.get("count_include_pad", 0)))
+        acc = _accumulator(x.dtype)
+        rank = len(window.kernel)
+        taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
+        shape = output_types[0].shape
+        if blocked:
+            padded = _pad_blocked(x, window.pads_begin, window.read_end)
 
-    sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
-    sizes = x.shape[2:]
+            def read(n, c, rest):
+                return padded[(n, c, *_window_source(window, rest[:rank], taps), *rest[rank:])]
 
-    def divide(n, c, *spatial):
-        count = None
-        for axis, o in enumerate(spatial):
-            begin = window.pads_begin[axis]
-            low = -begin if include_pad else 0
-            high = sizes[axis] + window.declared_end[axis] if include_pad else sizes[axis]
-            base = o * window.strides[axis] - begin
-            term = _count(base, window.kernel[axis], window.dilations[axis], low, high)
-            count = term if count is None else count * term
-        return (sums[(n, c, *spatial)] / count.astype(acc)).astype(x.dtype)
+        else:
+            padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
 
-    return [te.compute(shape, divide, name="average_pool", tag="elemwise")]
+            def read(n, c, rest):
+                return padded[(n, c, *_window_source(window, rest, taps))]
+
+        def body(n, c, *rest):
+            return te.sum(read(n, c, rest).astype(acc), axis=taps)
+
+        sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
+        sizes = plain.shape[2:]
+
+        def divide(*index):
+            count = None
+            for axis, o in enumerate(index[2 : 2 + rank]):
+                begin = window.pads_begin[axis]
+                low = -begin if include_pad else 0
+                high = sizes[axis] + window.declared_end[axis] if include_pad else sizes[axis]
+                base = o * window.strides[axis] - begin
+                term = _count(base, window.kernel[axis], window.dilations[axis], low, high)
+                count = term if count is None else count * term
+            return (sums[index] / count.astype(acc)).astype(x.dtype)
+
+        return [te.compute(shape, divide, name="average_pool", tag="elemwise")]
+
+    return compute
 
 
 def _power(value, p: float):
@@ -977,10 +1071,12 @@ set_compute("ConvNCHWc", conv_nchwc)
 set_compute("LayoutTransform", layout_transform)
 set_compute("MaxPoolNCHWc", max_pool_nchwc)
 set_compute("ConvTranspose", conv_transpose)
+set_compute("ConvTransposeNCHWc", conv_transpose_nchwc)
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)
 set_compute("MaxPool", max_pool)
-set_compute("AveragePool", average_pool)
+set_compute("AveragePool", _average_pool(blocked=False))
+set_compute("AveragePoolNCHWc", _average_pool(blocked=True))
 set_compute("GlobalAveragePool", _global_pool("sum"))
 set_compute("GlobalMaxPool", _global_pool("max"))
 set_compute("BatchNormalization", batch_norm)

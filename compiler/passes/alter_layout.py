@@ -1,13 +1,15 @@
 """Layout alteration for CPU targets, run after simplification and before fusion: convolution chains move from NCHW
 to the blocked NCHW[x]c layout, x being a measured multiple of the target's float32 vector lanes.
 
-Each 2-D Conv with a param weight that is group=1 or depthwise becomes a ConvNCHWc over a weight packed at compile
-time as (M / x, C / group, kh, kw, x); the elementwise ops after it (ReLU, Clip, residual Add, scale-shift Mul/Add
-with per-channel params, repacked too) follow it into the blocked layout, and so does a MaxPool of a blocked value
-(MaxPoolNCHWc). LayoutTransform nodes convert only where the layout must change: into the first blocked op, and back
-to NCHW before an op that needs it (GlobalAveragePool, Flatten, a graph output). Hands fusion a graph whose
-convolution groups read and write blocked tensors. A Gemm with transB gets the target's float32 vector width as
-its split_lanes attribute (see alter_layout).
+Each 2-D Conv with a param weight that is group=1, depthwise, or grouped in whole blocks becomes a ConvNCHWc over a weight packed at compile
+time as (M / x, C / group, kh, kw, x). The blocked layout then flows through every op that has a blocked form, one
+rule each: elementwise ops (ReLU, Clip, residual Add, scale-shift Mul/Add with per-channel params, repacked too,
+and activations broadcast per channel, such as the SE scale (N, C, 1, 1)); max and average pools (MaxPoolNCHWc,
+AveragePoolNCHWc); a group-1 ConvTranspose (ConvTransposeNCHWc); global pools (a mean or max over the two spatial axes); Concat, Split and Slice on channels in
+whole blocks; spatial Pad and Resize. LayoutTransform nodes convert only where the layout must change: into the
+first blocked op, and back to NCHW before an op that needs it (Flatten, a softmax, a graph output). Hands fusion a
+graph whose convolution groups read and write blocked tensors. A Gemm with transB gets the target's float32 vector
+width as its split_lanes attribute (see alter_layout).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
-from compiler.graph.ops.nn import block_channels
+from compiler.graph.ops.nn import ASPECT_POLICIES, attr_string, block_channels, pack_transposed_weight, resize_plan
+from compiler.graph.ops.transform import pad_widths, slice_plan
 from compiler.target import Target
 
 # channels per block, by the target's vector width in bytes (measured on mobilenet_v2 and resnet18, 1 thread): one
@@ -32,8 +35,17 @@ ISOLATED_MACS_PER_ELEMENT = 64
 ISOLATED_MIN_MACS = 1 << 22
 
 # ops that compute each element from the same element of their operands: they run in any layout
-UNARY_OPS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu")
-BINARY_OPS = ("Add", "Sub", "Mul", "Div")
+UNARY_OPS = (
+    *("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "Gelu"),
+    *("Softplus", "Softsign", "Exp", "Neg", "Abs", "Sqrt", "Reciprocal", "Erf", "Identity"),
+)
+BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu")
+# ops that can make an infinity or a NaN of the finite values in padded channels (0 / 0), which a conv's zero
+# weights for them would then spread (0 * inf): they read padded values only in NCHW
+UNSAFE_ON_PADDING = ("Div", "Reciprocal")
+
+# a tensor's channels are padded to whole blocks of the target's x when that wastes at most 1 / PADDED_WASTE of them
+PADDED_WASTE = 8
 
 
 def channel_block(target: Target | str) -> int:
@@ -79,12 +91,30 @@ class _Rewriter:
         self.first_block: dict[Value, int] = {}  # NCHW value -> the x of its first twin
         self.only_blocked: dict[Value, int] = {}  # values whose NCHW form nobody has made yet -> their twin's x
         self.converted: dict[int, Node] = {}  # position of each converted conv -> its ConvNCHWc
+        self.rules = {
+            "Conv": self._conv,
+            "ConvTranspose": self._conv_transpose,
+            "MaxPool": self._pool,
+            "AveragePool": self._pool,
+            "GlobalAveragePool": self._global_pool,
+            "GlobalMaxPool": self._global_pool,
+            "Concat": self._concat,
+            "Split": self._split,
+            "Slice": self._slice,
+            "Pad": self._pad,
+            "Resize": self._resize,
+            **dict.fromkeys((*UNARY_OPS, *BINARY_OPS), self._elementwise),
+        }
 
     def run(self) -> Graph:
         for position, node in enumerate(self.graph.nodes):
-            if position not in self.excluded and self._conv(node):
-                self.converted[position] = self.nodes[-1]
-            elif not (self._pool(node) or self._elementwise(node)):
+            rule = self.rules.get(node.op)
+            if node.op == "Conv" and position in self.excluded:
+                rule = None
+            if rule is not None and rule(node):
+                if node.op == "Conv":
+                    self.converted[position] = self.nodes[-1]
+            else:
                 for value in node.inputs:
                     self._plain(value)
                 self.nodes.append(node)
@@ -94,30 +124,30 @@ class _Rewriter:
         return self.graph
 
     def isolated_convs(self) -> set[int]:
-        """Positions of converted convs that reach no other ConvNCHWc through blocked elementwise ops, either way,
-        and do too little work to pay for their conversions."""
+        """Positions of converted convs that reach no other ConvNCHWc through blocked values (elementwise ops,
+        pools, concats...), either way, and do too little work to pay for their conversions."""
         producers = {value: node for node in self.nodes for value in node.outputs}
         readers: dict[Value, list[Node]] = {}
         for node in self.nodes:
             for value in node.inputs:
                 readers.setdefault(value, []).append(node)
+        twins = set(self.blocked.values())
 
-        def linked(node: Node, step) -> bool:
-            pending, seen = [node], set()
+        def neighbours(node: Node) -> list[Node]:
+            before = [producers[value] for value in node.inputs if value in producers]
+            return before + [reader for value in node.outputs for reader in readers.get(value, [])]
+
+        def linked(conv: Node) -> bool:
+            pending, seen = [conv], {id(conv)}
             while pending:
-                for neighbour in step(pending.pop()):
-                    if neighbour.op == "ConvNCHWc":
+                for neighbour in neighbours(pending.pop()):
+                    if neighbour.op == "ConvNCHWc" and neighbour is not conv:
                         return True
-                    if neighbour.op in (*UNARY_OPS, *BINARY_OPS) and id(neighbour) not in seen:
+                    flows = neighbour.op != "LayoutTransform" and any(v in twins for v in neighbour.outputs)
+                    if flows and id(neighbour) not in seen:
                         seen.add(id(neighbour))
                         pending.append(neighbour)
             return False
-
-        def upstream(node: Node) -> list[Node]:
-            return [producers[value] for value in node.inputs if value in producers]
-
-        def downstream(node: Node) -> list[Node]:
-            return [reader for value in node.outputs for reader in readers.get(value, [])]
 
         def cheap(conv: Node) -> bool:
             x, weight = conv.inputs[:2]
@@ -126,39 +156,51 @@ class _Rewriter:
             macs = output.type.size * math.prod(weight.type.shape[1:4])
             return macs < max(ISOLATED_MIN_MACS, ISOLATED_MACS_PER_ELEMENT * (x.type.size + output.type.size))
 
-        return {
-            position
-            for position, conv in self.converted.items()
-            if cheap(conv) and not linked(conv, upstream) and not linked(conv, downstream)
-        }
+        return {position for position, conv in self.converted.items() if cheap(conv) and not linked(conv)}
 
     def _block_for(self, channels: int) -> int:
-        """The x for a tensor of `channels`: the target's block, else half of it (mobilenet's 24 channels with 16),
-        else 0 (stays NCHW)."""
+        """The x for a tensor of `channels`: the target's block, also when padding the last block wastes at most
+        1 / PADDED_WASTE of it (1000 classes in 63 blocks of 16), else half of it (mobilenet's 24 channels with
+        16), else 0 (stays NCHW)."""
+        if channels > self.block and (-channels % self.block) * PADDED_WASTE <= channels:
+            return self.block
         for block in (self.block, self.block // 2):
             if block >= 4 and channels % block == 0:
                 return block
         return 0
+
+    def _shape(self, value: Value, block: int) -> tuple[int, ...]:
+        """The NCHW[block]c shape of `value`, its channels padded to whole blocks."""
+        batch, channels, height, width = value.type.shape
+        return (batch, -(-channels // block), height, width, block)
+
+    @staticmethod
+    def _padding(value: Value, block: int) -> dict:
+        """A LayoutTransform's attrs for the channels past `value`'s whole blocks, if it has any."""
+        channels = value.type.shape[1]
+        return {"channels": channels} if channels % block else {}
 
     def _blocked_of(self, value: Value, block: int) -> Value:
         """The NCHW[block]c twin of `value`, converting it now if nothing made it yet."""
         key = (value, block)
         if key not in self.blocked:
             self._plain(value)
-            batch, channels, height, width = value.type.shape
-            twin = self._twin(value, (batch, channels // block, height, width, block))
-            attrs = {"src": "NCHW", "dst": f"NCHW{block}c"}
+            twin = self._twin(value, self._shape(value, block))
+            attrs = {"src": "NCHW", "dst": f"NCHW{block}c", **self._padding(value, block)}
             self.nodes.append(Node("LayoutTransform", [value], [twin], attrs, f"{value.name}_to_nchw{block}c"))
-            self.blocked[key] = twin
-            self.first_block.setdefault(value, block)
+            self._record(value, block, twin)
         return self.blocked[key]
+
+    def _record(self, value: Value, block: int, twin: Value) -> None:
+        self.blocked[(value, block)] = twin
+        self.first_block.setdefault(value, block)
 
     def _plain(self, value: Value | None) -> None:
         """Make `value` in NCHW (from its blocked twin) if only the twin exists so far."""
         if value is None or value not in self.only_blocked:
             return
         block = self.only_blocked.pop(value)
-        attrs = {"src": f"NCHW{block}c", "dst": "NCHW"}
+        attrs = {"src": f"NCHW{block}c", "dst": "NCHW", **self._padding(value, block)}
         self.nodes.append(
             Node("LayoutTransform", [self.blocked[(value, block)]], [value], attrs, f"{value.name}_to_nchw")
         )
@@ -167,17 +209,24 @@ class _Rewriter:
         return Value(self.graph.fresh_name(f"{value.name}_nchwc"), TensorType(shape, value.type.dtype))
 
     def _replace(self, node: Node, op: str, inputs: list, attrs: dict, block: int) -> None:
-        """Emit `op` computing the NCHW[block]c twin of `node`'s single output."""
-        (output,) = node.outputs
-        batch, channels, height, width = output.type.shape
-        twin = self._twin(output, (batch, channels // block, height, width, block))
-        self.nodes.append(Node(op, inputs, [twin], attrs, node.name))
-        self.blocked[(output, block)] = twin
-        self.first_block.setdefault(output, block)
-        self.only_blocked[output] = block
+        """Emit `op` computing the NCHW[block]c twins of `node`'s outputs."""
+        twins = []
+        for output in node.outputs:
+            twins.append(self._twin(output, self._shape(output, block)))
+            self._record(output, block, twins[-1])
+            self.only_blocked[output] = block
+        self.nodes.append(Node(op, inputs, twins, attrs, node.name))
+
+    def _blocked_input(self, node: Node) -> int:
+        """The x of the twin of `node`'s first input when it is a 4-D value already blocked (ops that only follow a
+        blocked layout, never start one), else 0."""
+        x = node.inputs[0] if node.inputs else None
+        if x is None or len(x.type.shape) != 4 or any(len(v.type.shape) != 4 for v in node.outputs):
+            return 0
+        return self.first_block.get(x, 0)
 
     def _conv(self, node: Node) -> bool:
-        if node.op != "Conv" or len(node.inputs) < 2 or len(node.outputs) != 1:
+        if len(node.inputs) < 2 or len(node.outputs) != 1:
             return False
         x, weight = node.inputs[:2]
         array = self.graph.params.get(weight)
@@ -185,33 +234,164 @@ class _Rewriter:
             return False
         channels, filters, group = x.type.shape[1], array.shape[0], int(node.attrs.get("group", 1))
         block = self._block_for(filters)
-        if group == 1:
+        if group == channels == filters:
+            input_block = block if channels % block == 0 else 0
+        elif group == 1:
             # the input keeps the block it has; a few input channels (an RGB image) form one block of their own
             made = self.first_block.get(x, 0)
             input_block = made or self._block_for(channels) or (channels if channels < self.block else 0)
         else:
-            input_block = block if group == channels == filters else 0
+            # groups of whole blocks (ResNeXt, RegNet, ShuffleNet v1): a block never spans two groups
+            input_block = self.first_block.get(x, 0) or self._block_for(channels // group)
+            if input_block and (channels // group % input_block or filters // group % block):
+                input_block = 0
         if not block or not input_block:
             return False
+        # padded channels: the packed weight's extra filters and input channels are zeros, and so are the bias's
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        padded_filters = -(-filters // block) * block
+        if padded_filters != filters and bias is not None and bias not in self.graph.params:
+            return False
+        array = np.pad(array, [(0, padded_filters - filters), (0, 0), (0, 0), (0, 0)])
+        if group == 1:
+            array = np.pad(array, [(0, 0), (0, -channels % input_block), (0, 0), (0, 0)])
         packed = self.graph.add_param(f"{weight.name}_packed{block}", pack_weight(array, block))
-        inputs = [self._blocked_of(x, input_block), packed, *node.inputs[2:]]
+        if padded_filters != filters and bias is not None:
+            padded = np.pad(self.graph.params[bias], (0, padded_filters - filters))
+            bias = self.graph.add_param(f"{bias.name}_padded", padded)
+        inputs = [self._blocked_of(x, input_block), packed, *([bias] if bias is not None else [])]
         self._replace(node, "ConvNCHWc", inputs, dict(node.attrs), block)
         return True
 
-    def _pool(self, node: Node) -> bool:
-        """A MaxPool (values only) whose input is already blocked stays blocked: the pool's vector loop then runs
-        over the channel block, and the chain needs no conversion around it."""
-        if node.op != "MaxPool" or len(node.outputs) != 1 or len(node.inputs[0].type.shape) != 4:
+    def _conv_transpose(self, node: Node) -> bool:
+        """A group-1 2-D ConvTranspose (a U-Net's upsampling) of a blocked value, with a param weight, stays blocked
+        as a ConvTransposeNCHWc over its weight packed as (M / x, C, kh, kw, x)."""
+        block = self._blocked_input(node)
+        weight = node.inputs[1] if len(node.inputs) > 1 else None
+        array = self.graph.params.get(weight)
+        if not block or array is None or array.ndim != 4 or int(node.attrs.get("group", 1)) != 1:
             return False
-        x = node.inputs[0]
-        block = self.first_block.get(x, 0)
+        filters = self._block_for(array.shape[1])
+        if not filters or array.shape[1] % filters or node.inputs[0].type.shape[1] % block or array.dtype != np.float32:
+            return False
+        packed = self.graph.add_param(f"{weight.name}_packed{filters}", pack_transposed_weight(array, filters))
+        inputs = [self.blocked[(node.inputs[0], block)], packed, *node.inputs[2:]]
+        self._replace(node, "ConvTransposeNCHWc", inputs, dict(node.attrs), filters)
+        return True
+
+    def _pool(self, node: Node) -> bool:
+        """A MaxPool (values only) or AveragePool whose input is already blocked stays blocked, ceil_mode and
+        padding included: the pool's vector loop then runs over the channel block, and the chain needs no
+        conversion around it."""
+        block = self._blocked_input(node)
+        if not block or len(node.outputs) != 1:
+            return False
+        x = self.blocked[(node.inputs[0], block)]
+        self._replace(node, f"{node.op}NCHWc", [x], dict(node.attrs), block)
+        return True
+
+    def _global_pool(self, node: Node) -> bool:
+        """A global pool of a blocked value is a mean (max) over its two spatial axes, (N, C / x, 1, 1, x): the SE
+        block's squeeze then stays blocked, and so does the scale it computes."""
+        block = self._blocked_input(node)
         if not block:
             return False
-        self._replace(node, "MaxPoolNCHWc", [self.blocked[(x, block)]], dict(node.attrs), block)
+        op = "ReduceMean" if node.op == "GlobalAveragePool" else "ReduceMax"
+        self._replace(node, op, [self.blocked[(node.inputs[0], block)]], {"axes": (2, 3), "keepdims": 1}, block)
+        return True
+
+    def _concat(self, node: Node) -> bool:
+        """A Concat on channels stays blocked when its blocked inputs share one x and every input's channel count
+        is a multiple of it: along C / x it is the same concatenation (a plain input is converted to join).
+        Otherwise it runs in NCHW, its blocked inputs converted inside its kernel (fusion joins them)."""
+        parts = [value for value in node.inputs if value is not None]
+        if any(len(value.type.shape) != 4 for value in parts) or int(node.attrs.get("axis", 0)) not in (1, -3):
+            return False
+        blocks = {self.first_block[value] for value in parts if value in self.first_block}
+        if len(blocks) != 1:
+            return False
+        (block,) = blocks
+        if any(value.type.shape[1] % block for value in parts):
+            return False
+        inputs = [self._blocked_of(value, block) for value in parts]
+        self._replace(node, "Concat", inputs, {**node.attrs, "axis": 1}, block)
+        return True
+
+    def _split(self, node: Node) -> bool:
+        """A Split on channels of a blocked value into parts that are whole blocks stays blocked."""
+        block = self._blocked_input(node)
+        x = node.inputs[0]
+        axis = int(node.attrs.get("axis", 0))
+        if not block or axis not in (1, -3):
+            return False
+        sizes = [value.type.shape[1] for value in node.outputs]
+        if any(size % block for size in sizes):
+            return False
+        attrs = {key: value for key, value in node.attrs.items() if key != "num_outputs"}
+        attrs.update(axis=1, split=tuple(size // block for size in sizes))
+        self._replace(node, "Split", [self.blocked[(x, block)]], attrs, block)
+        return True
+
+    def _slice(self, node: Node) -> bool:
+        """A Slice of a blocked value with positive steps stays blocked when on channels it keeps whole blocks with
+        step 1: C / x is sliced by whole blocks, the spatial axes as they were."""
+        block = self._blocked_input(node)
+        if not block:
+            return False
+        x = node.inputs[0]
+        slices, _ = slice_plan(x.type.shape, **node.attrs)
+        pieces = [piece.indices(size) for piece, size in zip(slices, x.type.shape)]
+        start, stop, step = pieces[1]
+        if any(stride < 0 for _, _, stride in pieces) or step != 1 or start % block or stop % block:
+            return False
+        kept = [axis for axis, piece in enumerate(pieces) if piece != (0, x.type.shape[axis], 1)] or [1]
+        divisors = [block if axis == 1 else 1 for axis in kept]
+        attrs = {
+            "starts": tuple(pieces[axis][0] // d for axis, d in zip(kept, divisors)),
+            "ends": tuple(pieces[axis][1] // d for axis, d in zip(kept, divisors)),
+            "axes": tuple(kept),
+            "steps": tuple(pieces[axis][2] for axis in kept),
+        }
+        self._replace(node, "Slice", [self.blocked[(x, block)]], attrs, block)
+        return True
+
+    def _pad(self, node: Node) -> bool:
+        """A Pad of a blocked value that leaves the channels alone stays blocked, the block axis unpadded."""
+        block = self._blocked_input(node)
+        if not block:
+            return False
+        widths = pad_widths(node.inputs[0].type.shape, **node.attrs)
+        if widths[1] != (0, 0):
+            return False
+        widths = [*widths, (0, 0)]
+        attrs = {key: value for key, value in node.attrs.items() if key != "axes"}
+        attrs["pads"] = tuple(begin for begin, _ in widths) + tuple(end for _, end in widths)
+        self._replace(node, "Pad", [self.blocked[(node.inputs[0], block)]], attrs, block)
+        return True
+
+    def _resize(self, node: Node) -> bool:
+        """A Resize of a blocked value over its spatial axes only stays blocked: the same resize over axes 2 and 3
+        of the blocked tensor, its scales or sizes for those two."""
+        block = self._blocked_input(node)
+        roi = node.attrs.get("roi")
+        if not block or (roi is not None and len(roi)):
+            return False
+        x = node.inputs[0]
+        plan = resize_plan(x.type.shape, node.attrs)
+        stretched = attr_string(node.attrs, "keep_aspect_ratio_policy", "stretch", ASPECT_POLICIES) == "stretch"
+        if plan.output[:2] != x.type.shape[:2] or plan.scales[:2] != (1.0, 1.0) or not stretched:
+            return False
+        attrs = {key: value for key, value in node.attrs.items() if key not in ("scales", "sizes", "axes")}
+        if node.attrs.get("scales") is not None and len(node.attrs["scales"]):
+            attrs["scales"] = plan.scales[2:]
+        else:
+            attrs["sizes"] = plan.output[2:]
+        attrs["axes"] = (2, 3)
+        self._replace(node, "Resize", [self.blocked[(x, block)]], attrs, block)
         return True
 
     def _elementwise(self, node: Node) -> bool:
-        if node.op not in (*UNARY_OPS, *BINARY_OPS) or len(node.outputs) != 1:
+        if len(node.outputs) != 1:
             return False
         shape = node.outputs[0].type.shape
         operands = [value for value in node.inputs if value is not None]
@@ -220,7 +400,9 @@ class _Rewriter:
         block = self._block_for(shape[1]) if len(shape) == 4 else 0
         if not block or not any((value, block) in self.blocked for value in operands):
             return False
-        activations = [value.type.shape == shape and value not in self.graph.params for value in operands]
+        if shape[1] % block and node.op in UNSAFE_ON_PADDING:
+            return False
+        activations = [value not in self.graph.params and _broadcasts_per_channel(value, shape) for value in operands]
         if not all(active or self._channel_param(value, shape[1]) for value, active in zip(operands, activations)):
             return False
         inputs = [
@@ -246,3 +428,12 @@ class _Rewriter:
             return value
         blocked = block_channels(array.reshape(1, channels, 1, 1), block)[0]
         return self.graph.add_param(f"{value.name}_nchw{block}c", blocked)
+
+
+def _broadcasts_per_channel(value: Value, shape: tuple[int, ...]) -> bool:
+    """Whether an activation operand of an elementwise op with output `shape` (N, C, H, W) is (N or 1, C, H or 1,
+    W or 1): its blocked twin then broadcasts against the output's the same way (the SE scale (N, C, 1, 1))."""
+    operand = value.type.shape
+    if len(operand) != 4 or operand[1] != shape[1]:
+        return False
+    return all(size in (1, full) for axis, (size, full) in enumerate(zip(operand, shape)) if axis != 1)

@@ -23,8 +23,9 @@ def fuse_ops(graph: Graph) -> Graph:
     """Group ops as TVM does: an out-elementwise-fusable op or a reduction absorbs the elementwise/broadcast chain
     after it (a diamond too, such as x * sigmoid(x), when it closes inside the group), elementwise/broadcast/
     injective ops fuse with each other, a reduction absorbs injective producers that
-    only it reads, two out-elementwise-fusable ops never share a group, opaque ops stand alone, and no group
-    holds more than MAX_GROUP_OPS ops."""
+    only it reads, an out-elementwise-fusable op absorbs LayoutTransforms (alone in their group) that only it reads,
+    two out-elementwise-fusable ops never share a group, opaque ops stand alone, and no group holds more than
+    MAX_GROUP_OPS ops."""
     grouping = _Grouping(graph)
     for index in range(len(graph.nodes)):
         grouping.place(index)
@@ -62,6 +63,8 @@ class _Grouping:
 
     def place(self, index: int) -> None:
         """Put node `index` into the group of one of its producers if a fusion rule allows, else leave it alone."""
+        if self.patterns[index] == Pattern.OUT_EWISE_FUSABLE:
+            self._absorb_layout_transforms(index)
         if self.patterns[index] >= Pattern.OUT_EWISE_FUSABLE:
             return
         # an epilogue owner's group comes first, then the latest producer's: a residual Add joins the later of
@@ -81,6 +84,21 @@ class _Grouping:
             if self.pattern(group) <= Pattern.INJECTIVE:
                 if not self._creates_cycle(self.members[joined] + self.members[group], index):
                     self._merge(joined, group)
+
+    def _absorb_layout_transforms(self, index: int) -> None:
+        """An out-elementwise-fusable op takes in the groups of LayoutTransforms alone that only it reads: its
+        kernel reads the other layout in place (the conv's padded copy, or its input loads) and no separate kernel
+        converts through memory."""
+        for value in self.nodes[index].inputs:
+            if value not in self.producer:
+                continue
+            group = self.group_of[self.producer[value]]
+            members = self.members[group]
+            if group == self.group_of[index] or any(self.nodes[m].op != "LayoutTransform" for m in members):
+                continue
+            outputs = [v for m in members for v in self.nodes[m].outputs]
+            if all(self.consumers.get(v, []) == [index] and v not in self.graph.outputs for v in outputs):
+                self._merge(self.group_of[index], group)
 
     def _absorbs(self, group: int, index: int) -> bool:
         if len(self.members[group]) >= MAX_GROUP_OPS:

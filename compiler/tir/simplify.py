@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var, is_int
-from compiler.te.tensor import mutate, substitute
+from compiler.te.tensor import mutate, substitute, walk
 from compiler.tir.nodes import Allocate, Barrier, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Stmt, Store
 
 Bounds = tuple[int | None, int | None]
@@ -470,7 +470,7 @@ def _stmt(stmt: Stmt, env: dict[Var, Bounds]) -> Stmt | None:
         body = _stmt(stmt.body, {**env, stmt.var: loop_bounds(low, extent, env)})
         if body is None:
             return None
-        return For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag)
+        return _guarded_loop(For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag))
     if isinstance(stmt, IfThen):
         cond = simplifier.expr(stmt.cond)
         if isinstance(cond, Const):
@@ -506,6 +506,38 @@ def _stmt(stmt: Stmt, env: dict[Var, Bounds]) -> Stmt | None:
     if isinstance(stmt, Barrier):
         return stmt
     raise TypeError(f"simplify: unknown statement {type(stmt).__name__}")
+
+
+def _guarded_loop(loop: For) -> Stmt | None:
+    """A loop whose whole body is one test: the terms that do not read the loop variable move outside it, and a
+    bound `var < k` shortens the loop instead of being tested in every iteration (the columns of a tail tile,
+    whose unrolled accumulators then stay in registers)."""
+    body = loop.body
+    if loop.kind == ForKind.THREAD_BINDING or not isinstance(body, IfThen) or body.else_body is not None:
+        return loop
+    terms = list(body.cond.args) if isinstance(body.cond, Logical) and body.cond.op == "and" else [body.cond]
+    outside = [term for term in terms if not any(node is loop.var for node in walk(term))]
+    extent, kept = loop.extent, []
+    for term in terms:
+        if any(term is other for other in outside):
+            continue
+        bounded = isinstance(term, Compare) and term.op in ("lt", "le") and term.a is loop.var
+        if bounded and isinstance(term.b, Const) and isinstance(loop.min, Const) and isinstance(extent, Const):
+            limit = term.b.value - loop.min.value + (term.op == "le")
+            extent = _const(min(extent.value, limit), extent.dtype)
+        else:
+            kept.append(term)
+    if len(kept) == len(terms):
+        return loop
+    if isinstance(extent, Const) and extent.value <= 0:
+        return None
+    inner = IfThen(_conjunction(kept), body.then_body) if kept else body.then_body
+    result = For(loop.var, loop.min, extent, loop.kind, inner, loop.thread_tag)
+    return IfThen(_conjunction(outside), result) if outside else result
+
+
+def _conjunction(terms: list[Expr]) -> Expr:
+    return terms[0] if len(terms) == 1 else Logical("and", tuple(terms))
 
 
 def simplify(node, env: dict[Var, Bounds] | None = None):

@@ -380,6 +380,26 @@ def test_vectorized_gather_and_scatter(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("stride", [2, 3, 4])
+def test_strided_vector_loads_read_runs_and_stop_at_the_last_lane(target, stride):
+    """out[i] = x[stride * i + 1] over 16 lanes: contiguous runs shuffled, not a load per lane; the buffer ends at the
+    last lane's element, so reading past it (the run's tail) would be out of bounds."""
+    lanes = 16
+    x_buffer = Buffer("x", (stride * (lanes - 1) + 2,), "float32")
+    out = Buffer("out", (2 * lanes,), "float32")
+    i = Var("i")
+    rows = Var("row")
+    body = loop(
+        rows, 2, loop(i, lanes, Store(out, rows * lanes + i, Load(x_buffer, i * stride + 1)), ForKind.VECTORIZED)
+    )
+    x = RNG.standard_normal(x_buffer.shape).astype("float32")
+    kernel, (_, result) = run(PrimFunc("strided", [x_buffer, out], body), target, x)
+    np.testing.assert_array_equal(result, np.tile(x[1::stride][:lanes], 2))
+    ll = kernel.source("ll")
+    assert "masked.load" in ll and "shufflevector" in ll and "load float," not in ll, ll
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_vectorized_reduction_into_one_element_is_scalarized(target):
     """A vectorized reduction axis writes one element per lane: it must run lane after lane."""
     x_buffer, total = Buffer("x", (8, 16), "float32"), Buffer("total", (8,), "float32")

@@ -89,6 +89,12 @@ CASES = {
         [(1, 2, 9, 8, 4), (2, 1, 3, 3, 4), (8,)],
         {"group": 8, "strides": [2, 2], "pads": [1, 0, 1, 2]},
     ),
+    "conv_nchwc_groups_of_whole_blocks": (
+        "ConvNCHWc",
+        [(1, 4, 7, 6, 4), (4, 8, 3, 3, 4), (16,)],
+        {"group": 2, "pads": [1, 1, 1, 1], "strides": [2, 1]},
+    ),
+    "conv_nchwc_groups_filter_blocks_differ": ("ConvNCHWc", [(1, 3, 5, 5, 4), (3, 4, 1, 1, 8)], {"group": 3}),
     "max_pool_nchwc_pads_ceil": (
         "MaxPoolNCHWc",
         [(1, 2, 7, 8, 4)],
@@ -105,12 +111,45 @@ CASES = {
         [(2, 1, 11, 30, 8)],
         {"kernel_shape": [2, 3], "strides": [2, 2], "dilations": [2, 1], "ceil_mode": 1, "pads": [0, 1, 1, 2]},
     ),
+    "average_pool_nchwc_pads_ceil": (
+        "AveragePoolNCHWc",
+        [(1, 2, 7, 8, 4)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 0], "ceil_mode": 1},
+    ),
+    "average_pool_nchwc_include_pad_dilated": (
+        "AveragePoolNCHWc",
+        [(2, 1, 9, 12, 8)],
+        {"kernel_shape": [2, 3], "dilations": [2, 1], "pads": [0, 1, 1, 2], "count_include_pad": 1},
+    ),
     "layout_transform_to_blocked": ("LayoutTransform", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NCHW4c"}),
+    "layout_transform_padded": ("LayoutTransform", [(1, 6, 3, 5)], {"src": "NCHW", "dst": "NCHW4c", "channels": 6}),
+    "layout_transform_cropped": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW", "channels": 7}),
     "layout_transform_to_plain": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW"}),
     "conv_transpose": (
         "ConvTranspose",
         [(1, 3, 4, 5), (3, 2, 3, 3), (2,)],
         {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+    ),
+    "conv_transpose_2x2_stride_2": ("ConvTranspose", [(1, 4, 3, 5), (4, 3, 2, 2), (3,)], {"strides": [2, 2]}),
+    "conv_transpose_4x4_stride_2_pads": (
+        "ConvTranspose",
+        [(2, 3, 4, 3), (3, 2, 4, 3)],
+        {"strides": [2, 3], "pads": [1, 0, 1, 2], "output_padding": [1, 0]},
+    ),
+    "conv_transpose_output_shape": (
+        "ConvTranspose",
+        [(1, 2, 3, 3), (2, 2, 3, 3)],
+        {"strides": [2, 2], "output_shape": [8, 8], "auto_pad": "SAME_LOWER"},
+    ),
+    "conv_transpose_nchwc_stride_2": (
+        "ConvTransposeNCHWc",
+        [(1, 2, 4, 5, 4), (2, 8, 3, 3, 4), (8,)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+    ),
+    "conv_transpose_nchwc_2x2_dilated": (
+        "ConvTransposeNCHWc",
+        [(1, 1, 3, 4, 8), (1, 8, 2, 2, 8)],
+        {"strides": [2, 1], "dilations": [1, 2]},
     ),
     "conv_transpose_groups": ("ConvTranspose", [(1, 4, 4, 4), (4, 1, 3, 3)], {"group": 2, "dilations": [2, 2]}),
     "gemm_bias": ("Gemm", [(3, 5), (5, 4), (4,)], {}),

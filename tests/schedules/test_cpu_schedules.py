@@ -318,6 +318,60 @@ def test_blocked_max_pool_keeps_a_register_tile_and_reads_its_padding_in_place(t
     assert "allocate pad" not in pool
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(target):
+    """31 columns (SqueezeNet after a ceil_mode pool): tiles of 11, 11 and 9 (limit 14; the only divisor below it
+    is 1), the tile loop partitioned so the full tiles test nothing and the tail's loops are 9 long (0.31 -> 0.08 ms
+    for a 16 -> 64 3x3 conv)."""
+    graph, feeds = conv_graph((1, 8, 3, 31), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
+    tile = 11 if target == "llvm" else 8  # wasm's limit is 8: 31 = 8 + 8 + 8 + 7
+    assert re.search(rf"allocate conv: float32\[1, \d+, 1, {tile}, \d+\] local", tir), tir
+    tail = 31 - tile * (31 // tile)
+    assert re.search(rf"for \(column(?:_\d+)?: int32, 0, {tail}\) unrolled", tir), tir
+    assert re.search(rf"for \(column(?:_\d+)?: int32, 0, {tile}\) unrolled", tir), tir
+    assert not re.search(r"if \(column", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("width", [32, 31])
+def test_conversion_back_to_nchw_writes_rows_of_a_channel(target, width):
+    """NCHW[x]c -> NCHW: parallel over (batch, channel block, row), each channel of the block a vector loop over its
+    row's columns (a tail of 31 in its own partitioned piece), no division of a fused index per element."""
+    graph, feeds = conv_graph((1, 8, 3, width), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    kernels = check(then_pointwise_conv(graph), feeds, target, packed=True)
+    (tir,) = [kernel.source("tir") for kernel in kernels if "nchw[" in kernel.source("tir")]
+    assert re.search(r"for \(n\.c\.outer\.h\.fused: int32, 0, \d+\) parallel \{\n\s*for \(c\.inner: ", tir), tir
+    assert re.search(r"for \(w\.inner: int32, 0, \d+\) vectorized", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+        ("MaxPool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+        ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1}),
+        ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ],
+)
+def test_nchw_pool_pads_its_rows_in_its_task_and_keeps_a_register_tile(target, op, attrs):
+    """An NCHW pool: the padded rows an output row reads made inside its task, their interior columns copied
+    without a clamp; the taps unrolled around a vector tile of output columns (strided columns read as runs)."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 3, 13, 76), "float32"))
+    graph.outputs = graph.add_node(op, [x], attrs)
+    feeds = {"x": RNG.standard_normal((1, 3, 13, 76)).astype(np.float32)}
+    (kernel,) = check(graph, feeds, target)
+    tir = kernel.source("tir")
+    assert re.search(r"for \(r0: int32, 0, [23]\) unrolled", tir), tir
+    assert re.search(r"allocate (max_pool\.local|pool_sum): float32\[1, 1, 1, \d+\] local", tir), tir
+    if "pads" in attrs or attrs.get("ceil_mode"):
+        assert tir.index(") parallel {") < tir.index("allocate pad:"), tir
+        # the padded row's column vectors partitioned: the interior ones (after the first, with a left pad) test nothing
+        assert re.search(r"for \(ax3\.outer: int32, [01], \d+\) \{", tir), tir
+
+
 def test_blocked_conv_tile_knob():
     graph, feeds = conv_graph((1, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "bn_relu6", bias=False)
     config = {"tile_ow": 2}

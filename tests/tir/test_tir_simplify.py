@@ -139,11 +139,32 @@ def test_guard_proven_by_loop_ranges_is_removed():
 
 def test_guard_that_may_fail_is_kept_and_constant_if_picks_a_branch():
     out = Buffer("out", (10,), "float32")
-    i = Var("i")
-    kept = loop(i, 12, IfThen(i < 10, Store(out, i, te.const(1.0))))
-    assert "if (i < 10) {" in format_stmt(simplify(kept))
+    i, j = Var("i"), Var("j")
+    kept = loop(j, 3, loop(i, 8, IfThen(i + j < 9, Store(out, i, te.const(1.0)))))
+    assert "if ((i + j) < 9) {" in format_stmt(simplify(kept))
     chosen = IfThen(te.const(1) > 2, Store(out, te.const(0), te.const(1.0)), Store(out, te.const(1), te.const(2.0)))
     assert format_stmt(simplify(chosen)) == "out[1] = 2.0f"
+
+
+def test_a_bound_on_the_loop_variable_shortens_the_loop_and_other_tests_move_out():
+    """A tail tile's guards: `column < 3` inside the unrolled column loop's vector loop becomes a loop of 3."""
+    out = Buffer("out", (4, 10, 16), "float32")
+    row, column, lane, rows = Var("row"), Var("column"), Var("lane"), Var("rows")
+    store = Store(out, row * 160 + column * 16 + lane, te.const(1.0))
+    guarded = IfThen(te.all(column < 3, row < rows), store)
+    stmt = loop(row, 4, loop(column, 14, loop(lane, 16, guarded)))
+    assert format_stmt(simplify(stmt)) == (
+        "for (row: int32, 0, 4) {\n"
+        "  if ((row - rows) < 0) {\n"
+        "    for (column: int32, 0, 3) {\n"
+        "      for (lane: int32, 0, 16) {\n"
+        "        out[(row*160) + (column*16) + lane] = 1.0f\n"
+        "      }\n"
+        "    }\n"
+        "  }\n"
+        "}"
+    )
+    assert format_stmt(simplify(loop(column, 4, IfThen(column < 0, store)))) == ""
 
 
 def test_loops_of_extent_one_disappear_and_empty_statements_vanish():

@@ -253,38 +253,51 @@ def _blocked_layout(op: str, text: str) -> int:
 
 
 def block_channels(x: np.ndarray, block: int) -> np.ndarray:
-    """NCHW -> NCHW[block]c."""
+    """NCHW -> NCHW[block]c, channels past the last whole block padded with zeros."""
     batch, channels, *spatial = x.shape
-    return np.ascontiguousarray(np.moveaxis(x.reshape(batch, channels // block, block, *spatial), 2, -1))
+    padded = -(-channels // block) * block
+    if padded != channels:
+        x = np.pad(x, [(0, 0), (0, padded - channels), *[(0, 0)] * len(spatial)])
+    return np.ascontiguousarray(np.moveaxis(x.reshape(batch, padded // block, block, *spatial), 2, -1))
 
 
-def unblock_channels(x: np.ndarray) -> np.ndarray:
-    """NCHW[x]c -> NCHW."""
-    return np.ascontiguousarray(np.moveaxis(x, -1, 2)).reshape(x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:-1])
+def unblock_channels(x: np.ndarray, channels: int | None = None) -> np.ndarray:
+    """NCHW[x]c -> NCHW, keeping the first `channels` (all when None)."""
+    plain = np.moveaxis(x, -1, 2).reshape(x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:-1])
+    return np.ascontiguousarray(plain if channels is None else plain[:, :channels])
 
 
 def _infer_layout_transform(types, attrs):
+    """`channels` (optional) is the NCHW side's channel count when it is not whole blocks: the blocked side holds
+    it padded with zeros to the next whole block."""
     (x,) = _inputs("LayoutTransform", types, 1, 1)
     source = _blocked_layout("LayoutTransform", str(attrs.get("src", "")))
     target = _blocked_layout("LayoutTransform", str(attrs.get("dst", "")))
+    channels = attrs.get("channels")
     if (source == 0) == (target == 0):
         raise ShapeError(
             f"LayoutTransform goes from NCHW to NCHW<x>c or back, got src={attrs.get('src')!r} dst={attrs.get('dst')!r}"
         )
     if source == 0:
-        if len(x.shape) != 4 or x.shape[1] % target:
-            raise ShapeError(f"LayoutTransform to NCHW{target}c needs (N, C, H, W) with C divisible by {target}")
-        return [TensorType((x.shape[0], x.shape[1] // target, *x.shape[2:], target), x.dtype)]
+        if len(x.shape) != 4 or (x.shape[1] % target and channels != x.shape[1]):
+            raise ShapeError(
+                f"LayoutTransform to NCHW{target}c needs (N, C, H, W) with C divisible by {target}, or the "
+                "channels attribute equal to C to pad it"
+            )
+        return [TensorType((x.shape[0], -(-x.shape[1] // target), *x.shape[2:], target), x.dtype)]
     if len(x.shape) != 5 or x.shape[-1] != source:
         raise ShapeError(
             f"LayoutTransform from NCHW{source}c needs (N, C/{source}, H, W, {source}), got {list(x.shape)}"
         )
-    return [TensorType((x.shape[0], x.shape[1] * source, *x.shape[2:4]), x.dtype)]
+    whole = x.shape[1] * source
+    if channels is not None and not whole - source < int(channels) <= whole:
+        raise ShapeError(f"LayoutTransform channels={channels} must lie in the last block of {list(x.shape)}")
+    return [TensorType((x.shape[0], whole if channels is None else int(channels), *x.shape[2:4]), x.dtype)]
 
 
-def _layout_transform(x, *, src, dst, **_):
+def _layout_transform(x, *, src, dst, channels=None, **_):
     target = _blocked_layout("LayoutTransform", dst)
-    return block_channels(x, target) if target else unblock_channels(x)
+    return block_channels(x, target) if target else unblock_channels(x, channels)
 
 
 register_op("LayoutTransform", infer=_infer_layout_transform, pattern=Pattern.INJECTIVE, reference=_layout_transform)
@@ -297,7 +310,8 @@ def unpack_weight(packed_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[TensorType, TensorType]:
     """The NCHW input and OIHW weight types a ConvNCHWc stands for; ShapeError unless it is a 2-D conv with
-    group 1, or a depthwise one (group = channels = filters) whose input and filter blocks agree."""
+    group 1, a depthwise one (group = channels = filters) whose input and filter blocks agree, or one whose groups
+    hold whole blocks of input channels and of filters."""
     if len(x.shape) != 5 or len(w.shape) != 5:
         raise ShapeError(
             f"ConvNCHWc needs an NCHW[x]c input and a packed (M/x, C/group, kh, kw, x) weight, "
@@ -307,10 +321,11 @@ def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> t
     plain_w = TensorType(unpack_weight(w.shape), w.dtype)
     group = int(attrs.get("group", 1))
     depthwise = group == plain_x.shape[1] == plain_w.shape[0] and x.shape[-1] == w.shape[-1]
-    if group != 1 and not depthwise:
+    whole_blocks = x.shape[1] % group == 0 and w.shape[0] % group == 0
+    if group != 1 and not depthwise and not whole_blocks:
         raise ShapeError(
-            f"ConvNCHWc with group={group} must be depthwise (group = channels = filters, one block size); "
-            f"input {list(x.shape)}, weight {list(w.shape)}"
+            f"ConvNCHWc with group={group} must be depthwise (group = channels = filters, one block size) or have "
+            f"whole blocks of channels and filters per group; input {list(x.shape)}, weight {list(w.shape)}"
         )
     return plain_x, plain_w
 
@@ -436,6 +451,51 @@ def _conv_transpose(x, w, bias=None, *, group=1, **attrs):
 
 
 register_op("ConvTranspose", infer=_infer_conv_transpose, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_transpose)
+
+
+def pack_transposed_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """A group-1 ConvTranspose weight (C, M, kernel...) -> (M / block, C, kernel..., block)."""
+    channels, filters, *kernel = weight.shape
+    blocked = weight.reshape(channels, filters // block, block, *kernel)
+    return np.ascontiguousarray(np.moveaxis(np.moveaxis(blocked, 1, 0), 2, -1))
+
+
+def _unpack_transposed_weight(w: np.ndarray) -> np.ndarray:
+    return np.moveaxis(np.moveaxis(w, -1, 1), 2, 0).reshape(w.shape[1], w.shape[0] * w.shape[-1], *w.shape[2:-1])
+
+
+def blocked_transposed_types(x: TensorType, w: TensorType) -> tuple[TensorType, TensorType]:
+    """The NCHW input and (C, M, kh, kw) weight types a ConvTransposeNCHWc stands for."""
+    if len(x.shape) != 5 or len(w.shape) != 5 or w.shape[1] != x.shape[1] * x.shape[-1]:
+        raise ShapeError(
+            "ConvTransposeNCHWc needs an NCHW[x]c input and a packed (M/x, C, kh, kw, x) weight of its C, "
+            f"got {list(x.shape)} and {list(w.shape)}"
+        )
+    plain_x = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
+    return plain_x, TensorType((w.shape[1], w.shape[0] * w.shape[-1], *w.shape[2:4]), w.dtype)
+
+
+def _infer_conv_transpose_nchwc(types, attrs):
+    x, w, bias = _inputs("ConvTransposeNCHWc", types, 2, 3)
+    if int(attrs.get("group", 1)) != 1:
+        raise ShapeError("ConvTransposeNCHWc has group 1 only")
+    (plain,) = _infer_conv_transpose([*blocked_transposed_types(x, w), bias], attrs)
+    block = w.shape[-1]
+    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+
+def _conv_transpose_nchwc(x, w, bias=None, **attrs):
+    plain = _conv_transpose(unblock_channels(x), _unpack_transposed_weight(w), bias, **attrs)
+    return block_channels(plain, w.shape[-1])
+
+
+# a group-1 ConvTranspose in NCHW[x]c over a weight packed as (M / x, C, kh, kw, x), made by alter_layout
+register_op(
+    "ConvTransposeNCHWc",
+    infer=_infer_conv_transpose_nchwc,
+    pattern=Pattern.OUT_EWISE_FUSABLE,
+    reference=_conv_transpose_nchwc,
+)
 
 
 # -- Gemm and MatMul ------------------------------------------------------------------------------------------------
@@ -806,20 +866,25 @@ def _plain_of_blocked(op: str, x: TensorType) -> TensorType:
     return TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
 
 
-def _infer_max_pool_nchwc(types, attrs):
-    (x,) = _inputs("MaxPoolNCHWc", types, 1, 1)
-    _single_output("MaxPoolNCHWc", attrs)
-    (plain,) = _infer_max_pool([_plain_of_blocked("MaxPoolNCHWc", x)], attrs)
-    block = x.shape[-1]
-    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+def _register_blocked_pool(op: str, infer_plain, reference_plain) -> None:
+    """`op`NCHWc: the pool `op` (its values only) over the spatial axes of an NCHW[x]c tensor, made by the
+    alter_layout pass between blocked convolutions."""
+    name = f"{op}NCHWc"
+
+    def infer(types, attrs):
+        (x,) = _inputs(name, types, 1, 1)
+        _single_output(name, attrs)
+        (plain,) = infer_plain([_plain_of_blocked(name, x)], attrs)
+        block = x.shape[-1]
+        return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+    def reference(x, **attrs):
+        return block_channels(reference_plain(unblock_channels(x), **attrs), x.shape[-1])
+
+    register_op(name, infer=infer, pattern=Pattern.OUT_EWISE_FUSABLE, reference=reference)
 
 
-def _max_pool_nchwc(x, **attrs):
-    return block_channels(_max_pool(unblock_channels(x), **attrs), x.shape[-1])
-
-
-# MaxPool (its values only) in NCHW[x]c, made by the alter_layout pass between blocked convolutions
-register_op("MaxPoolNCHWc", infer=_infer_max_pool_nchwc, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_max_pool_nchwc)
+_register_blocked_pool("MaxPool", _infer_max_pool, _max_pool)
 
 
 def _infer_average_pool(types, attrs):
@@ -857,6 +922,7 @@ def _average_pool(x, *, count_include_pad=0, **attrs):
 
 
 register_op("AveragePool", infer=_infer_average_pool, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_average_pool)
+_register_blocked_pool("AveragePool", _infer_average_pool, _average_pool)
 
 
 def _infer_global_pool(op: str):
@@ -996,6 +1062,9 @@ def _given(value) -> tuple | None:
     return values or None
 
 
+ASPECT_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
 def attr_string(attrs: dict[str, Any], name: str, default: str, allowed: tuple[str, ...], op: str = "Resize") -> str:
     value = attrs.get(name, default)
     value = value.decode() if isinstance(value, bytes) else str(value)
@@ -1021,7 +1090,7 @@ def resize_plan(shape: tuple[int, ...], attrs: dict[str, Any]) -> ResizePlan:
         for axis, size in zip(axes, sizes):
             output[axis] = int(size)
         factors = [output[a] / shape[a] if shape[a] else 1.0 for a in range(rank)]
-        policy = attr_string(attrs, "keep_aspect_ratio_policy", "stretch", ("stretch", "not_larger", "not_smaller"))
+        policy = attr_string(attrs, "keep_aspect_ratio_policy", "stretch", ASPECT_POLICIES)
         if policy != "stretch":
             chosen = (min if policy == "not_larger" else max)(factors[a] for a in axes)
             factors = [chosen if a in axes else 1.0 for a in range(rank)]
