@@ -197,6 +197,29 @@ def test_pointwise_conv_with_extents_no_tile_divides(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        # audio_conv1d's first conv at a fifth of its length: one input channel, a long kernel, stride 4
+        ((1, 1, 3200), (48, 1, 79), {"pads": [39, 39], "strides": [4]}),
+        ((1, 12, 45), (20, 12, 3), {"pads": [2, 2], "dilations": [2]}),
+        ((2, 8, 37), (16, 8, 3), {"pads": [1, 1], "strides": [2]}),
+        ((1, 8, 30), (12, 4, 5), {"pads": [2, 2], "group": 2}),
+    ],
+)
+def test_conv1d_is_register_blocked_with_a_vector_tail(target, x_shape, w_shape, attrs):
+    """A 1-D conv gets the tile_oc x tile_ow register tile; an output length no vector tile divides ends in a
+    shorter vector loop, not a guard in the vector body."""
+    graph, feeds = conv_graph(x_shape, w_shape, attrs, "bn_relu6")
+    tir = anchor_kernel(check(graph, feeds, target))
+    assert_tile_epilogue(tir, "conv")
+    updates = conv_updates(tir)
+    tile_oc = fallback("conv1d", Target.parse(target))["tile_oc"]
+    assert any(f"(ax1: int32, 0, {divisor_at_most(w_shape[0], tile_oc)}) unrolled" in line for line in tir.splitlines())
+    assert updates and not re.search(r"vectorized \{\n\s*if", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_gemm_relu_is_register_blocked(target):
     graph = Graph()
     x = graph.add_input("x", TensorType((5, 24), "float32"))

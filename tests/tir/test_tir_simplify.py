@@ -165,6 +165,20 @@ def test_a_bound_on_the_loop_variable_shortens_the_loop_and_other_tests_move_out
         "}"
     )
     assert format_stmt(simplify(loop(column, 4, IfThen(column < 0, store)))) == ""
+@pytest.mark.parametrize("kind", [ForKind.SERIAL, ForKind.VECTORIZED])
+def test_loop_whose_whole_body_tests_its_end_runs_to_that_end(kind):
+    """A split's guarded tail tile: `for (i, 0, 16) if (i < 13)` becomes `for (i, 0, 13)`, so a vector loop stays
+    one vector body; a guard beyond the loop's end is dropped, one before its start drops the loop."""
+    out = Buffer("out", (16,), "float32")
+    i = Var("i")
+    word = "vectorized " if kind == ForKind.VECTORIZED else ""
+    tail = loop(i, 16, IfThen(i < 13, Store(out, i, te.const(1.0))), kind)
+    assert format_stmt(simplify(tail)) == f"for (i: int32, 0, 13) {word}{{\n  out[i] = 1.0f\n}}"
+    inclusive = loop(i, 16, IfThen(Compare("le", i, Const(4, "int32")), Store(out, i, te.const(1.0))), kind)
+    assert format_stmt(simplify(inclusive)).startswith("for (i: int32, 0, 5)")
+    assert format_stmt(simplify(loop(i, 16, IfThen(i < 0, Store(out, i, te.const(1.0)))))) == ""
+    with_else = loop(i, 16, IfThen(i < 13, Store(out, i, te.const(1.0)), Store(out, i, te.const(2.0))))
+    assert "if (i < 13) {" in format_stmt(simplify(with_else))
 
 
 def test_loops_of_extent_one_disappear_and_empty_statements_vanish():
