@@ -971,6 +971,34 @@ def _nearest(position, rounding: str, size: int):
     return _clamp(chosen.astype("int32"), 0, size - 1)
 
 
+def _integer_position(mode: str, target, size: int, output: int, scale: float, region):
+    """The input coordinate of output index `target` as (below, numerator, denominator), position = below +
+    numerator / denominator with 0 <= numerator < denominator, in int32 arithmetic: for an integer upscale
+    (output = size * k) under asymmetric or half-pixel coordinates, where it is exact; else None. Integer index math
+    vectorizes where _position's float64 floor per lane does not."""
+    factor = round(scale)
+    unchanged = region is None or (math.isclose(region[0], 0.0) and math.isclose(region[1], 1.0))
+    if factor < 1 or not math.isclose(scale, factor) or output != size * factor or not unchanged:
+        return None
+    if mode == "asymmetric":
+        return target // factor, target % factor, factor
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and output > 1):
+        # (t + 0.5) / k - 0.5 = (2t + 1 - k) / 2k
+        shifted = target * 2 + (1 - factor)
+        return shifted // (2 * factor), shifted % (2 * factor), 2 * factor
+    return None
+
+
+def _integer_nearest(below, numerator, denominator: int, rounding: str, size: int):
+    if rounding == "round_prefer_floor":
+        below = te.select(numerator * 2 > denominator, below + 1, below)
+    elif rounding == "round_prefer_ceil":
+        below = te.select(numerator * 2 >= denominator, below + 1, below)
+    elif rounding == "ceil":
+        below = te.select(numerator > 0, below + 1, below)
+    return _clamp(below, 0, size - 1)
+
+
 def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
     plan = resize_plan(tuple(x.shape), attrs)
     mode = attr_string(attrs, "mode", "nearest", RESIZE_MODES)
@@ -994,6 +1022,20 @@ def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
         outside = []
         per_axis = {}
         for axis, size, output, scale, region in resized:
+            exact = (
+                None if mode == "cubic" else _integer_position(coordinates, index[axis], size, output, scale, region)
+            )
+            if exact is not None:
+                below, numerator, denominator = exact
+                if mode == "nearest":
+                    per_axis[axis] = [(_integer_nearest(below, numerator, denominator, rounding, size), None)]
+                else:
+                    fraction = numerator.astype("float64") / float(denominator)
+                    per_axis[axis] = [
+                        (_clamp(below, 0, size - 1), 1.0 - fraction),
+                        (_clamp(below + 1, 0, size - 1), fraction),
+                    ]
+                continue
             position = _position(coordinates, index[axis], size, output, scale, region)
             if coordinates == "tf_crop_and_resize":
                 outside += [position < 0.0, position > float(size - 1)]

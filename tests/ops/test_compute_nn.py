@@ -213,6 +213,28 @@ CASES = {
         [(1, 2, 4, 5)],
         {"scales": [1, 1, 2, 1.5], "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
     ),
+    # integer upscales take exact int32 coordinates (one axis x3, the other x1.5 through float64)
+    "resize_nearest_integer_ceil": (
+        "Resize",
+        [(1, 2, 4, 5)],
+        {"scales": [1, 1, 3, 1.5], "nearest_mode": "round_prefer_ceil", "coordinate_transformation_mode": "asymmetric"},
+    ),
+    "resize_nearest_integer_half_pixel_ceil": (
+        "Resize",
+        [(1, 2, 3, 5)],
+        {"scales": [1, 1, 4, 2], "nearest_mode": "ceil"},
+    ),
+    "resize_linear_integer_half_pixel": ("Resize", [(1, 2, 4, 5)], {"scales": [1, 1, 2, 3], "mode": "linear"}),
+    "resize_linear_integer_pytorch": (
+        "Resize",
+        [(1, 2, 4, 5)],
+        {"scales": [1, 1, 3, 2], "mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+    ),
+    "resize_linear_integer_asymmetric": (
+        "Resize",
+        [(1, 2, 4, 5)],
+        {"scales": [1, 1, 2, 4], "mode": "linear", "coordinate_transformation_mode": "asymmetric"},
+    ),
     "resize_cubic": ("Resize", [(1, 2, 4, 5)], {"scales": [1, 1, 2, 1.5], "mode": "cubic"}),
     "resize_cubic_exclude_outside": (
         "Resize",
