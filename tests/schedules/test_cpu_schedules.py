@@ -249,6 +249,23 @@ def test_batched_matmul_is_register_blocked(target, a_shape, b_shape):
     assert ") vectorized {" in tir
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((1, 3, 11, 8), (1, 3, 8, 21)), ((2, 13, 16), (16, 77))])
+def test_matmul_whose_row_no_vector_divides_ends_in_one_shorter_vector(target, a_shape, b_shape):
+    """Attention at 77 tokens: the column tiles are powers of two, serial inside the parallel loop over rows and
+    partitioned, so only the last tile is shorter, and it is still one vector loop, not a guard per lane."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType(a_shape, "float32"))
+    b = graph.add_input("b", TensorType(b_shape, "float32"))
+    graph.outputs = list(graph.add_node("MatMul", [a, b]))
+    feeds = {"a": RNG.standard_normal(a_shape).astype(np.float32), "b": RNG.standard_normal(b_shape).astype(np.float32)}
+    tir = anchor_kernel(check(graph, feeds, target))
+    width = Target.parse(target).vector_bytes // 4
+    tail = b_shape[-1] % width
+    assert re.search(rf"\(ax[\w.]*: int32, 0, {tail}\) vectorized", tir), tir
+    assert not re.search(r"vectorized \{\n\s*if", tir), tir
+
+
 def blocked_conv_kernel(kernels) -> str:
     """The loop IR of the first kernel that computes an NCHW[x]c convolution."""
     return next(source for source in (kernel.source("tir") for kernel in kernels) if "allocate conv:" in source)
