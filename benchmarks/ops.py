@@ -82,6 +82,30 @@ def cases() -> dict:
             {"q": [1, HEADS, TOKENS, 64], "k": [1, HEADS, 64, TOKENS]},
             {"y": ATTENTION},
         ),
+        # the zoo's ragged and strided kernels: audio_conv1d's first conv, unet_small's upsampling, vit_tiny's scores
+        "conv1d 1->48 k79 s4 16000": _model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], strides=[4], pads=[39, 39])],
+            {"x": [1, 1, 16000]},
+            {"y": [1, 48, 4000]},
+            {"w": _weight(48, 1, 79)},
+        ),
+        "conv_transpose 64->32 2x2 s2 24x24": _model(
+            [helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+            {"x": [1, 64, 24, 24]},
+            {"y": [1, 32, 48, 48]},
+            {"w": _weight(64, 32, 2, 2)},
+        ),
+        "resize linear 2x 32x48x48": _model(
+            [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
+            {"x": [1, 32, 48, 48]},
+            {"y": [1, 32, 96, 96]},
+            {"scales": np.array([1, 1, 2, 2], np.float32)},
+        ),
+        "attention scores 3x77x64 @ 3x64x77": _model(
+            [helper.make_node("MatMul", ["q", "k"], ["y"])],
+            {"q": [1, 3, 77, 64], "k": [1, 3, 64, 77]},
+            {"y": [1, 3, 77, 77]},
+        ),
         "reduce_mean last axis 12x128x128": _model(
             [helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1])], {"x": ATTENTION}, {"y": [*ATTENTION[:-1], 1]}
         ),
