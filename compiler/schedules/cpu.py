@@ -20,7 +20,8 @@ from compiler.te.tensor import STASH, ComputeOp, TensorLoad, walk
 from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every tuning task's key: bump it when a template's knobs change meaning, so older records stop applying.
-SPACE_VERSION = 1
+# 2: a MatMul whose columns no vector divides splits them by powers of two and has no tile_order
+SPACE_VERSION = 2
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is

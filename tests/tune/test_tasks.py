@@ -12,6 +12,7 @@ from compiler.build import compile_model, group_key
 from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, TensorType
 from compiler.passes.pipeline import optimize
+from compiler.schedules.cpu import SPACE_VERSION
 from compiler.target import Target
 from compiler.tune.space import TuningWarning
 from compiler.tune.task import extract_tasks, task_of
@@ -83,7 +84,7 @@ def test_equal_workloads_share_a_key_whatever_the_weights():
     first, second = key(conv({"pads": [1, 1, 1, 1]})), key(conv({"pads": [1, 1, 1, 1]}))
     assert first == second
     task = json.loads(first)
-    assert task["space_version"] == 1 and task["template"]
+    assert task["space_version"] == SPACE_VERSION and task["template"]
     assert [member["op"] for member in task["workload"]["ops"]] == ["Conv"]
     assert task["workload"]["ops"][0]["attrs"]["pads"] == [1, 1, 1, 1]
 
