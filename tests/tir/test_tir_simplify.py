@@ -165,6 +165,8 @@ def test_a_bound_on_the_loop_variable_shortens_the_loop_and_other_tests_move_out
         "}"
     )
     assert format_stmt(simplify(loop(column, 4, IfThen(column < 0, store)))) == ""
+
+
 @pytest.mark.parametrize("kind", [ForKind.SERIAL, ForKind.VECTORIZED])
 def test_loop_whose_whole_body_tests_its_end_runs_to_that_end(kind):
     """A split's guarded tail tile: `for (i, 0, 16) if (i < 13)` becomes `for (i, 0, 13)`, so a vector loop stays
