@@ -286,8 +286,10 @@ def _agree(got: np.ndarray, expected: np.ndarray, wild_weights: bool) -> bool:
     elif not np.array_equal(got[~compared], expected[~compared], equal_nan=True):
         return False  # elsewhere inf and nan must be exactly where onnxruntime has them
     scale = float(np.abs(expected[compared]).max(initial=0.0))
-    # a sum of many products differs from onnxruntime's by rounding in proportion to its largest terms
-    return bool(np.allclose(got[compared], expected[compared], rtol=1e-4, atol=1e-5 * (1.0 + scale)))
+    # Damaged models are often ill-conditioned (a Div by a matmul that cancels to near zero turns float32 rounding
+    # into 1e-4 relative), so the bound is ten times the zoo's: a wrong op, element or index misses it by far more,
+    # and the zoo and node tests hold the last digits on well-conditioned models.
+    return bool(np.allclose(got[compared], expected[compared], rtol=1e-3, atol=1e-4 * (1.0 + scale)))
 
 
 def judge(data: bytes, compiled: bool, seed: int) -> str:
