@@ -250,8 +250,6 @@ def check_declared_output(info: onnx.ValueInfoProto, dtype: str) -> None:
 
 
 # -- nodes against their schemas --------------------------------------------------------------------------------
-
-
 # The messages below name no node: the importer prefixes each with the node it was checking.
 
 
@@ -294,8 +292,8 @@ def check_node(node: onnx.NodeProto, schema: defs.OpSchema) -> None:
             raise ModelError(f"attribute {attribute.name!r} has no type; export the model again")
         if kind != int(declared.type):
             raise ModelError(
-                f"attribute {attribute.name!r} is a {_type_name(kind)}, but {node.op_type} takes a "
-                f"{_type_name(int(declared.type))}"
+                f"attribute {attribute.name!r} is of type {_type_name(kind)}, but {node.op_type} takes "
+                f"{_type_name(int(declared.type))} there"
             )
         if attribute.name in FLAG_ATTRIBUTES and kind == AttributeProto.INT and attribute.i not in (0, 1):
             raise ModelError(f"attribute {attribute.name!r} is {attribute.i}; it is a flag, 0 or 1")

@@ -98,7 +98,9 @@ def test_a_tensor_attribute_where_ints_are_expected_names_the_attribute():
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=pads)
     weight = numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")
     model = _model([node], [_tensor("x", [1, 1, 5, 5])], [_tensor("y", [1, 1, 5, 5])], [weight])
-    with pytest.raises(ModelError, match=r"node conv \(Conv\): attribute 'pads' is a TENSOR, but Conv takes a INTS"):
+    with pytest.raises(
+        ModelError, match=r"node conv \(Conv\): attribute 'pads' is of type TENSOR, but Conv takes INTS there"
+    ):
         load_onnx(model)
 
 

@@ -31,6 +31,10 @@ GOOD = ("error", "match")
 CASE_SECONDS = 20
 COMPILED_CASE_SECONDS = 240
 onnxruntime.set_default_logger_severity(4)  # refusals are expected here, and judged; their log lines are noise
+# The oracle is the model as written: onnxruntime's own fusions do not check what a damaged model breaks (its
+# LayerNormFusion refuses a Mul that ONNX broadcasting allows).
+_ONNXRUNTIME_OPTIONS = onnxruntime.SessionOptions()
+_ONNXRUNTIME_OPTIONS.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
@@ -282,8 +286,10 @@ def _agree(got: np.ndarray, expected: np.ndarray, wild_weights: bool) -> bool:
     elif not np.array_equal(got[~compared], expected[~compared], equal_nan=True):
         return False  # elsewhere inf and nan must be exactly where onnxruntime has them
     scale = float(np.abs(expected[compared]).max(initial=0.0))
-    # a sum of many products differs from onnxruntime's by rounding in proportion to its largest terms
-    return bool(np.allclose(got[compared], expected[compared], rtol=1e-4, atol=1e-5 * (1.0 + scale)))
+    # Damaged models are often ill-conditioned (a Div by a matmul that cancels to near zero turns float32 rounding
+    # into 1e-4 relative), so the bound is ten times the zoo's: a wrong op, element or index misses it by far more,
+    # and the zoo and node tests hold the last digits on well-conditioned models.
+    return bool(np.allclose(got[compared], expected[compared], rtol=1e-3, atol=1e-4 * (1.0 + scale)))
 
 
 def judge(data: bytes, compiled: bool, seed: int) -> str:
@@ -298,7 +304,7 @@ def judge(data: bytes, compiled: bool, seed: int) -> str:
     rng = np.random.default_rng(seed)
     feeds = _feeds(graph, rng)
     try:
-        session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(data, _ONNXRUNTIME_OPTIONS, providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     except Exception:  # noqa: BLE001 (any refusal of onnxruntime's)
         return "onnxruntime refuses a model Tessel accepts"
