@@ -189,18 +189,15 @@ def _fold_into(offset: Expr, dim: int, mode: str) -> Expr:
 set_compute("Pad", _pad)
 
 
-def _wrapped(index: Expr, dim: int) -> Expr:
-    """A runtime index with negatives counted from the end, as ONNX's Gather reads them."""
-    index = index.astype("int32") if index.dtype != "int32" else index
-    return te.select(index < 0, index + dim, index)
-
-
-def _guarded(data: te.Tensor, source: list[Expr], axis: int, dim: int) -> Expr:
-    """A read at a data-dependent index on `axis`: out-of-range indices give zero instead of reading past
-    the buffer."""
-    checked = source[axis]
-    source = [*source[:axis], clamp(checked, 0, dim - 1), *source[axis + 1 :]]
-    return te.select(te.all(checked >= 0, checked < dim), data[tuple(source)], constant(0, data.dtype))
+def _checked(index: Expr, dim: int) -> Expr:
+    """A runtime index into an axis of `dim`, negatives counted from the end as ONNX reads them, checked in
+    the index's own width (an int64 2**32 + 1 must not wrap to 1) and narrowed once it is in range; one out
+    of range makes the run fail (te.index_check) and reads element 0 meanwhile."""
+    if index.dtype not in ("int32", "int64"):
+        index = index.astype("int64")
+    wrapped = te.select(index < 0, index + dim, index)
+    checked = te.index_check(wrapped, dim)
+    return checked if checked.dtype == "int32" else checked.astype("int32")
 
 
 def _gather(inputs, attrs, output_types):
@@ -209,9 +206,8 @@ def _gather(inputs, attrs, output_types):
     rank = len(indices.shape)
 
     def body(*index):
-        position = _wrapped(indices[tuple(index[axis : axis + rank])], data.shape[axis])
-        source = [*index[:axis], position, *index[axis + rank :]]
-        return _guarded(data, source, axis, data.shape[axis])
+        position = _checked(indices[tuple(index[axis : axis + rank])], data.shape[axis])
+        return data[(*index[:axis], position, *index[axis + rank :])]
 
     return [te.compute(output_types[0].shape, body, name="gather", tag=_TAG)]
 
@@ -224,10 +220,9 @@ def _gather_elements(inputs, attrs, output_types):
     axis = normalize_axis(attrs.get("axis", 0), len(data.shape), "GatherElements axis")
 
     def body(*index):
-        position = _wrapped(indices[index], data.shape[axis])
         source = list(index)
-        source[axis] = position
-        return _guarded(data, source, axis, data.shape[axis])
+        source[axis] = _checked(indices[index], data.shape[axis])
+        return data[tuple(source)]
 
     return [te.compute(output_types[0].shape, body, name="gather_elements", tag=_TAG)]
 

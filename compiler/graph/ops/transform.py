@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.errors import ModelError, ShapeError, UnsupportedOpError
+from compiler.errors import ModelError, RunError, ShapeError, UnsupportedOpError
 from compiler.graph.ir import DTYPES, TensorType
 from compiler.graph.ops.common import broadcast_shapes, normalize_axes, normalize_axis
 from compiler.graph.registry import Pattern, register_op
@@ -278,9 +278,19 @@ def _infer_gather(types, axis=0, **_):
     return [TensorType(data.shape[:axis] + indices.shape + data.shape[axis + 1 :], data.dtype)]
 
 
+def _in_range(indices: np.ndarray, dim: int, op: str) -> np.ndarray:
+    """`indices` with negatives counted from the end, after checking each lies in [-dim, dim) as onnxruntime
+    does (a compiled kernel's te.index_check makes the run fail the same way)."""
+    indices = indices.astype(np.int64)
+    outside = (indices < -dim) | (indices >= dim)
+    if outside.any():
+        raise RunError(f"{op} index {int(indices[outside][0])} is out of range for an axis of {dim} elements")
+    return np.where(indices < 0, indices + dim, indices)
+
+
 def _gather(data, indices, axis=0, **_):
     axis = normalize_axis(axis, data.ndim, "Gather axis")
-    return np.take(data, indices.astype(np.int64), axis=axis)
+    return np.take(data, _in_range(indices, data.shape[axis], "Gather"), axis=axis)
 
 
 _register("Gather", _infer_gather, _gather)
@@ -296,9 +306,7 @@ def _infer_gather_elements(types, axis=0, **_):
 
 def _gather_elements(data, indices, axis=0, **_):
     axis = normalize_axis(axis, data.ndim, "GatherElements axis")
-    indices = indices.astype(np.int64)
-    indices = np.where(indices < 0, indices + data.shape[axis], indices)
-    return np.take_along_axis(data, indices, axis=axis)
+    return np.take_along_axis(data, _in_range(indices, data.shape[axis], "GatherElements"), axis=axis)
 
 
 _register("GatherElements", _infer_gather_elements, _gather_elements)

@@ -1,0 +1,102 @@
+"""Data-dependent indices (Gather, GatherElements) are checked at run time: one out of range makes the run
+raise RunError naming the op, natively and in wasm, where onnxruntime raises INVALID_ARGUMENT (or FAIL);
+int64 indices are compared in 64 bits, so 2**40 and 2**32 + 1 do not wrap into range; negatives in range
+count from the end and match onnxruntime."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from compiler import compile_model
+from compiler.errors import RunError, UnsupportedOpError
+
+BAD = [5, 1000, -1000, 2**40, 2**32 + 1]
+GOOD = [0, 4, -1, -5]
+SHAPES = {"Gather": ([2], [2, 3]), "GatherElements": ([2, 3], [2, 3])}
+
+
+def _model(op: str, index_dtype=TensorProto.INT64) -> onnx.ModelProto:
+    index_shape, output_shape = SHAPES[op]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "i"], ["y"], axis=0)],
+        "index_check",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3]),
+            helper.make_tensor_value_info("i", index_dtype, index_shape),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module", params=[(op, target) for op in SHAPES for target in ("llvm", "wasm")], ids=str)
+def compiled(request):
+    op, target = request.param
+    model = _model(op)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return op, compile_model(model, target), session
+
+
+def _feeds(op: str, last: int, dtype=np.int64) -> dict:
+    indices = np.zeros(SHAPES[op][0], dtype)
+    indices.flat[-1] = last
+    indices.flat[0] = 2
+    return {"x": np.arange(15, dtype=np.float32).reshape(5, 3), "i": indices}
+
+
+@pytest.mark.parametrize("index", BAD)
+def test_out_of_range_index_raises_like_onnxruntime(compiled, index):
+    op, module, session = compiled
+    feeds = _feeds(op, index)
+    with pytest.raises(Exception, match="INVALID_ARGUMENT|Out of range|out of data bounds"):
+        session.run(None, feeds)
+    with pytest.raises(RunError, match=f"index is out of range in {op} \\(group"):
+        module.run(feeds)
+
+
+def test_in_range_indices_match_onnxruntime_after_a_failure(compiled):
+    op, module, session = compiled
+    with pytest.raises(RunError):
+        module.run(_feeds(op, 2**32 + 1))
+    for index in GOOD:
+        feeds = _feeds(op, index)
+        np.testing.assert_array_equal(module.run(feeds)["y"], session.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_int32_indices_are_checked(target):
+    module = compile_model(_model("Gather", TensorProto.INT32), target)
+    with pytest.raises(RunError):
+        module.run(_feeds("Gather", -6, np.int32))
+    assert module.run(_feeds("Gather", -5, np.int32))["y"].tolist()[1] == [0.0, 1.0, 2.0]
+
+
+def test_constant_out_of_range_indices_are_refused_while_folding():
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["c", "i"], ["g"]), helper.make_node("Add", ["g", "x"], ["y"])],
+        "folded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [
+            helper.make_tensor("c", TensorProto.FLOAT, [5, 3], np.arange(15, dtype=np.float32)),
+            helper.make_tensor("i", TensorProto.INT64, [2], [0, 2**32 + 1]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(RunError, match="Gather index 4294967297 is out of range for an axis of 5"):
+        compile_model(model, "llvm")
+
+
+@pytest.mark.parametrize("op", ["GatherND", "ScatterND", "OneHot"])
+def test_ops_without_index_checks_are_refused(op):
+    inputs = {"GatherND": ["x", "i"], "ScatterND": ["x", "i", "u"], "OneHot": ["i", "d", "v"]}[op]
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"])],
+        "unsupported",
+        [helper.make_tensor_value_info(name, TensorProto.INT64, [2, 1]) for name in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+    )
+    with pytest.raises(UnsupportedOpError, match=op):
+        compile_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "llvm")
