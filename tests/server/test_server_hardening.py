@@ -1,0 +1,165 @@
+"""The service as a hostile client meets it: an upload that folds into a huge constant is imported in a
+process of its own (the server's memory stays put, the client gets a 4xx), an encoded NUL in a page path,
+requests uvicorn cannot parse (answered with JSON, checked over a raw socket against a real uvicorn), the
+zoo's demo links, and a non-editable install that serves the pages."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from onnx import TensorProto, helper
+from server_helpers import assert_isolated, upload
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 2**20
+
+
+def folds_into(elements: int) -> bytes:
+    """139 bytes of ONNX whose import computes a float32 constant of `elements` (ConstantOfShape)."""
+    nodes = [
+        helper.make_node("ConstantOfShape", ["s"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+        helper.make_node("Add", ["x", "c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "huge",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])],
+        [helper.make_tensor("s", TensorProto.INT64, [1], [elements])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as stream:
+        return int(stream.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_hostile_upload_cannot_grow_the_server(serve):
+    client = serve(import_memory_bytes=256 * MiB)
+    before, peak, done = _resident_bytes(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _resident_bytes())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        response = upload(client, folds_into(2**28))  # a 1 GiB constant
+    finally:
+        done.set()
+        sampler.join()
+    # 413 from the import's memory limit; a folding limit in the importer may refuse it first (422)
+    assert response.status_code in (413, 422), response.text
+    assert_isolated(response)
+    assert peak[0] - before < 64 * MiB, f"the server grew by {(peak[0] - before) / MiB:.0f} MiB"
+    # the same limits let an ordinary model through
+    assert upload(client, folds_into(1024)).status_code == 202
+
+
+def test_an_encoded_nul_in_a_page_path_is_a_404(serve):
+    client = serve()
+    for path in ("/static/index.html%00.js", "/runtime/tessel.js%00", "/static/%0a"):
+        response = client.get(path)
+        assert response.status_code == 404 and "error" in response.json(), (path, response.text)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def uvicorn_server(tmp_path_factory):
+    """`tessel serve`'s own uvicorn set-up on 127.0.0.1, stopped when the module's tests end."""
+    port = _free_port()
+    store = tmp_path_factory.mktemp("uvicorn") / "var"
+    script = f"from server.app import serve; serve('127.0.0.1', {port}, {str(store)!r}, max_workers=1)"
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        process.kill()
+        pytest.fail(f"uvicorn did not start: {process.stderr.read().decode()[-2000:]}")
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def raw_request(port: int, request: bytes, timeout: float = 10.0) -> tuple[int, dict, bytes]:
+    """Send `request` as is and read the answer until the server closes or `timeout` passes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as connection:
+        connection.sendall(request)
+        connection.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines if ": " in line)
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-1", b"1e3", b"12, 13", b" "])
+def test_a_malformed_content_length_gets_a_json_400(uvicorn_server, length):
+    request = b"POST /api/compile HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\nhello"
+    status, headers, body = raw_request(uvicorn_server, request)
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert "not valid HTTP/1.1" in json.loads(body)["error"]
+    assert headers["cross-origin-opener-policy"] == "same-origin"
+
+
+def test_a_huge_content_length_is_refused_before_its_body(uvicorn_server):
+    request = b"POST /api/compile HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n"
+    status, headers, body = raw_request(uvicorn_server, request)
+    assert status == 413 and "limit" in json.loads(body)["error"]
+
+
+def test_a_garbage_request_line_gets_a_json_400(uvicorn_server):
+    status, headers, body = raw_request(uvicorn_server, b"\x00\x01\x02 / HTTP/1.1\r\n\r\n")
+    assert status == 400 and "error" in json.loads(body)
+
+
+def test_a_non_editable_install_serves_the_pages(tmp_path):
+    """`pip install --no-deps --target` of a copy of the project (its dependencies come from this interpreter's
+    site-packages), then the installed package, not this checkout, serves the pages."""
+    source = tmp_path / "source"
+    for name in ("compiler", "server", "static", "web_runtime"):
+        shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    target = tmp_path / "site"
+    install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(source)]
+    done = subprocess.run(install, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check = (
+        "import server, sys\n"
+        f"assert server.__file__.startswith({str(target)!r}), server.__file__\n"
+        "from starlette.testclient import TestClient\n"
+        "from server.app import create_app\n"
+        f"with TestClient(create_app({str(tmp_path / 'var')!r}, max_workers=1)) as client:\n"
+        "    for path in ('/', '/static/index.html', '/runtime/tessel.js', '/static/demo.js'):\n"
+        "        response = client.get(path)\n"
+        "        assert response.status_code == 200, (path, response.status_code)\n"
+        "print('served')\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(target)}
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", check], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr[-3000:]
