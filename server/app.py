@@ -185,7 +185,7 @@ async def compile_model_route(request: Request) -> Response:
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            return error(400, "attach the ONNX model as the form field 'file'")
+            return error(400, "attach the ONNX model, or a zip of it and its data files, as the form field 'file'")
         if (upload.size or 0) > limit:
             return _too_large(limit)
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from compiler.build import COMPILER_VERSION
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
 from server.store import Store
+from server.uploads import opened_model
 
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 FINISHED = (DONE, FAILED)
@@ -124,6 +125,7 @@ class CompileTask:
     model_path: str
     builds: tuple[tuple[str, str], ...]
     input_shapes: dict[str, list[int]]
+    max_extracted_bytes: int
 
 
 def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
@@ -147,30 +149,29 @@ def _compile(task: CompileTask, send) -> dict:
 
     store = Store(task.store_root)
     shapes = {name: tuple(shape) for name, shape in task.input_shapes.items()} or None
-    # Bytes, not the path, for the reason _import_main gives.
-    model = Path(task.model_path).read_bytes()
-    bundles = {}
-    for position, (target, bundle_id) in enumerate(task.builds):
-        if store.has_bundle(bundle_id):
-            send(("log", f"{target}: bundle {bundle_id[:12]} already stored, reused"))
-            bundles[target] = bundle_summary(store, bundle_id, reused=True)
-            continue
+    with opened_model(Path(task.model_path), task.max_extracted_bytes) as model:
+        bundles = {}
+        for position, (target, bundle_id) in enumerate(task.builds):
+            if store.has_bundle(bundle_id):
+                send(("log", f"{target}: bundle {bundle_id[:12]} already stored, reused"))
+                bundles[target] = bundle_summary(store, bundle_id, reused=True)
+                continue
 
-        def progress(step: str, fraction: float, target=target, position=position) -> None:
-            send(("progress", (position + fraction) / len(task.builds), f"{target}: {step}"))
+            def progress(step: str, fraction: float, target=target, position=position) -> None:
+                send(("progress", (position + fraction) / len(task.builds), f"{target}: {step}"))
 
-        started = time.perf_counter()
-        module = compile_model(model, target=target, input_shapes=shapes, progress=progress)
-        seconds = time.perf_counter() - started
-        staging = store.new_staging_dir()
-        module.export(staging / "bundle")
-        info = {"target": target, "compile_seconds": round(seconds, 3), "compiled": time.time()}
-        (staging / "bundle" / "build.json").write_text(json.dumps(info) + "\n")
-        store.install_bundle(staging / "bundle", bundle_id)
-        shutil.rmtree(staging, ignore_errors=True)
-        send(("log", f"{target}: compiled in {seconds:.2f} s into bundle {bundle_id[:12]}"))
-        bundles[target] = {**bundle_summary(store, bundle_id, reused=False), "compile_seconds": round(seconds, 3)}
-    return bundles
+            started = time.perf_counter()
+            module = compile_model(model, target=target, input_shapes=shapes, progress=progress)
+            seconds = time.perf_counter() - started
+            staging = store.new_staging_dir()
+            module.export(staging / "bundle")
+            info = {"target": target, "compile_seconds": round(seconds, 3), "compiled": time.time()}
+            (staging / "bundle" / "build.json").write_text(json.dumps(info) + "\n")
+            store.install_bundle(staging / "bundle", bundle_id)
+            shutil.rmtree(staging, ignore_errors=True)
+            send(("log", f"{target}: compiled in {seconds:.2f} s into bundle {bundle_id[:12]}"))
+            bundles[target] = {**bundle_summary(store, bundle_id, reused=False), "compile_seconds": round(seconds, 3)}
+        return bundles
 
 
 def _worker_main(connection) -> None:
@@ -214,17 +215,17 @@ def _virtual_bytes() -> int:
 
 
 def _import_main(connection, model_path: str, input_shapes: dict, memory_bytes: int) -> None:
-    """Import the upload as the compiler will, with the address space capped `memory_bytes` above what the
-    process already maps, so a model that folds into a huge constant fails here with a MemoryError. The model
-    goes in as bytes, never as a path: messages then name no server path, and weights in external files
-    (which could name any file on the server) are refused."""
+    """Import the upload as the compiler will (uploads.opened_model), with the address space capped
+    `memory_bytes` above what the process already maps, so a model that folds into a huge constant fails here
+    with a MemoryError; `memory_bytes` also bounds what a zip may extract to."""
     from compiler.frontend.onnx import load_onnx
 
     limit = _virtual_bytes() + memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     shapes = {name: tuple(shape) for name, shape in input_shapes.items()} or None
     try:
-        load_onnx(Path(model_path).read_bytes(), input_shapes=shapes)
+        with opened_model(Path(model_path), memory_bytes) as model:
+            load_onnx(model, input_shapes=shapes)
         reply = None
     except TesselError as error:
         reply = error_body(error)
@@ -475,7 +476,11 @@ class JobQueue:
 
     async def _run(self, job: Job) -> None:
         task = CompileTask(
-            str(self.store.root), str(self.store.upload_path(job.id)), tuple(job.builds.items()), job.input_shapes
+            str(self.store.root),
+            str(self.store.upload_path(job.id)),
+            tuple(job.builds.items()),
+            job.input_shapes,
+            self.import_memory_bytes,
         )
         started = time.perf_counter()
         worker: Worker | None = None

@@ -3,19 +3,25 @@ process of its own (the server's memory stays put, the client gets a 4xx), an en
 requests uvicorn cannot parse (answered with JSON, checked over a raw socket against a real uvicorn), the
 zoo's demo links, and a non-editable install that serves the pages."""
 
+import io
 import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
+import onnx
 import pytest
 from onnx import TensorProto, helper
-from server_helpers import assert_isolated, upload
+from server_helpers import assert_isolated, upload, wait_finished
+
+from compiler import zoo
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
@@ -163,3 +169,108 @@ def test_a_non_editable_install_serves_the_pages(tmp_path):
         [sys.executable, "-P", "-c", check], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "served" in done.stdout, done.stderr[-3000:]
+
+
+# ---- zips of a model and its external data ------------------------------------------------------------
+
+
+def _zip(members: dict[str, bytes], links: tuple[str, ...] = ()) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+        for name in links:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            archive.writestr(info, "/etc/passwd")
+    return buffer.getvalue()
+
+
+def external_mlp(tmp_path: Path, location: str = "mlp.onnx.data") -> dict[str, bytes]:
+    """zoo's mlp saved as torch.onnx.export and onnx.save(save_as_external_data=True) write it: the weights in a
+    data file beside the model."""
+    folder = tmp_path / "external"
+    folder.mkdir(exist_ok=True)
+    onnx.save(
+        zoo.build_model("mlp"), folder / "mlp.onnx", save_as_external_data=True, location=location, size_threshold=0
+    )
+    return {path.name: path.read_bytes() for path in folder.iterdir()}
+
+
+def test_a_zip_of_a_model_and_its_external_data_compiles(serve, tmp_path):
+    client = serve()
+    members = external_mlp(tmp_path)
+    assert len(members["mlp.onnx"]) < 1000 < len(members["mlp.onnx.data"])
+    response = upload(client, _zip({f"model/{name}": data for name, data in members.items()}), "mlp.zip")
+    assert response.status_code == 202, response.text
+    job = wait_finished(client, response.json()["job"])
+    assert job["state"] == "done", job
+    bundle = job["result"]["bundles"]["wasm"]["id"]
+    inline = upload(client, zoo.build_model("mlp").SerializeToString())
+    inline_job = wait_finished(client, inline.json()["job"])
+    manifest = client.get(f"/bundles/{bundle}/manifest.json").json()
+    assert (
+        manifest["params"]["bytes"]
+        == client.get(f"/bundles/{inline_job['result']['bundles']['wasm']['id']}/manifest.json").json()["params"][
+            "bytes"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "members, links, message",
+    [
+        ({"../evil.onnx": b"x"}, (), "a path outside its own folder"),
+        ({"/abs/model.onnx": b"x"}, (), "a path outside its own folder"),
+        ({"model.onnx": b"x"}, ("mlp.onnx.data",), "as a symbolic link"),
+        (
+            {"a.onnx": b"x", "b.onnx": b"x"},
+            (),
+            "exactly one .onnx model beside its data files; it holds a.onnx, b.onnx",
+        ),
+        ({"weights.bin": b"x"}, (), "it holds none"),
+    ],
+    ids=["parent", "absolute", "link", "two-models", "no-model"],
+)
+def test_a_hostile_zip_is_one_clear_400(serve, members, links, message):
+    client = serve()
+    response = upload(client, _zip(members, links), "model.zip")
+    assert response.status_code == 400 and message in response.json()["error"], response.text
+
+
+@pytest.mark.parametrize(
+    "location, drop, message",
+    [
+        ("../../../etc/passwd", False, "outside the model's folder"),
+        ("mlp.onnx.data", True, "which the zip does not hold"),
+    ],
+    ids=["escaping", "missing"],
+)
+def test_external_data_must_be_a_file_in_the_zip(serve, tmp_path, location, drop, message):
+    client = serve()
+    members = external_mlp(tmp_path)
+    model = onnx.load_from_string(members["mlp.onnx"])
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    members["mlp.onnx"] = model.SerializeToString()
+    if drop:
+        del members["mlp.onnx.data"]
+    response = upload(client, _zip(members), "model.zip")
+    assert response.status_code == 400 and message in response.json()["error"], response.text
+
+
+def test_a_zip_bomb_stops_at_the_limit(serve):
+    client = serve(import_memory_bytes=16 * MiB)
+    bomb = _zip({"model.onnx": b"x", "zeros.bin": bytes(64 * MiB)})
+    assert len(bomb) < MiB
+    response = upload(client, bomb, "bomb.zip")
+    assert response.status_code == 400 and "more than this server's 16 MiB once extracted" in response.json()["error"]
+
+
+def test_a_damaged_zip_is_a_400(serve, tmp_path):
+    client = serve()
+    data = _zip(external_mlp(tmp_path))
+    response = upload(client, data[: len(data) // 2], "model.zip")
+    assert response.status_code == 400 and "zip" in response.json()["error"], response.text
