@@ -332,8 +332,11 @@ def _safe_file(root: Path, relative: str) -> Path | None:
     if any(ord(character) < 32 for character in relative):
         return None
     base = root.resolve()
-    path = (base / relative).resolve()
-    return path if path.is_relative_to(base) and path.is_file() else None
+    try:
+        path = (base / relative).resolve()
+        return path if path.is_relative_to(base) and path.is_file() else None
+    except OSError:  # a name longer than the file system takes, a loop of links
+        return None
 
 
 def _page_file(root: Path, relative: str, what: str) -> Response:

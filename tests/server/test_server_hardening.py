@@ -91,7 +91,9 @@ def uvicorn_server(tmp_path_factory):
     port = _free_port()
     store = tmp_path_factory.mktemp("uvicorn") / "var"
     script = f"from server.app import serve; serve('127.0.0.1', {port}, {str(store)!r}, max_workers=1)"
-    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE)
+    log_path = store.parent / "uvicorn.log"
+    log = log_path.open("w")
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -101,10 +103,11 @@ def uvicorn_server(tmp_path_factory):
             time.sleep(0.1)
     else:
         process.kill()
-        pytest.fail(f"uvicorn did not start: {process.stderr.read().decode()[-2000:]}")
+        pytest.fail(f"uvicorn did not start: {log_path.read_text()[-2000:]}")
     yield port
     process.terminate()
     process.wait(10)
+    log.close()
 
 
 def raw_request(port: int, request: bytes, timeout: float = 10.0) -> tuple[int, dict, bytes]:
