@@ -100,3 +100,18 @@ def test_ops_without_index_checks_are_refused(op):
     )
     with pytest.raises(UnsupportedOpError, match=op):
         compile_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "llvm")
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_a_model_with_no_kernel_calls_reports_no_failure(target):
+    """Shape folds to a constant output the host copies: the run entry calls no kernel and must still return 0."""
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["y"])],
+        "no_calls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2])],
+    )
+    module = compile_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target)
+    assert module.manifest["calls"] == []
+    for _ in range(3):
+        assert module.run({"x": np.zeros((2, 3), np.float32)})["y"].tolist() == [2, 3]

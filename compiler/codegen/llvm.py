@@ -44,7 +44,6 @@ from compiler.tir.nodes import (
     Seq,
     Stmt,
     Store,
-    walk_stmts,
 )
 from compiler.tir.work import stmt_work, worth_parallel
 
@@ -1044,8 +1043,11 @@ def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str
         ir.IRBuilder(getter.append_basic_block()).ret(_opaque(constant))
     # every kernel is declared before any body is emitted, so a body that declares a C library function finds a
     # kernel of the same name whichever comes first (FunctionEmitter.libm refuses the clash)
-    # a function that calls kernels is a model's run entry: it returns the number of the call that failed
-    entries = [any(isinstance(node, KernelCall) for node in walk_stmts(func.body)) for func in funcs]
+    # a model's run entry (a list of kernel calls, empty when the outputs are all copied by the host) returns the
+    # number of the call that failed
+    entries = [
+        isinstance(func.body, Seq) and all(isinstance(node, KernelCall) for node in func.body.stmts) for func in funcs
+    ]
     functions = [
         ir.Function(
             context.module,
