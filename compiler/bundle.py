@@ -29,14 +29,12 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# Everything in the manifest is fixed before code generation except the files' digests and the wasm memory limits
-# that the linker decides; the rest is what the code relies on (shapes, dtypes, sizes, offsets, calls).
-UNBOUND = ("files", "memory.wasm_import")
 BINDING_SYMBOL = "tessel_manifest_digest"
 
 
 def binding_digest(manifest: dict) -> str:
-    """The sha256 of the manifest fields the generated code relies on, as the code embeds it."""
+    """The sha256 of the manifest fields the generated code relies on, as the code embeds it: everything is fixed
+    before code generation except the files' digests and the wasm memory limits, which the linker decides."""
     bound = {key: value for key, value in manifest.items() if key != "files"}
     if isinstance(bound.get("memory"), dict):
         bound["memory"] = {key: value for key, value in bound["memory"].items() if key != "wasm_import"}
@@ -50,7 +48,7 @@ _SEAL_NAME = b"tessel.sha256"
 
 
 def _seal_bytes(kind: str, digest: bytes) -> bytes:
-    if kind == "wasm":
+    if kind == "wasm":  # section id 0 (custom), then sizes that fit one LEB128 byte each
         payload = bytes([len(_SEAL_NAME)]) + _SEAL_NAME + digest
         return b"\x00" + bytes([len(payload)]) + payload
     return _SEAL_NAME + digest
@@ -71,19 +69,21 @@ def check_seal(kind: str, code: bytes, name: str) -> None:
         )
 
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "float64": 8, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8}
-DTYPE_BYTES["bool"] = 1
+DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+}
 # No bundle this Tessel writes comes near these; they keep every size a manifest gives inside what a 64-bit
 # offset holds, so a hostile one cannot make a reader allocate or multiply without bound.
 MAX_BYTES = 1 << 40
 MAX_ITEMS = 1 << 20
-
-
-class _Schema:
-    """A value's expected form: `check(value, where)` raises BundleError naming the key path."""
-
-    def __init__(self, check):
-        self.check = check
 
 
 def _fail(where: str, wanted: str, value) -> None:
@@ -283,7 +283,7 @@ def read_bundle(directory: str | Path) -> tuple[dict, dict[str, bytes]]:
         raise BundleError(f"{directory} is not a bundle: {MANIFEST_FILE} is missing; export the model again")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise BundleError(f"{manifest_path} is corrupted (not JSON: {error}); export the model again") from None
     if not isinstance(manifest, dict):
         raise BundleError(f"{manifest_path} is corrupted (not a JSON object); export the model again")

@@ -160,3 +160,9 @@ def test_flipped_code_bytes_never_take_the_process_down(bundle):
             cwd=os.getcwd(),
         )
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_deeply_nested_manifest_is_one_bundle_error(bundle):
+    (bundle / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(BundleError, match="not JSON"):
+        load_module(bundle)
