@@ -230,6 +230,22 @@ def _gather_elements(inputs, attrs, output_types):
 set_compute("GatherElements", _gather_elements)
 
 
+def _gather_nd(inputs, attrs, output_types):
+    data, indices = inputs
+    batch = attrs.get("batch_dims", 0)
+    depth, middle = indices.shape[-1], len(indices.shape) - 1 - batch
+
+    def body(*index):
+        leading = index[: batch + middle]
+        source = [_checked(indices[(*leading, _int(axis))], data.shape[batch + axis]) for axis in range(depth)]
+        return data[(*index[:batch], *source, *index[batch + middle :])]
+
+    return [te.compute(output_types[0].shape, body, name="gather_nd", tag=_TAG)]
+
+
+set_compute("GatherND", _gather_nd)
+
+
 def _expand(inputs, attrs, output_types):
     x = inputs[0]
     return [te.compute(output_types[0].shape, lambda *index: broadcast_read(x, index), name="expand", tag="broadcast")]

@@ -269,7 +269,7 @@ def _pad(x, mode="constant", constant_value=None, value=None, **attrs):
 _register("Pad", _infer_pad, _pad, const_inputs=((1, "pads"), (2, "constant_value"), (3, "axes")))
 
 
-# -- Gather, GatherElements ----------------------------------------------------------------------
+# -- Gather, GatherElements, GatherND --------------------------------------------------------------
 
 
 def _infer_gather(types, axis=0, **_):
@@ -310,6 +310,34 @@ def _gather_elements(data, indices, axis=0, **_):
 
 
 _register("GatherElements", _infer_gather_elements, _gather_elements)
+
+
+def _infer_gather_nd(types, batch_dims=0, **_):
+    data, indices = types
+    depth = indices.shape[-1] if indices.shape else 0
+    if indices.dtype != "int64" or not 0 <= batch_dims < len(indices.shape):
+        raise ShapeError(f"GatherND takes int64 indices of rank above batch_dims={batch_dims}, got {indices}")
+    if not 1 <= depth <= len(data.shape) - batch_dims or data.shape[:batch_dims] != indices.shape[:batch_dims]:
+        raise ShapeError(
+            f"GatherND indices of shape {list(indices.shape)} do not index data of shape {list(data.shape)} "
+            f"with batch_dims={batch_dims}"
+        )
+    return [TensorType(indices.shape[:-1] + data.shape[batch_dims + depth :], data.dtype)]
+
+
+def _gather_nd(data, indices, batch_dims=0, **_):
+    depth = indices.shape[-1]
+    batch = data.shape[:batch_dims]
+    rows = []
+    for position in np.ndindex(*batch):
+        block, chosen = data[position], indices[position]
+        columns = [_in_range(chosen[..., axis], block.shape[axis], "GatherND") for axis in range(depth)]
+        rows.append(block[tuple(columns)])
+    shape = indices.shape[:-1] + data.shape[batch_dims + depth :]
+    return np.stack(rows).reshape(shape) if rows else np.zeros(shape, data.dtype)
+
+
+_register("GatherND", _infer_gather_nd, _gather_nd)
 
 
 # -- Expand, Tile ------------------------------------------------------------------------------
