@@ -191,13 +191,14 @@ set_compute("Pad", _pad)
 
 def _checked(index: Expr, dim: int) -> Expr:
     """A runtime index into an axis of `dim`, negatives counted from the end as ONNX reads them, checked in
-    the index's own width (an int64 2**32 + 1 must not wrap to 1) and narrowed once it is in range; one out
-    of range makes the run fail (te.index_check) and reads element 0 meanwhile."""
+    the index's own width (an int64 2**32 + 1 must not wrap to 1) and narrowed to int32 once it is in range,
+    unless the axis itself is longer than int32 counts; one out of range makes the run fail (te.index_check)
+    and reads element 0 meanwhile."""
     if index.dtype not in ("int32", "int64"):
         index = index.astype("int64")
     wrapped = te.select(index < 0, index + dim, index)
     checked = te.index_check(wrapped, dim)
-    return checked if checked.dtype == "int32" else checked.astype("int32")
+    return checked if checked.dtype == "int32" or dim > np.iinfo(np.int32).max else checked.astype("int32")
 
 
 def _gather(inputs, attrs, output_types):
