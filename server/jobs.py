@@ -346,6 +346,8 @@ class JobQueue:
         self.store = store
         self.import_memory_bytes = import_memory_bytes
         self.import_timeout_s = import_timeout_s
+        # as many imports at once as compiles: each holds a process and a thread waiting on its pipe
+        self.import_slots = asyncio.Semaphore(max(1, max_workers))
         self.max_workers = max(1, max_workers)
         self.max_queue = max_queue
         self.job_timeout_s = job_timeout_s
@@ -386,7 +388,10 @@ class JobQueue:
 
     async def import_upload(self, model_path: Path, input_shapes: dict) -> None:
         """Import an upload in a process of its own under this queue's limits; ImportRefused if it fails."""
-        await import_in_process(self.context, model_path, input_shapes, self.import_memory_bytes, self.import_timeout_s)
+        async with self.import_slots:
+            await import_in_process(
+                self.context, model_path, input_shapes, self.import_memory_bytes, self.import_timeout_s
+            )
 
     def position(self, job: Job) -> int:
         """1 for the next job to start, 2 for the one after...; 0 once a job runs or has finished."""
