@@ -16,7 +16,7 @@ from compiler.graph.ops import transform as graph_transform
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import set_compute
 from compiler.ops.elementwise import broadcast_read, constant
-from compiler.te.expr import Const, Expr
+from compiler.te.expr import Compare, Const, Expr
 
 _TAG = "injective"
 
@@ -245,6 +245,27 @@ def _gather_nd(inputs, attrs, output_types):
 
 
 set_compute("GatherND", _gather_nd)
+
+
+def _one_hot(inputs, attrs, output_types):
+    """Reads nothing at its indices (each output element compares its class with one index), so an index out of
+    range needs no check: it matches no class and its row is all off, as onnxruntime gives."""
+    indices, values = inputs
+    count = graph_transform.one_hot_depth(attrs["depth"])
+    axis = normalize_axis(attrs.get("axis", -1), len(indices.shape) + 1, "OneHot axis")
+    off, on = (values[tuple(_int(part) for part in np.unravel_index(k, values.shape))] for k in (0, 1))
+
+    def body(*index):
+        position = indices[(*index[:axis], *index[axis + 1 :])]
+        if position.dtype != "int64":
+            position = position.astype("int64")
+        wrapped = te.select(position < 0, position + count, position)
+        return te.select(Compare("eq", wrapped, index[axis].astype("int64")), on, off)
+
+    return [te.compute(output_types[0].shape, body, name="one_hot", tag=_TAG)]
+
+
+set_compute("OneHot", _one_hot)
 
 
 def _expand(inputs, attrs, output_types):

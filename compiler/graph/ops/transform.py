@@ -340,6 +340,38 @@ def _gather_nd(data, indices, batch_dims=0, **_):
 _register("GatherND", _infer_gather_nd, _gather_nd)
 
 
+def one_hot_depth(depth) -> int:
+    """OneHot's depth input (a scalar or one element, of any numeric type) as a count of classes."""
+    values = np.asarray(depth).reshape(-1)
+    if values.size != 1 or not np.isfinite(values[0]) or values[0] < 1:
+        raise ShapeError(f"OneHot depth must be one number of at least 1, got {values.tolist()}")
+    return int(values[0])
+
+
+def _infer_one_hot(types, depth=None, axis=-1, **_):
+    indices, values = types
+    if values.shape not in ((2,), (1, 2)) and int(np.prod(values.shape)) != 2:
+        raise ShapeError(f"OneHot values must hold two elements (off, on), got shape {list(values.shape)}")
+    axis = normalize_axis(axis, len(indices.shape) + 1, "OneHot axis")
+    shape = list(indices.shape)
+    shape.insert(axis, one_hot_depth(depth))
+    return [TensorType(tuple(shape), values.dtype)]
+
+
+def _one_hot(indices, values, depth=None, axis=-1, **_):
+    count = one_hot_depth(depth)
+    axis = normalize_axis(axis, indices.ndim + 1, "OneHot axis")
+    positions = indices.astype(np.int64)
+    positions = np.where(positions < 0, positions + count, positions)
+    classes = np.arange(count).reshape([count if dim == axis else 1 for dim in range(indices.ndim + 1)])
+    off, on = values.reshape(-1)
+    # an index outside [-depth, depth) matches no class: its row is all off, as ONNX and onnxruntime have it
+    return np.where(np.expand_dims(positions, axis) == classes, on, off).astype(values.dtype)
+
+
+_register("OneHot", _infer_one_hot, _one_hot, const_inputs=((1, "depth"),))
+
+
 # -- Expand, Tile ------------------------------------------------------------------------------
 
 
