@@ -1,4 +1,4 @@
-"""Data-dependent indices (Gather, GatherElements, GatherND) are checked at run time: one out of range makes the run
+"""Data-dependent indices (Gather, GatherElements, GatherND, ScatterND) are checked at run time: one out of range makes the run
 raise RunError naming the op, natively and in wasm, where onnxruntime raises INVALID_ARGUMENT (or FAIL);
 int64 indices are compared in 64 bits, so 2**40 and 2**32 + 1 do not wrap into range; negatives in range
 count from the end and match onnxruntime."""
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from compiler import compile_model
-from compiler.errors import RunError, UnsupportedOpError
+from compiler.errors import RunError
 
 BAD = [5, 1000, -1000, 2**40, 2**32 + 1]
 GOOD = [0, 4, -1, -5]
@@ -90,17 +90,55 @@ def test_constant_out_of_range_indices_are_refused_while_folding():
         compile_model(model, "llvm")
 
 
-@pytest.mark.parametrize("op", ["ScatterND"])
-def test_ops_without_index_checks_are_refused(op):
-    inputs = {"ScatterND": ["x", "i", "u"]}[op]
+def _scatter_nd_model(data_shape, index_shape) -> onnx.ModelProto:
+    depth = index_shape[-1]
     graph = helper.make_graph(
-        [helper.make_node(op, inputs, ["y"])],
-        "unsupported",
-        [helper.make_tensor_value_info(name, TensorProto.INT64, [2, 1]) for name in inputs],
-        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+        [helper.make_node("ScatterND", ["x", "i", "u"], ["y"])],
+        "scatter_nd",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, data_shape),
+            helper.make_tensor_value_info("i", TensorProto.INT64, index_shape),
+            helper.make_tensor_value_info("u", TensorProto.FLOAT, index_shape[:-1] + data_shape[depth:]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, data_shape)],
     )
-    with pytest.raises(UnsupportedOpError, match=op):
-        compile_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "llvm")
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _scatter_nd_feeds(data_shape, index_shape, seed=0) -> dict:
+    """Distinct addressed elements (ONNX leaves repeats undefined), about half of them counted from the end."""
+    rng = np.random.default_rng(seed)
+    depth, rows = index_shape[-1], int(np.prod(index_shape[:-1]))
+    cells = rng.permutation(int(np.prod(data_shape[:depth])))[:rows]
+    indices = np.stack(np.unravel_index(cells, data_shape[:depth]), -1).reshape(index_shape).astype(np.int64)
+    indices[..., 0] -= data_shape[0] * (rng.random(indices.shape[:-1]) < 0.5)
+    updates_shape = index_shape[:-1] + data_shape[depth:]
+    return {
+        "x": rng.standard_normal(data_shape).astype(np.float32),
+        "i": indices,
+        "u": rng.standard_normal(updates_shape).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    "data_shape, index_shape", [([5, 3], [2, 1]), ([5, 3], [2, 2]), ([4, 5, 3], [2, 3, 2]), ([8], [3, 1])]
+)
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_scatter_nd_matches_onnxruntime_and_checks_every_index(target, data_shape, index_shape):
+    model = _scatter_nd_model(data_shape, index_shape)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    module = compile_model(model, target)
+    feeds = _scatter_nd_feeds(data_shape, index_shape)
+    np.testing.assert_array_equal(module.run(feeds)["y"], session.run(None, feeds)[0])
+    dim = data_shape[index_shape[-1] - 1]  # the axis the last index column addresses
+    for bad in BAD:
+        damaged = {**feeds, "i": feeds["i"].copy()}
+        # as far outside this axis as `bad` is outside an axis of 5
+        damaged["i"].flat[-1] = bad if bad < 0 else bad + dim - 5
+        with pytest.raises(Exception, match="INVALID_ARGUMENT|invalid ind|out of bounds"):
+            session.run(None, damaged)
+        with pytest.raises(RunError, match="index is out of range in ScatterND"):
+            module.run(damaged)
 
 
 @pytest.mark.parametrize("target", ["llvm", "wasm"])

@@ -247,6 +247,41 @@ def _gather_nd(inputs, attrs, output_types):
 set_compute("GatherND", _gather_nd)
 
 
+def _scatter_nd(inputs, attrs, output_types):
+    """For each element the data addresses, the last update row whose (checked) indices name it, found by a max
+    reduction over the update rows; then that row's value, or the data where none names it. Every row's indices
+    are checked, whichever element they name, and the work is the number of addressed elements times the rows."""
+    data, indices, updates = inputs
+    depth, rows = indices.shape[-1], indices.shape[:-1]
+    strides = _strides(rows)
+
+    def last_body(*position):
+        axes = [te.reduce_axis((0, extent), name=f"u{number}") for number, extent in enumerate(rows)]
+        flat = _int(0)
+        for axis, stride in zip(axes, strides):
+            flat = flat + axis * stride if stride != 1 else flat + axis
+        named = te.all(
+            *(
+                Compare("eq", _checked(indices[(*axes, _int(column))], data.shape[column]), place)
+                for column, place in enumerate(position)
+            )
+        )
+        return te.max(te.select(named, flat, _int(-1)), axis=axes) if axes else te.select(named, flat, _int(-1))
+
+    last = te.compute(data.shape[:depth], last_body, name="scatter_nd_last", tag="reduce")
+
+    def body(*index):
+        row = last[index[:depth]]
+        safe = te.maximum(row, 0)
+        source = [safe // stride % extent if stride != 1 else safe % extent for stride, extent in zip(strides, rows)]
+        return te.select(row >= 0, updates[(*source, *index[depth:])], data[index])
+
+    return [te.compute(data.shape, body, name="scatter_nd", tag=_TAG)]
+
+
+set_compute("ScatterND", _scatter_nd)
+
+
 def _one_hot(inputs, attrs, output_types):
     """Reads nothing at its indices (each output element compares its class with one index), so an index out of
     range needs no check: it matches no class and its row is all off, as onnxruntime gives."""

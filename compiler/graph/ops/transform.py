@@ -340,6 +340,44 @@ def _gather_nd(data, indices, batch_dims=0, **_):
 _register("GatherND", _infer_gather_nd, _gather_nd)
 
 
+def _scatter_nd_parts(data_shape, indices_shape, updates_shape, reduction="none"):
+    if reduction != "none":
+        raise UnsupportedOpError(f"ScatterND with reduction={reduction!r} is not supported", {"ScatterND": []})
+    depth = indices_shape[-1] if indices_shape else 0
+    if not 1 <= depth <= len(data_shape) or tuple(updates_shape) != (*indices_shape[:-1], *data_shape[depth:]):
+        raise ShapeError(
+            f"ScatterND indices of shape {list(indices_shape)} and updates of shape {list(updates_shape)} do not "
+            f"address data of shape {list(data_shape)}"
+        )
+    return depth
+
+
+def _infer_scatter_nd(types, reduction="none", **_):
+    data, indices, updates = types
+    if indices.dtype != "int64" or updates.dtype != data.dtype:
+        raise ShapeError(f"ScatterND takes int64 indices and updates of the data's dtype, got {indices}, {updates}")
+    _scatter_nd_parts(data.shape, indices.shape, updates.shape, reduction)
+    return [TensorType(data.shape, data.dtype)]
+
+
+def _scatter_nd(data, indices, updates, reduction="none", **_):
+    depth = _scatter_nd_parts(data.shape, indices.shape, updates.shape, reduction)
+    columns = [_in_range(indices[..., axis], data.shape[axis], "ScatterND") for axis in range(depth)]
+    result = data.copy()
+    # in update order, so where two updates address one element the later one stays (the compute does the same)
+    for row in np.ndindex(*indices.shape[:-1]):
+        result[tuple(int(column[row]) for column in columns)] = updates[row]
+    return result
+
+
+register_op(
+    "ScatterND",
+    infer=lambda types, attrs: _infer_scatter_nd(types, **attrs),
+    pattern=Pattern.REDUCE,
+    reference=_scatter_nd,
+)
+
+
 def one_hot_depth(depth) -> int:
     """OneHot's depth input (a scalar or one element, of any numeric type) as a count of classes."""
     values = np.asarray(depth).reshape(-1)
