@@ -11,9 +11,11 @@ import hashlib
 import json
 import math
 import mimetypes
+import shutil
 import time
+import zipfile
 from collections.abc import AsyncIterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
@@ -44,6 +46,8 @@ PAGES = Path(__file__).resolve().parent / "pages"
 STATIC_DIR = PAGES / "static"
 RUNTIME_DIR = PAGES / "web_runtime"
 MiB = 2**20
+# Files one upload may hold: a model and its external data files (torch writes one, onnx one per tensor at most).
+MAX_FILES = 256
 # Room for the multipart framing and the small form fields around the model file.
 FORM_OVERHEAD = 64 * 1024
 KEEPALIVE_S = 15.0
@@ -156,6 +160,39 @@ def _save_upload(source, destination: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def _save_as_zip(uploads: list[UploadFile], destination: Path) -> tuple[str, int]:
+    """Several files of one upload (a model and its external data) stored as one zip, which server/uploads.py
+    opens like an uploaded one: members in name order with a fixed date, so the same files give the same bytes
+    and the same bundle id."""
+    with zipfile.ZipFile(destination, "w", zipfile.ZIP_STORED) as archive:
+        for name, upload in sorted(zip(_file_names(uploads), uploads)):
+            upload.file.seek(0)
+            with archive.open(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), "w") as member:
+                shutil.copyfileobj(upload.file, member, MiB)
+    digest, size = hashlib.sha256(), 0
+    with destination.open("rb") as stream:
+        while chunk := stream.read(MiB):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _file_names(uploads: list[UploadFile]) -> list[str]:
+    """Each file's own name (a folder the client sent is dropped), refused when empty, odd or repeated."""
+    names = [PurePosixPath((upload.filename or "").replace("\\", "/")).name for upload in uploads]
+    for name in names:
+        if name in ("", ".", "..") or any(ord(character) < 32 for character in name):
+            raise UploadRefused(f"every file of a several-file upload needs a plain file name, got {name!r}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UploadRefused(f"the upload holds {repeated[0]!r} twice; send each file once")
+    return names
+
+
+class UploadRefused(Exception):
+    pass
+
+
 # ---- routes --------------------------------------------------------------------------------------------
 
 
@@ -170,7 +207,7 @@ async def compile_model_route(request: Request) -> Response:
     parser = MultiPartParser(
         request.headers,
         _limited(request.stream(), limit + FORM_OVERHEAD),
-        max_files=1,
+        max_files=MAX_FILES,
         max_fields=16,
         max_part_size=FORM_OVERHEAD,
     )
@@ -183,18 +220,27 @@ async def compile_model_route(request: Request) -> Response:
     job_id = new_job_id()
     upload_path = state.store.upload_path(job_id)
     try:
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            return error(400, "attach the ONNX model, or a zip of it and its data files, as the form field 'file'")
-        if (upload.size or 0) > limit:
+        uploads = [value for value in form.getlist("file") if isinstance(value, UploadFile)]
+        if not uploads:
+            return error(
+                400, "attach the ONNX model, or a zip of it and its data files, or all those files, as the field 'file'"
+            )
+        if sum(upload.size or 0 for upload in uploads) > limit:
             return _too_large(limit)
         try:
             names = parse_targets([value for value in form.getlist("targets") if isinstance(value, str)])
             shapes = parse_input_shapes([value for value in form.getlist("input_shapes") if isinstance(value, str)])
         except TesselError as exception:
             return error(400, str(exception))
-        digest, size = await asyncio.to_thread(_save_upload, upload.file, upload_path)
-        model = {"filename": upload.filename or "model.onnx", "bytes": size, "sha256": digest}
+        if len(uploads) == 1:
+            digest, size = await asyncio.to_thread(_save_upload, uploads[0].file, upload_path)
+        else:
+            try:
+                digest, size = await asyncio.to_thread(_save_as_zip, uploads, upload_path)
+            except UploadRefused as exception:
+                return error(400, str(exception))
+        filename = uploads[0].filename if len(uploads) == 1 else f"{len(uploads)} files"
+        model = {"filename": filename or "model.onnx", "bytes": size, "sha256": digest}
         job = Job(job_id, {name: bundle_key(digest, name, shapes) for name in names}, shapes, model)
         return await _submit(state.queue, job)
     finally:

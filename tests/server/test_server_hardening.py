@@ -277,3 +277,20 @@ def test_a_damaged_zip_is_a_400(serve, tmp_path):
     data = _zip(external_mlp(tmp_path))
     response = upload(client, data[: len(data) // 2], "model.zip")
     assert response.status_code == 400 and "zip" in response.json()["error"], response.text
+
+
+def test_a_model_and_its_data_files_in_one_upload_compile(serve, tmp_path):
+    client = serve()
+    members = external_mlp(tmp_path)
+    files = [("file", (name, data, "application/octet-stream")) for name, data in sorted(members.items())]
+    response = client.post("/api/compile", files=files)
+    assert response.status_code == 202, response.text
+    job = wait_finished(client, response.json()["job"])
+    assert job["state"] == "done", job
+    # the same files in the other order are the same upload: its bundle is reused
+    again = client.post("/api/compile", files=files[::-1])
+    assert wait_finished(client, again.json()["job"])["result"]["bundles"]["wasm"]["reused"] is True
+    repeated = client.post("/api/compile", files=[files[0], files[0]])
+    assert repeated.status_code == 400 and "twice" in repeated.json()["error"]
+    without_data = client.post("/api/compile", files=[files[0], ("file", ("notes.txt", b"x", "text/plain"))])
+    assert without_data.status_code == 400 and "does not hold" in without_data.json()["error"], without_data.text
