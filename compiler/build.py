@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import wasmtime
 
 from compiler.bundle import (
     BINDING_SYMBOL,
@@ -449,7 +448,8 @@ class Module:
         arena = manifest["memory"]["arena_bytes"]
         calls = [_describe_call(call, manifest["kernels"]) for call in manifest.get("calls", [])]
         if self.target.kind == "wasm":
-            self.runtime = WasmModel(library, params, arena, self.inputs, self.outputs, ENTRY, calls, binding)
+            limits = manifest["memory"].get("wasm_import")
+            self.runtime = WasmModel(library, params, arena, self.inputs, self.outputs, ENTRY, calls, binding, limits)
         elif self.target.can_run_here:
             self.runtime = NativeModel(library, params, arena, self.outputs, ENTRY, num_threads, calls, binding)
         else:
@@ -683,14 +683,4 @@ def load_module(directory: str | Path, num_threads: int | None = None) -> Module
     check_manifest(manifest, files)
     code = files[manifest["code"]]
     check_seal("wasm" if manifest["code"] == CODE_FILES["wasm"] else "llvm", code, manifest["code"])
-    wasm_import = manifest["memory"].get("wasm_import")
-    if manifest["code"] == CODE_FILES["wasm"]:
-        try:
-            actual = memory_import(code)
-        except (wasmtime.WasmtimeError, TargetError) as error:
-            raise BundleError(
-                f"{manifest['code']} is not a Tessel wasm module ({error}); export the model again"
-            ) from None
-        if wasm_import != actual:
-            raise BundleError(f"manifest.json's memory.wasm_import {wasm_import} differs from the module's {actual}")
     return Module(manifest, code, files[PARAMS_FILE], num_threads, binding=binding_digest(manifest))

@@ -166,3 +166,11 @@ def test_a_deeply_nested_manifest_is_one_bundle_error(bundle):
     (bundle / "manifest.json").write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(BundleError, match="not JSON"):
         load_module(bundle)
+
+
+def test_edited_wasm_memory_limits_are_refused(bundle):
+    if _manifest(bundle)["code"] != "model.wasm":
+        pytest.skip("only wasm bundles import a memory")
+    _edit(bundle, lambda m: m["memory"]["wasm_import"].update(initial_pages=1))
+    with pytest.raises(BundleError, match="memory.wasm_import .* differs from model.wasm's"):
+        load_module(bundle)

@@ -50,6 +50,10 @@ class WasmInstance:
         if [(item.module, item.name) for item in module.imports] != [("env", "memory")]:
             wanted = ", ".join(f"{item.module}.{item.name}" for item in module.imports)
             raise TargetError(f"a Tessel wasm module imports only env.memory; this one imports {wanted}")
+        self.memory_limits = {
+            "initial_pages": module.imports[0].type.limits.min,
+            "maximum_pages": module.imports[0].type.limits.max,
+        }
         self.memory = wasmtime.Memory(self.store, module.imports[0].type)
         self.instance = wasmtime.Instance(self.store, module, [self.memory])
         self.exports = self.instance.exports(self.store)
@@ -98,6 +102,7 @@ class WasmModel:
         entry: str = "run",
         calls: list[str] | None = None,
         binding: str | None = None,
+        memory_limits: dict | None = None,
     ):
         try:
             self.instance = WasmInstance(wasm)
@@ -105,7 +110,7 @@ class WasmModel:
             reason = str(error).strip().splitlines()[0]
             raise BundleError(f"model.wasm is not a valid wasm module ({reason}); export the model again") from None
         if binding is not None:
-            self._check_binding(binding, entry, len(inputs) + len(outputs) + 2)
+            self._check_binding(binding, entry, len(inputs) + len(outputs) + 2, memory_limits)
         self.calls = calls or []
         sizes = [len(params), arena_bytes, *(_nbytes(spec) for spec in [*inputs, *outputs])]
         self.params_offset, self.arena_offset, *slots = self.instance.reserve(sizes)
@@ -114,10 +119,16 @@ class WasmModel:
         self.entry = self.instance.exports[entry]
         ctypes.memmove(self._base() + self.params_offset, params, len(params))
 
-    def _check_binding(self, binding: str, entry: str, arguments: int) -> None:
-        """The module must carry `binding` (bundle.py's digest of the manifest it was generated for) and an entry
-        taking the manifest's number of arguments and returning the failed call."""
+    def _check_binding(self, binding: str, entry: str, arguments: int, memory_limits: dict | None) -> None:
+        """The module must carry `binding` (bundle.py's digest of the manifest it was generated for), import the
+        memory the manifest says (`memory_limits`, what tessel.js creates) and export an entry taking the
+        manifest's number of arguments and returning the failed call."""
         exports, store = self.instance.exports, self.instance.store
+        if memory_limits != self.instance.memory_limits:
+            raise BundleError(
+                f"manifest.json's memory.wasm_import {memory_limits} differs from model.wasm's "
+                f"{self.instance.memory_limits}; export the model again"
+            )
         getter, run = exports.get(BINDING_SYMBOL), exports.get(entry)
         wanted = "export the model again"
         if not isinstance(getter, wasmtime.Func) or not isinstance(run, wasmtime.Func):
