@@ -227,10 +227,10 @@ def _import_main(connection, model_path: str, input_shapes: dict, memory_bytes: 
         with opened_model(Path(model_path), memory_bytes) as model:
             load_onnx(model, input_shapes=shapes)
         reply = None
-    except TesselError as error:
-        reply = error_body(error)
-    except MemoryError:
-        reply = {"message": _memory_message(memory_bytes), "status": 413}
+    except (TesselError, MemoryError) as error:
+        # the importer names the node a MemoryError stopped at, but here it is this process's limit that was hit
+        exhausted = isinstance(error, MemoryError) or isinstance(error.__cause__, MemoryError)
+        reply = {"message": _memory_message(memory_bytes), "status": 413} if exhausted else error_body(error)
     except Exception as error:
         traceback.print_exc(file=sys.stderr)
         reply = {"message": f"the model could not be imported ({type(error).__name__}: {error})", "status": 422}
