@@ -6,6 +6,7 @@ name, and only binding the function at package import keeps `compiler.build(...)
 from compiler.build import build, compile_model, load_module
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError, UnsupportedOpError
 from compiler.target import Target
+from compiler.torch_export import from_torch
 
 __all__ = [
     "ModelError",
@@ -16,5 +17,6 @@ __all__ = [
     "UnsupportedOpError",
     "build",
     "compile_model",
+    "from_torch",
     "load_module",
 ]

@@ -18,7 +18,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from compiler.bundle import CODE_FILES, FORMAT_VERSION, PARAMS_FILE, BundleError, read_bundle, write_bundle
+from compiler.bundle import (
+    BINDING_SYMBOL,
+    CODE_FILES,
+    FORMAT_VERSION,
+    PARAMS_FILE,
+    BundleError,
+    binding_digest,
+    check_manifest,
+    check_seal,
+    read_bundle,
+    seal_code,
+    write_bundle,
+)
 from compiler.codegen.llvm import CompiledModule, compile_funcs
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
 from compiler.frontend.onnx import external_data_files, load_onnx
@@ -219,11 +231,6 @@ def compile_model(
     places, params, params_layout, plan, output_sources = _lay_out(fused, parts)
     _check_addressable(fused, target, plan.arena_bytes, len(params))
     run = _run_func(fused, kernel_of, places)
-    progress(f"generating code for {len(kernels)} kernels", 0.6)
-    compiled = compile_funcs([*kernels.values(), run], target)
-    progress("linking", 0.9)
-    # Kernels are exported beside the entry so Module.profile can call them one at a time.
-    library = link(compiled, [ENTRY, *(func.name for func in kernels.values())])
     options = {
         "input_shapes": {name: list(shape) for name, shape in sorted((input_shapes or {}).items())},
         "tuning_records": hashlib.sha256(Path(tuning_records).read_bytes()).hexdigest() if tuning_records else None,
@@ -257,15 +264,19 @@ def compile_model(
             }
             for name, node, call in zip(kernel_of, fused.nodes, run.body.stmts)
         ],
-        "memory": {
-            "arena_bytes": plan.arena_bytes,
-            "intermediate_bytes": plan.total_bytes,
-            "alignment": ALIGNMENT,
-            **({"wasm_import": memory_import(library)} if target.kind == "wasm" else {}),
-        },
+        "memory": {"arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.total_bytes, "alignment": ALIGNMENT},
         "params": {"file": PARAMS_FILE, "bytes": len(params), "layout": params_layout},
         "options": options,
     }
+    # JSON round trip first: the digest is of the manifest as a loader will read it back
+    manifest = json.loads(json.dumps(manifest))
+    progress(f"generating code for {len(kernels)} kernels", 0.6)
+    compiled = compile_funcs([*kernels.values(), run], target, {BINDING_SYMBOL: binding_digest(manifest)})
+    progress("linking", 0.9)
+    # Kernels are exported beside the entry so Module.profile can call them one at a time.
+    library = seal_code(target.kind, link(compiled, [ENTRY, BINDING_SYMBOL, *(func.name for func in kernels.values())]))
+    if target.kind == "wasm":
+        manifest["memory"]["wasm_import"] = memory_import(library)
     progress("done", 1.0)
     return Module(manifest, library, params, num_threads, compiled, [*kernels.values(), run])
 
@@ -406,6 +417,12 @@ def _run_func(graph: Graph, kernel_of: list[str], places: dict) -> PrimFunc:
     return PrimFunc(ENTRY, [*inputs, *outputs, regions["params"], regions["arena"]], Seq(calls))
 
 
+def _describe_call(call: dict, kernels: list[dict]) -> str:
+    """One kernel call of the run entry in words: the ops of its kernel and the group it computes."""
+    ops = next((kernel["ops"] for kernel in kernels if kernel["name"] == call["kernel"]), [])
+    return f"{'/'.join(dict.fromkeys(ops)) or call['kernel']} (group {call['group']!r})"
+
+
 class Module:
     """A compiled model: run it on named numpy arrays, time it, export it as a bundle. A cross-compiled
     module (another architecture) exports but does not run here."""
@@ -418,6 +435,7 @@ class Module:
         num_threads: int | None = None,
         compiled: CompiledModule | None = None,
         funcs: list[PrimFunc] | None = None,
+        binding: str | None = None,
     ):
         self.manifest = manifest
         self.library = library
@@ -428,10 +446,12 @@ class Module:
         self.inputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["inputs"]]
         self.outputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["outputs"]]
         arena = manifest["memory"]["arena_bytes"]
+        calls = [_describe_call(call, manifest["kernels"]) for call in manifest.get("calls", [])]
         if self.target.kind == "wasm":
-            self.runtime = WasmModel(library, params, arena, self.inputs, self.outputs, ENTRY)
+            limits = manifest["memory"].get("wasm_import")
+            self.runtime = WasmModel(library, params, arena, self.inputs, self.outputs, ENTRY, calls, binding, limits)
         elif self.target.can_run_here:
-            self.runtime = NativeModel(library, params, arena, self.outputs, ENTRY, num_threads)
+            self.runtime = NativeModel(library, params, arena, self.outputs, ENTRY, num_threads, calls, binding)
         else:
             self.runtime = None
 
@@ -657,9 +677,10 @@ def _format_entry(func: PrimFunc) -> str:
 
 
 def load_module(directory: str | Path, num_threads: int | None = None) -> Module:
-    """A Module from a bundle directory, after checking its format version and every file's digest."""
+    """A Module from a bundle directory, after checking its format version, every file's digest, the manifest's
+    schema and sizes, and that the code was generated for this manifest (bundle.py), before any kernel runs."""
     manifest, files = read_bundle(directory)
-    code = manifest.get("code")
-    if code not in files or PARAMS_FILE not in files:
-        raise BundleError(f"{directory} is incomplete: its manifest lists no {code or 'code file'} or {PARAMS_FILE}")
-    return Module(manifest, files[code], files[PARAMS_FILE], num_threads)
+    check_manifest(manifest, files)
+    code = files[manifest["code"]]
+    check_seal("wasm" if manifest["code"] == CODE_FILES["wasm"] else "llvm", code, manifest["code"])
+    return Module(manifest, code, files[PARAMS_FILE], num_threads, binding=binding_digest(manifest))

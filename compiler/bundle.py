@@ -1,6 +1,8 @@
 """Bundles: the directory a compiled model is exported to and loaded from (DESIGN.md §4): manifest.json,
 the code (model.so or model.wasm) and params.bin. build.py writes the manifest; this module writes the
-files atomically and checks, on loading, the format version and every file's sha256."""
+files atomically and checks, on loading, the format version, every file's sha256, the manifest's schema
+(check_manifest) and the sizes it gives against the files. The code carries `binding_digest` of the manifest
+fields it was generated for, so an edited and rehashed manifest is refused before any kernel runs."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from compiler.errors import TesselError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 PARAMS_FILE = "params.bin"
 CODE_FILES = {"llvm": "model.so", "wasm": "model.wasm"}
@@ -25,6 +27,221 @@ class BundleError(TesselError):
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+BINDING_SYMBOL = "tessel_manifest_digest"
+
+
+def binding_digest(manifest: dict) -> str:
+    """The sha256 of the manifest fields the generated code relies on, as the code embeds it: everything is fixed
+    before code generation except the files' digests and the wasm memory limits, which the linker decides."""
+    bound = {key: value for key, value in manifest.items() if key != "files"}
+    if isinstance(bound.get("memory"), dict):
+        bound["memory"] = {key: value for key, value in bound["memory"].items() if key != "wasm_import"}
+    return _digest(json.dumps(bound, sort_keys=True, separators=(",", ":")).encode())
+
+
+# The code file ends with the sha256 of the rest of it: a wasm custom section (which engines skip) or bytes after
+# everything an ELF header points at (which the dynamic loader never maps). The manifest's digest of the file can be
+# recomputed by anyone editing the bundle; this one catches damage to the code itself before it is loaded.
+_SEAL_NAME = b"tessel.sha256"
+
+
+def _seal_bytes(kind: str, digest: bytes) -> bytes:
+    if kind == "wasm":  # section id 0 (custom), then sizes that fit one LEB128 byte each
+        payload = bytes([len(_SEAL_NAME)]) + _SEAL_NAME + digest
+        return b"\x00" + bytes([len(payload)]) + payload
+    return _SEAL_NAME + digest
+
+
+def seal_code(kind: str, code: bytes) -> bytes:
+    """`code` (a linked model.so or model.wasm) with its seal appended."""
+    return code + _seal_bytes(kind, hashlib.sha256(code).digest())
+
+
+def check_seal(kind: str, code: bytes, name: str) -> None:
+    """Refuse code whose seal is missing or does not match its bytes (truncated, damaged or not Tessel's)."""
+    size = len(_seal_bytes(kind, bytes(32)))
+    body = code[:-size] if len(code) > size else b""
+    if code[len(body) :] != _seal_bytes(kind, hashlib.sha256(body).digest()):
+        raise BundleError(
+            f"{name} is truncated or damaged (its own sha256 seal does not match); export the model again"
+        )
+
+
+DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+}
+# No bundle this Tessel writes comes near these; they keep every size a manifest gives inside what a 64-bit
+# offset holds, so a hostile one cannot make a reader allocate or multiply without bound.
+MAX_BYTES = 1 << 40
+MAX_ITEMS = 1 << 20
+
+
+def _fail(where: str, wanted: str, value) -> None:
+    shown = json.dumps(value)[:60] if isinstance(value, str | int | float | bool | type(None)) else type(value).__name__
+    raise BundleError(
+        f"{MANIFEST_FILE} is not a valid manifest: {where} must be {wanted}, got {shown}; export the model again"
+    )
+
+
+def _text(where, value):
+    if not isinstance(value, str) or len(value) > 4096:
+        _fail(where, "a string", value)
+
+
+def _count(where, value, limit=MAX_BYTES):
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        _fail(where, f"a whole number in [0, {limit}]", value)
+
+
+def _list_of(item):
+    def check(where, value):
+        if not isinstance(value, list) or len(value) > MAX_ITEMS:
+            _fail(where, "a list", value)
+        for position, element in enumerate(value):
+            _check(item, f"{where}[{position}]", element)
+
+    return check
+
+
+def _one_of(*choices):
+    def check(where, value):
+        if value not in choices:
+            _fail(where, f"one of {', '.join(map(str, choices))}", value)
+
+    return check
+
+
+def _optional(schema):
+    return lambda where, value: None if value is None else _check(schema, where, value)
+
+
+def _any(where, value):
+    return None
+
+
+def _check(schema, where: str, value) -> None:
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            _fail(where, "an object", value)
+        for key, item in schema.items():
+            optional = key.endswith("?")
+            name = key.rstrip("?")
+            if name not in value:
+                if optional:
+                    continue
+                raise BundleError(
+                    f"{MANIFEST_FILE} is not a valid manifest: {where}.{name} is missing; export the model again"
+                )
+            _check(item, f"{where}.{name}", value[name])
+    else:
+        schema(where, value)
+
+
+def _dict_of_text(where, value):
+    if not isinstance(value, dict) or len(value) > MAX_ITEMS:
+        _fail(where, "an object", value)
+    for key, item in value.items():
+        _text(f"{where}.{key}", item)
+
+
+_TENSOR = {
+    "name": _text,
+    "shape": _list_of(lambda where, value: _count(where, value, MAX_BYTES)),
+    "dtype": _one_of(*DTYPE_BYTES),
+}
+MANIFEST_SCHEMA = {
+    "format_version": _one_of(FORMAT_VERSION),
+    "content_hash": _text,
+    "compiler_version": _text,
+    "target": _text,
+    "triple": _text,
+    "code": _one_of("model.so", "model.wasm"),
+    "entry": {"name": _text, "arguments": _list_of(_text)},
+    "inputs": _list_of(_TENSOR),
+    "outputs": _list_of({**_TENSOR, "source": _optional({"region": _one_of("input", "output", "params")})}),
+    "kernels": _list_of({"name": _text, "ops": _list_of(_text), "groups": _list_of(_text), "config?": _any}),
+    "calls": _list_of({"kernel": _text, "group": _text, "pattern": _text, "args": _list_of(_list_of(_any))}),
+    "memory": {
+        "arena_bytes": _count,
+        "intermediate_bytes": _count,
+        "alignment": _count,
+        "wasm_import?": {"initial_pages": _count, "maximum_pages": _optional(_count)},
+    },
+    "params": {
+        "file": _one_of(PARAMS_FILE),
+        "bytes": _count,
+        "layout": _list_of({**_TENSOR, "offset": _count, "nbytes": _count}),
+    },
+    "options": _any,
+    "files": _dict_of_text,
+}
+
+
+def tensor_bytes(spec: dict) -> int:
+    """Bytes of a manifest tensor (name, shape, dtype), refused above MAX_BYTES."""
+    count = 1
+    for dim in spec["shape"]:
+        count *= dim
+        if count > MAX_BYTES:
+            break
+    nbytes = count * DTYPE_BYTES[spec["dtype"]]
+    if nbytes > MAX_BYTES:
+        raise BundleError(
+            f"{MANIFEST_FILE}: tensor {spec['name']!r} of shape {spec['shape']} is larger than {MAX_BYTES} bytes"
+        )
+    return nbytes
+
+
+def check_manifest(manifest: dict, files: dict[str, bytes]) -> None:
+    """Check every key, type and size of a model bundle's manifest, and the sizes it gives against `files`,
+    raising one BundleError that names the first thing wrong."""
+    _check(MANIFEST_SCHEMA, "manifest", manifest)
+    for spec in [*manifest["inputs"], *manifest["outputs"], *manifest["params"]["layout"]]:
+        tensor_bytes(spec)
+    code, params = manifest["code"], manifest["params"]
+    if code not in files or PARAMS_FILE not in files:
+        raise BundleError(f"the bundle is incomplete: its manifest lists no {code} or {PARAMS_FILE}; export it again")
+    if len(files[PARAMS_FILE]) != params["bytes"]:
+        raise BundleError(
+            f"{PARAMS_FILE} has {len(files[PARAMS_FILE])} bytes, the manifest says {params['bytes']}; export the model again"
+        )
+    for entry in params["layout"]:
+        if entry["nbytes"] != tensor_bytes(entry) or entry["offset"] + entry["nbytes"] > params["bytes"]:
+            raise BundleError(
+                f"{MANIFEST_FILE}: param {entry['name']!r} does not fit {PARAMS_FILE}; export the model again"
+            )
+    kernels = {kernel["name"] for kernel in manifest["kernels"]}
+    for position, call in enumerate(manifest["calls"]):
+        if call["kernel"] not in kernels:
+            raise BundleError(
+                f"{MANIFEST_FILE}: call {position} names unknown kernel {call['kernel']!r}; export the model again"
+            )
+    for position, spec in enumerate(manifest["outputs"]):
+        source = spec["source"]
+        if source is None:
+            continue
+        if source["region"] == "params":
+            _count(f"manifest.outputs[{position}].source.offset", source.get("offset"))
+            if source["offset"] + tensor_bytes(spec) > params["bytes"]:
+                raise BundleError(
+                    f"{MANIFEST_FILE}: output {spec['name']!r} does not fit {PARAMS_FILE}; export the model again"
+                )
+        else:
+            among = manifest["inputs"] if source["region"] == "input" else manifest["outputs"]
+            index = source.get("index")
+            _count(f"manifest.outputs[{position}].source.index", index, len(among) - 1)
+            if among[index]["shape"] != spec["shape"] or among[index]["dtype"] != spec["dtype"]:
+                raise BundleError(f"{MANIFEST_FILE}: output {spec['name']!r} is copied from a tensor of another shape")
 
 
 def write_bundle(directory: str | Path, manifest: dict, files: dict[str, bytes]) -> Path:
@@ -66,7 +283,7 @@ def read_bundle(directory: str | Path) -> tuple[dict, dict[str, bytes]]:
         raise BundleError(f"{directory} is not a bundle: {MANIFEST_FILE} is missing; export the model again")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise BundleError(f"{manifest_path} is corrupted (not JSON: {error}); export the model again") from None
     if not isinstance(manifest, dict):
         raise BundleError(f"{manifest_path} is corrupted (not a JSON object); export the model again")

@@ -28,3 +28,7 @@ class TargetError(TesselError):
 
 class TuningError(TesselError):
     """A tuning config or records file that does not fit: a knob no template has, a value outside a knob's space."""
+
+
+class RunError(TesselError):
+    """A model refused its inputs while running: an index out of range for the axis it reads."""

@@ -9,10 +9,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import mimetypes
+import shutil
 import time
+import zipfile
 from collections.abc import AsyncIterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
@@ -28,26 +31,30 @@ from compiler.errors import TargetError, TesselError
 from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
 from server.jobs import (
     FINISHED,
+    ImportRefused,
     Job,
     JobQueue,
     QueueFull,
     bundle_key,
     default_workers,
-    error_body,
-    error_status,
     new_job_id,
 )
 from server.store import JOB_ID, Store
 
-ROOT = Path(__file__).resolve().parent.parent
-STATIC_DIR = ROOT / "static"
-RUNTIME_DIR = ROOT / "web_runtime"
+# Links to the repository's static/ and web_runtime/, which an install copies into the package.
+PAGES = Path(__file__).resolve().parent / "pages"
+STATIC_DIR = PAGES / "static"
+RUNTIME_DIR = PAGES / "web_runtime"
 MiB = 2**20
+# Files one upload may hold: a model and its external data files (torch writes one, onnx one per tensor at most).
+MAX_FILES = 256
 # Room for the multipart framing and the small form fields around the model file.
 FORM_OVERHEAD = 64 * 1024
 KEEPALIVE_S = 15.0
 PREBUILT_WAIT_S = 30.0
 IMMUTABLE = "public, max-age=31536000, immutable"
+# What static/demo.js draws and reads (its SIZE * SIZE pixels and ten digit scores).
+DEMO_PIXELS, DEMO_CLASSES = 64, 10
 TARGET_LABELS = {
     "wasm": ("WebAssembly + SIMD: runs in this browser", True),
     "llvm": ("Native library (.so) for this server's CPU", False),
@@ -153,15 +160,37 @@ def _save_upload(source, destination: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _validate(path: Path, input_shapes: dict[str, list[int]]) -> None:
-    """Import the model as the compiler will, so a file that is not ONNX, an op nobody implements or a
-    shape that cannot be fixed is answered at upload time rather than as a failed job. The model goes in
-    as bytes, never as a path: messages then name no server path, and weights in "external files" (which
-    could name any file on the server) are refused."""
-    from compiler.frontend.onnx import load_onnx
+def _save_as_zip(uploads: list[UploadFile], destination: Path) -> tuple[str, int]:
+    """Several files of one upload (a model and its external data) stored as one zip, which server/uploads.py
+    opens like an uploaded one: members in name order with a fixed date, so the same files give the same bytes
+    and the same bundle id."""
+    with zipfile.ZipFile(destination, "w", zipfile.ZIP_STORED) as archive:
+        for name, upload in sorted(zip(_file_names(uploads), uploads)):
+            upload.file.seek(0)
+            with archive.open(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), "w") as member:
+                shutil.copyfileobj(upload.file, member, MiB)
+    digest, size = hashlib.sha256(), 0
+    with destination.open("rb") as stream:
+        while chunk := stream.read(MiB):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
-    shapes = {name: tuple(shape) for name, shape in input_shapes.items()} or None
-    load_onnx(path.read_bytes(), input_shapes=shapes)
+
+def _file_names(uploads: list[UploadFile]) -> list[str]:
+    """Each file's own name (a folder the client sent is dropped), refused when empty, odd or repeated."""
+    names = [PurePosixPath((upload.filename or "").replace("\\", "/")).name for upload in uploads]
+    for name in names:
+        if name in ("", ".", "..") or any(ord(character) < 32 for character in name):
+            raise UploadRefused(f"every file of a several-file upload needs a plain file name, got {name!r}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UploadRefused(f"the upload holds {repeated[0]!r} twice; send each file once")
+    return names
+
+
+class UploadRefused(Exception):
+    pass
 
 
 # ---- routes --------------------------------------------------------------------------------------------
@@ -178,7 +207,7 @@ async def compile_model_route(request: Request) -> Response:
     parser = MultiPartParser(
         request.headers,
         _limited(request.stream(), limit + FORM_OVERHEAD),
-        max_files=1,
+        max_files=MAX_FILES,
         max_fields=16,
         max_part_size=FORM_OVERHEAD,
     )
@@ -191,18 +220,27 @@ async def compile_model_route(request: Request) -> Response:
     job_id = new_job_id()
     upload_path = state.store.upload_path(job_id)
     try:
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            return error(400, "attach the ONNX model as the form field 'file'")
-        if (upload.size or 0) > limit:
+        uploads = [value for value in form.getlist("file") if isinstance(value, UploadFile)]
+        if not uploads:
+            return error(
+                400, "attach the ONNX model, or a zip of it and its data files, or all those files, as the field 'file'"
+            )
+        if sum(upload.size or 0 for upload in uploads) > limit:
             return _too_large(limit)
         try:
             names = parse_targets([value for value in form.getlist("targets") if isinstance(value, str)])
             shapes = parse_input_shapes([value for value in form.getlist("input_shapes") if isinstance(value, str)])
         except TesselError as exception:
             return error(400, str(exception))
-        digest, size = await asyncio.to_thread(_save_upload, upload.file, upload_path)
-        model = {"filename": upload.filename or "model.onnx", "bytes": size, "sha256": digest}
+        if len(uploads) == 1:
+            digest, size = await asyncio.to_thread(_save_upload, uploads[0].file, upload_path)
+        else:
+            try:
+                digest, size = await asyncio.to_thread(_save_as_zip, uploads, upload_path)
+            except UploadRefused as exception:
+                return error(400, str(exception))
+        filename = uploads[0].filename if len(uploads) == 1 else f"{len(uploads)} files"
+        model = {"filename": filename or "model.onnx", "bytes": size, "sha256": digest}
         job = Job(job_id, {name: bundle_key(digest, name, shapes) for name in names}, shapes, model)
         return await _submit(state.queue, job)
     finally:
@@ -217,14 +255,13 @@ async def _submit(queue: JobQueue, job: Job) -> Response:
     try:
         if not queue.all_stored(job.builds) and queue.find_in_flight(job.builds) is None:
             queue.check_room()
-            await asyncio.to_thread(_validate, queue.store.upload_path(job.id), job.input_shapes)
+            await queue.import_upload(queue.store.upload_path(job.id), job.input_shapes)
         submitted = queue.submit(job)
     except QueueFull as exception:
         return error(429, str(exception), headers={"Retry-After": "30"}, max_queue=queue.max_queue)
-    except TesselError as exception:
-        body = error_body(exception)
-        details = {"ops": body["ops"]} if "ops" in body else {}
-        return error(error_status(exception), str(exception), **details)
+    except ImportRefused as exception:
+        details = {"ops": exception.body["ops"]} if "ops" in exception.body else {}
+        return error(exception.body["status"], exception.body["message"], **details)
     body = {"job": submitted.id, "position": queue.position(submitted), "state": submitted.state}
     return JSONResponse({**body, "url": f"/api/jobs/{submitted.id}"}, status_code=202)
 
@@ -334,12 +371,18 @@ def _no_bundle(bundle_id: str) -> JSONResponse:
 
 
 def _safe_file(root: Path, relative: str) -> Path | None:
-    """`root/relative` when it is a plain file inside `root` after following every link; None otherwise."""
+    """`root/relative` when it is a plain file inside `root` after following every link; None otherwise (a
+    control character such as an encoded NUL included: the file system cannot name it)."""
     if not relative or relative.startswith("/") or "\\" in relative or ".." in relative.split("/"):
         return None
+    if any(ord(character) < 32 for character in relative):
+        return None
     base = root.resolve()
-    path = (base / relative).resolve()
-    return path if path.is_relative_to(base) and path.is_file() else None
+    try:
+        path = (base / relative).resolve()
+        return path if path.is_relative_to(base) and path.is_file() else None
+    except OSError:  # a name longer than the file system takes, a loop of links
+        return None
 
 
 def _page_file(root: Path, relative: str, what: str) -> Response:
@@ -374,20 +417,38 @@ async def demo_route(request: Request) -> Response:
             return error(500, f"the {name} model failed to compile: {job.error['message']}")
         if job.state != "done":
             return error(503, f"the {name} model is still compiling ({job.state}); try again in a moment")
+        bundle_id = job.result["bundles"]["wasm"]["id"]
+        if not demo_fits(state.store.manifest(bundle_id)):
+            return error(404, f"the drawing demo takes an 8x8 digits model; {name} does not fit it")
         query = f"?{request.url.query}" if request.url.query else ""
-        return RedirectResponse(f"/demo/{job.result['bundles']['wasm']['id']}{query}", status_code=307)
+        return RedirectResponse(f"/demo/{bundle_id}{query}", status_code=307)
     if not state.store.has_bundle(name):
         return _no_bundle(name)
     return _page_file(state.static_dir, "demo.html", "demo page (static file)")
 
 
+def demo_fits(manifest: dict | None) -> bool:
+    """Whether static/demo.js can drive the bundle: it draws 8x8 float32 pixels and reads 10 class scores."""
+
+    def elements(spec: dict) -> int:
+        return math.prod(spec["shape"])
+
+    if not manifest or len(manifest["inputs"]) != 1 or not manifest["outputs"]:
+        return False
+    (source,), output = manifest["inputs"], manifest["outputs"][0]
+    return source["dtype"] == "float32" and elements(source) == DEMO_PIXELS and elements(output) == DEMO_CLASSES
+
+
 async def zoo_route(request: Request) -> Response:
+    """The prebuilt models; `demo` links the drawing demo only for a finished model that fits it."""
     state = request.app.state
     models = []
     for name, job_id in state.prebuilt.items():
         job = state.queue.jobs[job_id]
         bundles = {target: bundle["id"] for target, bundle in (job.result or {}).get("bundles", {}).items()}
-        models.append({"name": name, "job": job_id, "state": job.state, "bundles": bundles, "demo": f"/demo/{name}"})
+        fits = "wasm" in bundles and demo_fits(state.store.manifest(bundles["wasm"]))
+        demo = f"/demo/{name}" if fits else None
+        models.append({"name": name, "job": job_id, "state": job.state, "bundles": bundles, "demo": demo})
     return JSONResponse({"models": models})
 
 
@@ -437,6 +498,7 @@ def create_app(
     max_workers: int | None = None,
     max_queue: int = 64,
     job_timeout_s: float = 600.0,
+    import_memory_bytes: int = 2048 * MiB,
     prebuild: tuple[str, ...] = (),
     static_dir: str | Path = STATIC_DIR,
     runtime_dir: str | Path = RUNTIME_DIR,
@@ -445,7 +507,7 @@ def create_app(
     TestClient's `with` block, or uvicorn) and stop with it."""
     prebuild = check_prebuild(prebuild)
     store = Store(store_dir)
-    queue = JobQueue(store, max_workers or default_workers(), max_queue, job_timeout_s)
+    queue = JobQueue(store, max_workers or default_workers(), max_queue, job_timeout_s, import_memory_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -485,11 +547,31 @@ def create_app(
     return app
 
 
+def json_error_protocol():
+    """uvicorn's HTTP protocol with its answer to a request it cannot parse (a malformed Content-Length, a bad
+    request line) given as this service's JSON error body instead of plain text."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class JsonErrorProtocol(AutoHTTPProtocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps({"error": f"the request is not valid HTTP/1.1 ({msg}); check its headers"}).encode()
+            head = [b"HTTP/1.1 400 Bad Request", b"content-type: application/json", b"connection: close"]
+            head += [
+                b"content-length: " + str(len(body)).encode(),
+                *(name + b": " + value for name, value in ISOLATION_HEADERS),
+            ]
+            self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+            self.transport.close()
+
+    return JsonErrorProtocol
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, store_dir: str | Path = "var", prebuild=(), **limits) -> None:
     """Run the service with uvicorn until interrupted; `limits` are create_app's keyword arguments."""
     import uvicorn
 
-    uvicorn.run(create_app(store_dir, prebuild=tuple(prebuild), **limits), host=host, port=port)
+    app = create_app(store_dir, prebuild=tuple(prebuild), **limits)
+    uvicorn.run(app, host=host, port=port, http=json_error_protocol())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -505,13 +587,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")
     parser.add_argument("--max-queue", type=int, default=64, help="most jobs waiting for a worker (default 64)")
     parser.add_argument("--job-timeout", type=float, default=600, help="seconds one compile may take (default 600)")
+    parser.add_argument(
+        "--import-memory-mb", type=float, default=2048, help="memory one upload's import may use in MiB (default 2048)"
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise TesselError(f"--workers must be at least 1, got {args.workers}")
-    if args.max_queue < 0 or args.job_timeout <= 0 or args.max_upload_mb <= 0:
-        raise TesselError("--max-queue must be 0 or more, --job-timeout and --max-upload-mb above 0")
+    if args.max_queue < 0 or args.job_timeout <= 0 or args.max_upload_mb <= 0 or args.import_memory_mb <= 0:
+        raise TesselError(
+            "--max-queue must be 0 or more, --job-timeout, --max-upload-mb and --import-memory-mb above 0"
+        )
     names = check_prebuild(name.strip() for name in args.prebuild.split(",") if name.strip())
     serve(
         args.host,
@@ -522,6 +609,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         max_workers=args.workers,
         max_queue=args.max_queue,
         job_timeout_s=args.job_timeout,
+        import_memory_bytes=int(args.import_memory_mb * MiB),
     )
     return 0
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import resource
 import secrets
 import shutil
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from compiler.build import COMPILER_VERSION
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
 from server.store import Store
+from server.uploads import opened_model
 
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 FINISHED = (DONE, FAILED)
@@ -123,6 +125,7 @@ class CompileTask:
     model_path: str
     builds: tuple[tuple[str, str], ...]
     input_shapes: dict[str, list[int]]
+    max_extracted_bytes: int
 
 
 def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
@@ -146,30 +149,29 @@ def _compile(task: CompileTask, send) -> dict:
 
     store = Store(task.store_root)
     shapes = {name: tuple(shape) for name, shape in task.input_shapes.items()} or None
-    # Bytes, not the path, for the reason app._validate gives.
-    model = Path(task.model_path).read_bytes()
-    bundles = {}
-    for position, (target, bundle_id) in enumerate(task.builds):
-        if store.has_bundle(bundle_id):
-            send(("log", f"{target}: bundle {bundle_id[:12]} already stored, reused"))
-            bundles[target] = bundle_summary(store, bundle_id, reused=True)
-            continue
+    with opened_model(Path(task.model_path), task.max_extracted_bytes) as model:
+        bundles = {}
+        for position, (target, bundle_id) in enumerate(task.builds):
+            if store.has_bundle(bundle_id):
+                send(("log", f"{target}: bundle {bundle_id[:12]} already stored, reused"))
+                bundles[target] = bundle_summary(store, bundle_id, reused=True)
+                continue
 
-        def progress(step: str, fraction: float, target=target, position=position) -> None:
-            send(("progress", (position + fraction) / len(task.builds), f"{target}: {step}"))
+            def progress(step: str, fraction: float, target=target, position=position) -> None:
+                send(("progress", (position + fraction) / len(task.builds), f"{target}: {step}"))
 
-        started = time.perf_counter()
-        module = compile_model(model, target=target, input_shapes=shapes, progress=progress)
-        seconds = time.perf_counter() - started
-        staging = store.new_staging_dir()
-        module.export(staging / "bundle")
-        info = {"target": target, "compile_seconds": round(seconds, 3), "compiled": time.time()}
-        (staging / "bundle" / "build.json").write_text(json.dumps(info) + "\n")
-        store.install_bundle(staging / "bundle", bundle_id)
-        shutil.rmtree(staging, ignore_errors=True)
-        send(("log", f"{target}: compiled in {seconds:.2f} s into bundle {bundle_id[:12]}"))
-        bundles[target] = {**bundle_summary(store, bundle_id, reused=False), "compile_seconds": round(seconds, 3)}
-    return bundles
+            started = time.perf_counter()
+            module = compile_model(model, target=target, input_shapes=shapes, progress=progress)
+            seconds = time.perf_counter() - started
+            staging = store.new_staging_dir()
+            module.export(staging / "bundle")
+            info = {"target": target, "compile_seconds": round(seconds, 3), "compiled": time.time()}
+            (staging / "bundle" / "build.json").write_text(json.dumps(info) + "\n")
+            store.install_bundle(staging / "bundle", bundle_id)
+            shutil.rmtree(staging, ignore_errors=True)
+            send(("log", f"{target}: compiled in {seconds:.2f} s into bundle {bundle_id[:12]}"))
+            bundles[target] = {**bundle_summary(store, bundle_id, reused=False), "compile_seconds": round(seconds, 3)}
+        return bundles
 
 
 def _worker_main(connection) -> None:
@@ -194,6 +196,82 @@ def _worker_main(connection) -> None:
             connection.send(reply)
         except OSError:
             return
+
+
+# ---- importing an upload --------------------------------------------------------------------------------
+
+
+class ImportRefused(Exception):
+    """An upload's import failed in its process: `body` is the JSON error, with its HTTP status."""
+
+    def __init__(self, body: dict):
+        super().__init__(body["message"])
+        self.body = body
+
+
+def _virtual_bytes() -> int:
+    with open("/proc/self/statm") as stream:
+        return int(stream.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _import_main(connection, model_path: str, input_shapes: dict, memory_bytes: int) -> None:
+    """Import the upload as the compiler will (uploads.opened_model), with the address space capped
+    `memory_bytes` above what the process already maps, so a model that folds into a huge constant fails here
+    with a MemoryError; `memory_bytes` also bounds what a zip may extract to."""
+    from compiler.frontend.onnx import load_onnx
+
+    limit = _virtual_bytes() + memory_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    shapes = {name: tuple(shape) for name, shape in input_shapes.items()} or None
+    try:
+        with opened_model(Path(model_path), memory_bytes) as model:
+            load_onnx(model, input_shapes=shapes)
+        reply = None
+    except (TesselError, MemoryError) as error:
+        # the importer names the node a MemoryError stopped at, but here it is this process's limit that was hit
+        exhausted = isinstance(error, MemoryError) or isinstance(error.__cause__, MemoryError)
+        reply = {"message": _memory_message(memory_bytes), "status": 413} if exhausted else error_body(error)
+    except Exception as error:
+        traceback.print_exc(file=sys.stderr)
+        reply = {"message": f"the model could not be imported ({type(error).__name__}: {error})", "status": 422}
+    connection.send(reply)
+
+
+def _memory_message(memory_bytes: int) -> str:
+    return (
+        f"importing the model needs more than this server's {memory_bytes / 2**20:g} MiB "
+        "(a constant it computes is too large); compile it locally with `tessel compile`"
+    )
+
+
+async def import_in_process(context, model_path: Path, input_shapes: dict, memory_bytes: int, timeout_s: float):
+    """Run the upload's import in a process of its own with `memory_bytes` and `timeout_s` as its limits, so
+    nothing an upload makes the importer do can grow the server or stall its event loop; ImportRefused says
+    why it failed."""
+    receiving, sending = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_import_main,
+        args=(sending, str(model_path), input_shapes, memory_bytes),
+        daemon=True,
+        name="tessel-import",
+    )
+    await asyncio.to_thread(process.start)
+    sending.close()
+    try:
+        ready = await asyncio.to_thread(receiving.poll, timeout_s)
+        reply = receiving.recv() if ready else TimeoutError
+    except (EOFError, OSError):
+        reply = EOFError
+    finally:
+        receiving.close()
+        process.kill()
+        await asyncio.to_thread(process.join, 5)
+    if reply is TimeoutError:
+        raise ImportRefused({"message": f"importing the model took longer than {timeout_s:g} s", "status": 422})
+    if reply is EOFError:
+        raise ImportRefused({"message": _memory_message(memory_bytes), "status": 413})
+    if reply is not None:
+        raise ImportRefused(reply)
 
 
 class WorkerDied(Exception):
@@ -256,8 +334,20 @@ class JobQueue:
     """Jobs in submission order: up to `max_workers` run at once, at most `max_queue` wait. Identical
     uploads share one in-flight job and reuse stored bundles; `compiles` counts bundles compiled."""
 
-    def __init__(self, store: Store, max_workers: int, max_queue: int, job_timeout_s: float):
+    def __init__(
+        self,
+        store: Store,
+        max_workers: int,
+        max_queue: int,
+        job_timeout_s: float,
+        import_memory_bytes: int = 2 << 30,
+        import_timeout_s: float = 60.0,
+    ):
         self.store = store
+        self.import_memory_bytes = import_memory_bytes
+        self.import_timeout_s = import_timeout_s
+        # as many imports at once as compiles: each holds a process and a thread waiting on its pipe
+        self.import_slots = asyncio.Semaphore(max(1, max_workers))
         self.max_workers = max(1, max_workers)
         self.max_queue = max_queue
         self.job_timeout_s = job_timeout_s
@@ -295,6 +385,13 @@ class JobQueue:
             await asyncio.to_thread(worker.kill)
         self.busy.clear()
         self.idle.clear()
+
+    async def import_upload(self, model_path: Path, input_shapes: dict) -> None:
+        """Import an upload in a process of its own under this queue's limits; ImportRefused if it fails."""
+        async with self.import_slots:
+            await import_in_process(
+                self.context, model_path, input_shapes, self.import_memory_bytes, self.import_timeout_s
+            )
 
     def position(self, job: Job) -> int:
         """1 for the next job to start, 2 for the one after...; 0 once a job runs or has finished."""
@@ -384,7 +481,11 @@ class JobQueue:
 
     async def _run(self, job: Job) -> None:
         task = CompileTask(
-            str(self.store.root), str(self.store.upload_path(job.id)), tuple(job.builds.items()), job.input_shapes
+            str(self.store.root),
+            str(self.store.upload_path(job.id)),
+            tuple(job.builds.items()),
+            job.input_shapes,
+            self.import_memory_bytes,
         )
         started = time.perf_counter()
         worker: Worker | None = None

@@ -112,7 +112,8 @@ async function loadZooLinks() {
     const response = await fetch("/api/zoo");
     if (!response.ok) return;
     const { models } = await response.json();
-    const digits = models.find((model) => model.name === "digits" && model.state === "done");
+    // The server gives `demo` only for a finished model the drawing demo can drive.
+    const digits = models.find((model) => model.name === "digits" && model.demo);
     if (digits) {
       const link = document.createElement("a");
       link.href = digits.demo;

@@ -8,7 +8,7 @@
 
 const PAGE_BYTES = 65536;
 const ALIGNMENT = 64;
-const FORMAT_VERSION = 1;
+const FORMAT_VERSION = 2;
 
 const TYPED_ARRAYS = {
   float32: Float32Array,
@@ -102,8 +102,7 @@ class FetchSource {
     instantiated.catch(() => {});
     const total = Number(response.headers.get("Content-Length")) || 0;
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
-    const bytes = await collect(readStream(forBytes), onLoaded);
-    return { ...(await instantiated), bytes };
+    return { bytes: await collect(readStream(forBytes), onLoaded), instantiated };
   }
 
   async *chunks(name) {
@@ -164,7 +163,9 @@ class DiskSource {
     const total = await stat(path).then((info) => info.size, () => 0);
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
     const bytes = await collect(this.chunks(name), onLoaded);
-    return { ...(await WebAssembly.instantiate(bytes, imports)), bytes };
+    const instantiated = WebAssembly.instantiate(bytes, imports);
+    instantiated.catch(() => {});
+    return { bytes, instantiated };
   }
 
   async *chunks(name) {
@@ -219,12 +220,31 @@ async function checkDigest(manifest, name, bytes) {
   }
 }
 
+// The keys and sizes this runtime reads, each checked before it sizes memory from them (compiler/bundle.py
+// checks the whole manifest the same way).
 function checkManifest(manifest) {
-  if (manifest.format_version !== FORMAT_VERSION) {
+  if (!manifest || typeof manifest !== "object" || manifest.format_version !== FORMAT_VERSION) {
     throw new Error(
-      `tessel: bundle format version ${manifest.format_version}; this runtime reads version ${FORMAT_VERSION}: ` +
-        "compile the model again with a matching Tessel",
+      `tessel: bundle format version ${manifest && manifest.format_version}; this runtime reads version ` +
+        `${FORMAT_VERSION}: compile the model again with a matching Tessel`,
     );
+  }
+  const invalid = (what) => {
+    throw new Error(`tessel: manifest.json is not a valid manifest: ${what}; export the model again`);
+  };
+  const isCount = (value) => Number.isSafeInteger(value) && value >= 0;
+  for (const key of ["inputs", "outputs"]) {
+    if (!Array.isArray(manifest[key])) invalid(`${key} must be a list`);
+    manifest[key].forEach((spec, position) => {
+      if (!spec || typeof spec.name !== "string" || !Array.isArray(spec.shape) || !spec.shape.every(isCount)) {
+        invalid(`${key}[${position}] must have a name and a shape of whole numbers`);
+      }
+    });
+  }
+  if (!manifest.params || !isCount(manifest.params.bytes)) invalid("params.bytes must be a whole number");
+  if (!manifest.memory || !isCount(manifest.memory.arena_bytes)) invalid("memory.arena_bytes must be a whole number");
+  if (typeof manifest.code !== "string" || !manifest.entry || typeof manifest.entry.name !== "string") {
+    invalid("code and entry.name must be strings");
   }
   for (const spec of [...manifest.inputs, ...manifest.outputs]) {
     if (!(spec.dtype in TYPED_ARRAYS)) {
@@ -286,6 +306,18 @@ function checkFeeds(feeds, inputs) {
 //   create   -> (async) an executor {run(arrays) -> typed arrays in manifest output order, dispose()},
 //               given inputs already checked. The model object around it owns validation and naming.
 
+// The run entry returns the number (from 1) of the kernel call that found an index out of range, as
+// compiler/runtime/__init__.py's check_status reads it.
+function describeFailure(manifest, failed) {
+  const call = (manifest.calls || [])[failed - 1];
+  const kernel = call && (manifest.kernels || []).find((item) => item.name === call.kernel);
+  const where = call ? `${kernel ? [...new Set(kernel.ops)].join("/") : call.kernel} (group '${call.group}')` : `kernel call ${failed}`;
+  return (
+    `an index is out of range in ${where}: each index must lie in [-n, n) for an axis of n elements ` +
+    "(onnxruntime refuses it too); check the model's index inputs"
+  );
+}
+
 class WasmExecutor {
   // Linear memory from __heap_base: params (copied in once), the arena, then one 64-byte-aligned slot per
   // input and output, the layout compiler/runtime/wasm.py uses, so `run(inputs…, outputs…, params, arena)`
@@ -340,7 +372,8 @@ class WasmExecutor {
         new Uint8Array(array.buffer, array.byteOffset, array.byteLength),
       );
     });
-    this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
+    const failed = this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
+    if (failed) throw new Error(`tessel: ${describeFailure(this.manifest, failed)}`);
     const results = outputs.map((spec, position) => {
       const Type = TYPED_ARRAYS[spec.dtype];
       const start = this.outputOffsets[position];
@@ -389,15 +422,27 @@ const wasmBackend = {
       initial: limits.initial_pages,
       ...(limits.maximum_pages === null ? {} : { maximum: limits.maximum_pages }),
     });
-    let instantiated;
-    try {
-      instantiated = await source.wasm(manifest.code, { env: { memory } }, options.onProgress);
-    } catch (error) {
-      if (!(error instanceof WebAssembly.LinkError)) throw error;
-      throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one does not link: ${error.message}`);
-    }
-    const { instance, bytes } = instantiated;
+    // The digest is checked before the compile's outcome is looked at, so a damaged download says so rather
+    // than giving the engine's CompileError.
+    const { bytes, instantiated } = await source.wasm(manifest.code, { env: { memory } }, options.onProgress);
     await checkDigest(manifest, manifest.code, bytes);
+    let instance;
+    try {
+      ({ instance } = await instantiated);
+    } catch (error) {
+      if (error instanceof WebAssembly.LinkError) {
+        throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one does not link: ${error.message}`);
+      }
+      if (error instanceof WebAssembly.CompileError) {
+        throw new Error(`tessel: ${manifest.code} is not a valid wasm module (${error.message}); export the bundle again`);
+      }
+      throw error;
+    }
+    const entry = instance.exports[manifest.entry && manifest.entry.name];
+    const expected = manifest.inputs.length + manifest.outputs.length + 2;
+    if (typeof entry !== "function" || entry.length !== expected) {
+      throw new Error(`tessel: ${manifest.code} has no entry taking the manifest's ${expected} arguments; export it again`);
+    }
     const executor = new WasmExecutor(manifest, instance, memory);
     await executor.loadParams(source.chunks(manifest.params.file), options.onProgress);
     return executor;

@@ -51,6 +51,9 @@ NUM_THREADS_GLOBAL = "tessel_num_threads"
 # void tessel_parallel(void (*body)(void *closure, int32_t threads), void *closure, int32_t threads, int64_t work):
 # thread_pool.c; work is tir/work.py's estimate (-1: unknown)
 PARALLEL_ENTRY = "tessel_parallel"
+# A model's run entry numbers its kernel calls from 1 in `current call`; a failed te.index_check copies the
+# number into `failed call`, which the entry returns (0: every index was in range).
+CURRENT_CALL_GLOBAL, FAILED_CALL_GLOBAL = "tessel_current_call", "tessel_failed_call"
 # chunks of a parallel loop's range per thread, claimed from a shared counter: more balance the load when a
 # thread starts late, each costs one atomic add
 CHUNKS_PER_THREAD = 4
@@ -239,6 +242,15 @@ class _ModuleContext:
             threads = ir.GlobalVariable(self.module, _I32, NUM_THREADS_GLOBAL)
             threads.initializer = ir.Constant(_I32, 0)
             self.num_threads = threads
+        self.current_call, self.failed_call = (
+            self.status_global(name) for name in (CURRENT_CALL_GLOBAL, FAILED_CALL_GLOBAL)
+        )
+
+    def status_global(self, name: str) -> ir.GlobalVariable:
+        variable = ir.GlobalVariable(self.module, _I32, name)
+        variable.linkage = "internal"
+        variable.initializer = ir.Constant(_I32, 0)
+        return variable
 
     def function(self, name: str, return_type: ir.Type, arg_types: list[ir.Type]) -> ir.Function:
         existing = self.module.globals.get(name)
@@ -269,10 +281,14 @@ class _FunctionEmitter:
         self.lets: dict[Var, Expr] = {}
         self.vector_var: Var | None = None
         self.parallel_depth = parallel_depth
+        self.calls = 0
 
     def finish(self) -> None:
         self.entry.branch(self.function.blocks[1])
-        self.builder.ret_void()
+        if isinstance(self.function.function_type.return_type, ir.VoidType):
+            self.builder.ret_void()
+        else:
+            self.builder.ret(self.builder.load(self.context.failed_call, typ=_I32))
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -553,6 +569,8 @@ class _FunctionEmitter:
         callee = self.context.function(node.func, ir.VoidType(), [_PTR] * len(pointers))
         # Inlining every kernel into the caller would only grow one huge function and the O3 time.
         callee.attributes.add("noinline")
+        self.calls += 1
+        self.builder.store(ir.Constant(_I32, self.calls), self.context.current_call)
         self.builder.call(callee, pointers)
 
     def bind(self, var: Var, value: Expr, emit_body):
@@ -864,8 +882,25 @@ class _FunctionEmitter:
             return self.math.sigmoid(args[0], exp=lambda value: self.libm("exp", [value]))
         return self.libm(name, args)
 
+    def index_check(self, index: ir.Value, extent: ir.Value) -> ir.Value:
+        """`index` where every lane lies in [0, extent), else 0 for the lanes outside, and the current call's
+        number recorded as the run's failure."""
+        b = self.builder
+        outside = b.or_(b.icmp_signed("<", index, ir.Constant(index.type, None)), b.icmp_signed(">=", index, extent))
+        lanes = _lanes(outside)
+        anywhere = (
+            b.icmp_unsigned("!=", b.bitcast(outside, ir.IntType(lanes)), ir.Constant(ir.IntType(lanes), 0))
+            if lanes
+            else outside
+        )
+        with b.if_then(anywhere, likely=False):
+            b.store(b.load(self.context.current_call, typ=_I32), self.context.failed_call)
+        return b.select(outside, ir.Constant(index.type, None), index)
+
     def expr_call(self, node: Call) -> ir.Value:
         args = self.match(*(self.expr(arg) for arg in node.args))
+        if node.name == "index_check":
+            return self.index_check(*args)
         dtype = node.args[0].dtype
         if not is_float(dtype):
             if node.name == "abs":
@@ -994,17 +1029,34 @@ def element_bytes(dtype: str) -> int:
     return {"float16": 2, "float64": 8, "int64": 8, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}.get(dtype, 4)
 
 
-def generate_module(funcs: list[PrimFunc], target: Target | str) -> ir.Module:
-    """All `funcs` as external kernels of one module (plus their outlined parallel bodies)."""
+def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str, str] | None = None) -> ir.Module:
+    """All `funcs` as external kernels of one module (plus their outlined parallel bodies), and for each of
+    `texts` a function of that name returning a pointer to the NUL-terminated ASCII text."""
     target = Target.parse(target)
     context = _ModuleContext(target)
+    for name, text in (texts or {}).items():
+        data = bytearray(text.encode("ascii") + b"\0")
+        constant = ir.GlobalVariable(context.module, ir.ArrayType(_I8, len(data)), f"{name}.text")
+        constant.global_constant, constant.linkage = True, "private"
+        constant.initializer = ir.Constant(ir.ArrayType(_I8, len(data)), data)
+        getter = ir.Function(context.module, ir.FunctionType(_PTR, []), name)
+        ir.IRBuilder(getter.append_basic_block()).ret(_opaque(constant))
     # every kernel is declared before any body is emitted, so a body that declares a C library function finds a
     # kernel of the same name whichever comes first (FunctionEmitter.libm refuses the clash)
-    functions = [
-        ir.Function(context.module, ir.FunctionType(ir.VoidType(), [_PTR] * len(func.params)), func.name)
-        for func in funcs
+    # a model's run entry (a list of kernel calls, empty when the outputs are all copied by the host) returns the
+    # number of the call that failed
+    entries = [
+        isinstance(func.body, Seq) and all(isinstance(node, KernelCall) for node in func.body.stmts) for func in funcs
     ]
-    for func, function in zip(funcs, functions):
+    functions = [
+        ir.Function(
+            context.module,
+            ir.FunctionType(_I32 if entry else ir.VoidType(), [_PTR] * len(func.params)),
+            func.name,
+        )
+        for func, entry in zip(funcs, entries)
+    ]
+    for func, function, entry in zip(funcs, functions, entries):
         function.attributes.add("nounwind")
         emitter = _FunctionEmitter(context, function)
         for argument, buffer in zip(function.args, func.params):
@@ -1012,6 +1064,8 @@ def generate_module(funcs: list[PrimFunc], target: Target | str) -> ir.Module:
             # Kernel arguments never overlap: the runtimes pass one distinct array per parameter.
             argument.add_attribute("noalias")
             emitter.buffers[buffer] = argument
+        if entry:
+            emitter.builder.store(ir.Constant(_I32, 0), context.failed_call)
         emitter.stmt(func.body)
         emitter.finish()
     return context.module
@@ -1063,5 +1117,5 @@ def compile_module(module: ir.Module, target: Target | str) -> CompiledModule:
     return CompiledModule(target, str(parsed), machine.emit_assembly(parsed), machine.emit_object(parsed))
 
 
-def compile_funcs(funcs: list[PrimFunc], target: Target | str) -> CompiledModule:
-    return compile_module(generate_module(funcs, target), target)
+def compile_funcs(funcs: list[PrimFunc], target: Target | str, texts: dict[str, str] | None = None) -> CompiledModule:
+    return compile_module(generate_module(funcs, target, texts), target)

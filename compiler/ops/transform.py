@@ -16,7 +16,7 @@ from compiler.graph.ops import transform as graph_transform
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import set_compute
 from compiler.ops.elementwise import broadcast_read, constant
-from compiler.te.expr import Const, Expr
+from compiler.te.expr import Compare, Const, Expr
 
 _TAG = "injective"
 
@@ -189,18 +189,16 @@ def _fold_into(offset: Expr, dim: int, mode: str) -> Expr:
 set_compute("Pad", _pad)
 
 
-def _wrapped(index: Expr, dim: int) -> Expr:
-    """A runtime index with negatives counted from the end, as ONNX's Gather reads them."""
-    index = index.astype("int32") if index.dtype != "int32" else index
-    return te.select(index < 0, index + dim, index)
-
-
-def _guarded(data: te.Tensor, source: list[Expr], axis: int, dim: int) -> Expr:
-    """A read at a data-dependent index on `axis`: out-of-range indices give zero instead of reading past
-    the buffer."""
-    checked = source[axis]
-    source = [*source[:axis], clamp(checked, 0, dim - 1), *source[axis + 1 :]]
-    return te.select(te.all(checked >= 0, checked < dim), data[tuple(source)], constant(0, data.dtype))
+def _checked(index: Expr, dim: int) -> Expr:
+    """A runtime index into an axis of `dim`, negatives counted from the end as ONNX reads them, checked in
+    the index's own width (an int64 2**32 + 1 must not wrap to 1) and narrowed to int32 once it is in range,
+    unless the axis itself is longer than int32 counts; one out of range makes the run fail (te.index_check)
+    and reads element 0 meanwhile."""
+    if index.dtype not in ("int32", "int64"):
+        index = index.astype("int64")
+    wrapped = te.select(index < 0, index + dim, index)
+    checked = te.index_check(wrapped, dim)
+    return checked if checked.dtype == "int32" or dim > np.iinfo(np.int32).max else checked.astype("int32")
 
 
 def _gather(inputs, attrs, output_types):
@@ -209,9 +207,8 @@ def _gather(inputs, attrs, output_types):
     rank = len(indices.shape)
 
     def body(*index):
-        position = _wrapped(indices[tuple(index[axis : axis + rank])], data.shape[axis])
-        source = [*index[:axis], position, *index[axis + rank :]]
-        return _guarded(data, source, axis, data.shape[axis])
+        position = _checked(indices[tuple(index[axis : axis + rank])], data.shape[axis])
+        return data[(*index[:axis], position, *index[axis + rank :])]
 
     return [te.compute(output_types[0].shape, body, name="gather", tag=_TAG)]
 
@@ -224,15 +221,86 @@ def _gather_elements(inputs, attrs, output_types):
     axis = normalize_axis(attrs.get("axis", 0), len(data.shape), "GatherElements axis")
 
     def body(*index):
-        position = _wrapped(indices[index], data.shape[axis])
         source = list(index)
-        source[axis] = position
-        return _guarded(data, source, axis, data.shape[axis])
+        source[axis] = _checked(indices[index], data.shape[axis])
+        return data[tuple(source)]
 
     return [te.compute(output_types[0].shape, body, name="gather_elements", tag=_TAG)]
 
 
 set_compute("GatherElements", _gather_elements)
+
+
+def _gather_nd(inputs, attrs, output_types):
+    data, indices = inputs
+    batch = attrs.get("batch_dims", 0)
+    depth, middle = indices.shape[-1], len(indices.shape) - 1 - batch
+
+    def body(*index):
+        leading = index[: batch + middle]
+        source = [_checked(indices[(*leading, _int(axis))], data.shape[batch + axis]) for axis in range(depth)]
+        return data[(*index[:batch], *source, *index[batch + middle :])]
+
+    return [te.compute(output_types[0].shape, body, name="gather_nd", tag=_TAG)]
+
+
+set_compute("GatherND", _gather_nd)
+
+
+def _scatter_nd(inputs, attrs, output_types):
+    """For each element the data addresses, the last update row whose (checked) indices name it, found by a max
+    reduction over the update rows; then that row's value, or the data where none names it. Every row's indices
+    are checked, whichever element they name, and the work is the number of addressed elements times the rows."""
+    data, indices, updates = inputs
+    depth, rows = indices.shape[-1], indices.shape[:-1]
+    strides = _strides(rows)
+
+    def last_body(*position):
+        axes = [te.reduce_axis((0, extent), name=f"u{number}") for number, extent in enumerate(rows)]
+        flat = _int(0)
+        for axis, stride in zip(axes, strides):
+            flat = flat + axis * stride if stride != 1 else flat + axis
+        named = te.all(
+            *(
+                Compare("eq", _checked(indices[(*axes, _int(column))], data.shape[column]), place)
+                for column, place in enumerate(position)
+            )
+        )
+        return te.max(te.select(named, flat, _int(-1)), axis=axes) if axes else te.select(named, flat, _int(-1))
+
+    last = te.compute(data.shape[:depth], last_body, name="scatter_nd_last", tag="reduce")
+
+    def body(*index):
+        row = last[index[:depth]]
+        safe = te.maximum(row, 0)
+        source = [safe // stride % extent if stride != 1 else safe % extent for stride, extent in zip(strides, rows)]
+        return te.select(row >= 0, updates[(*source, *index[depth:])], data[index])
+
+    return [te.compute(data.shape, body, name="scatter_nd", tag=_TAG)]
+
+
+set_compute("ScatterND", _scatter_nd)
+
+
+def _one_hot(inputs, attrs, output_types):
+    """Reads nothing at its indices (each output element compares its class with one index), so an index out of
+    range needs no check: it matches no class and its row is all off, as onnxruntime gives."""
+    indices, values = inputs
+    count = graph_transform.one_hot_depth(attrs["depth"])
+    axis = normalize_axis(attrs.get("axis", -1), len(indices.shape) + 1, "OneHot axis")
+    off, on = (values[tuple(_int(part) for part in np.unravel_index(k, values.shape))] for k in (0, 1))
+
+    def body(*index):
+        position = indices[(*index[:axis], *index[axis + 1 :])]
+        if position.dtype != "int64":
+            position = position.astype("int64")
+        wrapped = te.select(position < 0, position + count, position)
+        return te.select(Compare("eq", wrapped, index[axis].astype("int64")), on, off)
+
+    return [te.compute(output_types[0].shape, body, name="one_hot", tag=_TAG)]
+
+
+set_compute("OneHot", _one_hot)
 
 
 def _expand(inputs, attrs, output_types):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.errors import ShapeError
+from compiler.errors import RunError, ShapeError
 
 
 @dataclass(frozen=True)
@@ -37,4 +37,16 @@ def check_args(kernel: str, specs: list[ArgSpec], arrays: tuple) -> None:
             raise ShapeError(f"{where}: the array is read-only; kernels may write any argument, pass a copy")
 
 
-__all__ = ["ArgSpec", "check_args"]
+def check_status(status: int, calls: list[str]) -> None:
+    """Raise the failure a run entry returned: the number (from 1) of the kernel call whose index check
+    failed, `calls` naming each call's ops and group."""
+    if status == 0:
+        return
+    where = calls[status - 1] if 0 < status <= len(calls) else f"kernel call {status}"
+    raise RunError(
+        f"an index is out of range in {where}: each index must lie in [-n, n) for an axis of n elements "
+        "(onnxruntime refuses it too); check the model's index inputs"
+    )
+
+
+__all__ = ["ArgSpec", "check_args", "check_status"]

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from compiler.bundle import BINDING_SYMBOL, BundleError
 from compiler.errors import TargetError
-from compiler.runtime import ArgSpec, check_args
+from compiler.runtime import ArgSpec, check_args, check_status
 
 NUM_THREADS_ENV = "TESSEL_NUM_THREADS"
 
@@ -30,13 +34,51 @@ def default_num_threads() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
-class NativeLibrary:
-    """One loaded shared library; the file is removed once mapped, the bytes are kept by the caller."""
+# Loads a library in a child process and prints the text its BINDING_SYMBOL function returns: a truncated or
+# foreign file can kill the process that maps it (SIGBUS, SIGSEGV) or hang in its constructors.
+_PROBE = """
+import ctypes, sys
+getter = getattr(ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL), sys.argv[2])
+getter.restype = ctypes.c_char_p
+sys.stdout.write(getter()[:128].decode("ascii", "replace"))
+"""
+PROBE_SECONDS = 60
 
-    def __init__(self, library: bytes, num_threads: int | None = None):
+
+def _probe(path: Path) -> str:
+    """The binding text of the library at `path`, read in a child process; BundleError if that process fails."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _PROBE, str(path), BINDING_SYMBOL],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise BundleError(f"model.so did not finish loading in {PROBE_SECONDS} s; export the model again") from None
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        raise BundleError(f"model.so is not a loadable library (loading it raised {name}); export the model again")
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise BundleError(f"model.so is not a Tessel model library ({reason}); export the model again")
+    return done.stdout
+
+
+class NativeLibrary:
+    """One loaded shared library; the file is removed once mapped, the bytes are kept by the caller. With
+    `binding`, the library is first loaded in a child process and must carry that binding digest (bundle.py)
+    before this process maps it."""
+
+    def __init__(self, library: bytes, num_threads: int | None = None, binding: str | None = None):
         with tempfile.TemporaryDirectory(prefix="tessel-native-") as folder:
             path = Path(folder, "kernel.so")
             path.write_bytes(library)
+            if binding is not None and _probe(path) != binding:
+                raise BundleError(
+                    "model.so was not generated for this manifest.json (its binding digest differs: the manifest "
+                    "or the code was edited or swapped); export the model again"
+                )
             self.handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
         self.num_threads = default_num_threads() if num_threads is None else num_threads
 
@@ -76,7 +118,8 @@ def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
 class NativeModel:
     """A whole model in one library: its params are copied once into an aligned buffer, its arena
     is allocated once, and every call runs the exported entry `run(inputs..., outputs..., params,
-    arena)` on arrays that the caller has already checked."""
+    arena)` on arrays that the caller has already checked; `calls` names each kernel call of the entry for
+    the error raised when one of them finds an index out of range."""
 
     def __init__(
         self,
@@ -86,14 +129,17 @@ class NativeModel:
         outputs: list[ArgSpec],
         entry: str = "run",
         num_threads: int | None = None,
+        calls: list[str] | None = None,
+        binding: str | None = None,
     ):
-        self.library = NativeLibrary(library, num_threads)
+        self.library = NativeLibrary(library, num_threads, binding)
         self.params = aligned_buffer(len(params))
         self.params[:] = np.frombuffer(params, np.uint8)
         self.arena = aligned_buffer(arena_bytes)
         self.outputs = outputs
         self.entry = getattr(self.library.handle, entry)
-        self.entry.restype = None
+        self.entry.restype = ctypes.c_int32
+        self.calls = calls or []
         self.state = (ctypes.c_void_p(self.params.ctypes.data), ctypes.c_void_p(self.arena.ctypes.data))
 
     @property
@@ -106,5 +152,6 @@ class NativeModel:
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         outputs = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
-        self.entry(*[ctypes.c_void_p(array.ctypes.data) for array in (*inputs, *outputs)], *self.state)
+        status = self.entry(*[ctypes.c_void_p(array.ctypes.data) for array in (*inputs, *outputs)], *self.state)
+        check_status(status, self.calls)
         return outputs

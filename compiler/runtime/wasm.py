@@ -9,8 +9,9 @@ import ctypes
 import numpy as np
 import wasmtime
 
+from compiler.bundle import BINDING_SYMBOL, BundleError
 from compiler.errors import TargetError
-from compiler.runtime import ArgSpec, check_args
+from compiler.runtime import ArgSpec, check_args, check_status
 
 PAGE_BYTES = 65536
 ALIGN = 64
@@ -49,6 +50,10 @@ class WasmInstance:
         if [(item.module, item.name) for item in module.imports] != [("env", "memory")]:
             wanted = ", ".join(f"{item.module}.{item.name}" for item in module.imports)
             raise TargetError(f"a Tessel wasm module imports only env.memory; this one imports {wanted}")
+        self.memory_limits = {
+            "initial_pages": module.imports[0].type.limits.min,
+            "maximum_pages": module.imports[0].type.limits.max,
+        }
         self.memory = wasmtime.Memory(self.store, module.imports[0].type)
         self.instance = wasmtime.Instance(self.store, module, [self.memory])
         self.exports = self.instance.exports(self.store)
@@ -85,7 +90,7 @@ class WasmModel:
     """A whole model in one wasm module. Linear memory holds, from __heap_base, the params (copied in
     once, here), the arena, then one slot per input and output; each call copies the inputs in, runs
     the exported entry `run(inputs..., outputs..., params, arena)` on those offsets and copies the
-    outputs out."""
+    outputs out, unless the entry returns a failed call (an index out of range), which `calls` names."""
 
     def __init__(
         self,
@@ -95,14 +100,52 @@ class WasmModel:
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
         entry: str = "run",
+        calls: list[str] | None = None,
+        binding: str | None = None,
+        memory_limits: dict | None = None,
     ):
-        self.instance = WasmInstance(wasm)
+        try:
+            self.instance = WasmInstance(wasm)
+        except wasmtime.WasmtimeError as error:
+            reason = str(error).strip().splitlines()[0]
+            raise BundleError(f"model.wasm is not a valid wasm module ({reason}); export the model again") from None
+        if binding is not None:
+            self._check_binding(binding, entry, len(inputs) + len(outputs) + 2, memory_limits)
+        self.calls = calls or []
         sizes = [len(params), arena_bytes, *(_nbytes(spec) for spec in [*inputs, *outputs])]
         self.params_offset, self.arena_offset, *slots = self.instance.reserve(sizes)
         self.input_offsets, self.output_offsets = slots[: len(inputs)], slots[len(inputs) :]
         self.outputs = outputs
         self.entry = self.instance.exports[entry]
         ctypes.memmove(self._base() + self.params_offset, params, len(params))
+
+    def _check_binding(self, binding: str, entry: str, arguments: int, memory_limits: dict | None) -> None:
+        """The module must carry `binding` (bundle.py's digest of the manifest it was generated for), import the
+        memory the manifest says (`memory_limits`, what tessel.js creates) and export an entry taking the
+        manifest's number of arguments and returning the failed call."""
+        exports, store = self.instance.exports, self.instance.store
+        if memory_limits != self.instance.memory_limits:
+            raise BundleError(
+                f"manifest.json's memory.wasm_import {memory_limits} differs from model.wasm's "
+                f"{self.instance.memory_limits}; export the model again"
+            )
+        getter, run = exports.get(BINDING_SYMBOL), exports.get(entry)
+        wanted = "export the model again"
+        if not isinstance(getter, wasmtime.Func) or not isinstance(run, wasmtime.Func):
+            raise BundleError(f"model.wasm is not a Tessel model module (no {BINDING_SYMBOL} or {entry}); {wanted}")
+        kind = run.type(store)
+        if len(kind.params) != arguments or [str(item) for item in kind.results] != ["i32"]:
+            raise BundleError(f"model.wasm's {entry} does not take the manifest's {arguments} arguments; {wanted}")
+        address = getter(store)
+        memory = self.instance.memory
+        if not isinstance(address, int) or not 0 <= address <= memory.data_len(store) - len(binding):
+            raise BundleError(f"model.wasm's binding digest lies outside its memory; {wanted}")
+        found = bytes(memory.read(store, address, address + len(binding)))
+        if found != binding.encode():
+            raise BundleError(
+                "model.wasm was not generated for this manifest.json (its binding digest differs: the manifest or the "
+                f"code was edited or swapped); {wanted}"
+            )
 
     def _base(self) -> int:
         return ctypes.addressof(self.instance.memory.data_ptr(self.instance.store).contents)
@@ -111,9 +154,10 @@ class WasmModel:
         base = self._base()
         for offset, array in zip(self.input_offsets, inputs):
             ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
-        self.entry(
+        status = self.entry(
             self.instance.store, *self.input_offsets, *self.output_offsets, self.params_offset, self.arena_offset
         )
+        check_status(status, self.calls)
         base = self._base()
         outputs = []
         for offset, spec in zip(self.output_offsets, self.outputs):

@@ -19,6 +19,7 @@ from compiler.te.expr import (
     Var,
     as_expr,
     const,
+    is_int,
 )
 from compiler.te.expr import _promote as promote
 from compiler.te.schedule import Schedule, Stage, create_schedule
@@ -131,6 +132,16 @@ ceil = _float_call("ceil")
 round = _float_call("round")  # noqa: A001
 
 
+def index_check(index, extent: int) -> Expr:
+    """A data-dependent index that must lie in [0, extent): where it does not, the read takes index 0
+    (never outside the buffer) and the model's run entry returns the failing call, which the runtimes
+    raise as a RunError."""
+    index = as_expr(index)
+    if not is_int(index.dtype):
+        raise TEError(f"te.index_check needs an integer index, got {index.dtype}")
+    return Call("index_check", (index, Const(int(extent), index.dtype)), index.dtype)
+
+
 def abs(x) -> Expr:  # noqa: A001
     x = as_expr(x)
     return Call("abs", (x,), x.dtype)
@@ -174,6 +185,7 @@ __all__ = [
     "exp",
     "floor",
     "if_then_else",
+    "index_check",
     "log",
     "max",
     "maximum",

@@ -219,9 +219,25 @@ class Cast(Expr):
 
 @dataclass(eq=False)
 class Call(Expr):
-    """A math intrinsic: exp, log, sqrt, rsqrt, tanh, sigmoid, erf, floor, ceil, round, abs, pow."""
+    """A math intrinsic (exp, log, sqrt, rsqrt, tanh, sigmoid, erf, floor, ceil, round, abs, pow), or
+    index_check(index, extent): the index where it lies in [0, extent), else 0 and the model's run reports
+    which call failed (te.index_check)."""
 
-    INTRINSICS = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "floor", "ceil", "round", "abs", "pow")
+    INTRINSICS = (
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "tanh",
+        "sigmoid",
+        "erf",
+        "floor",
+        "ceil",
+        "round",
+        "abs",
+        "pow",
+        "index_check",
+    )
     name: str
     args: tuple[Expr, ...]
     dtype: str

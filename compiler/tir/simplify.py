@@ -75,6 +75,8 @@ def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
         return _union(bounds(expr.true_value, env), bounds(expr.false_value, env))
     if isinstance(expr, Let):
         return bounds(expr.body, {**env, expr.var: bounds(expr.value, env)})
+    if isinstance(expr, Call) and expr.name == "index_check":
+        return (0, int(expr.args[1].value) - 1)
     if not isinstance(expr, Binary):
         return UNKNOWN
     a, b = bounds(expr.a, env), bounds(expr.b, env)

@@ -193,16 +193,23 @@ def test_missing_pages_are_json_404s(serve, tmp_path):
 
 
 def test_prebuilt_zoo_models_are_listed_and_the_demo_name_redirects(serve):
-    client = serve(prebuild=("mlp",))
-    (entry,) = client.get("/api/zoo").json()["models"]
-    assert entry["name"] == "mlp" and entry["demo"] == "/demo/mlp"
+    client = serve(prebuild=("digits", "mlp"))
     # Asked for at once, the redirect waits for the compile that start-up queued.
-    redirect = client.get("/demo/mlp?backend=wasm", follow_redirects=False)
-    job = client.get(f"/api/jobs/{entry['job']}").json()
+    redirect = client.get("/demo/digits?backend=wasm", follow_redirects=False)
+    digits, mlp = client.get("/api/zoo").json()["models"]
+    job = client.get(f"/api/jobs/{digits['job']}").json()
     assert job["state"] == "done"
     bundle_id = job["result"]["bundles"]["wasm"]["id"]
     assert redirect.status_code == 307 and redirect.headers["location"] == f"/demo/{bundle_id}?backend=wasm"
-    assert client.get("/api/zoo").json()["models"][0]["bundles"] == {"wasm": bundle_id}
+    assert digits["name"] == "digits" and digits["demo"] == "/demo/digits" and digits["bundles"] == {"wasm": bundle_id}
+
+
+def test_the_demo_is_not_offered_for_a_model_it_does_not_fit(serve):
+    client = serve(prebuild=("mlp",))
+    refused = client.get("/demo/mlp")
+    assert refused.status_code == 404 and "mlp does not fit it" in refused.json()["error"]
+    (entry,) = client.get("/api/zoo").json()["models"]
+    assert entry["name"] == "mlp" and entry["state"] == "done" and entry["demo"] is None
 
 
 def test_prebuild_of_an_unknown_model_is_refused(tmp_path):
@@ -216,7 +223,8 @@ def test_command_line_arguments_reach_serve(monkeypatch):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     arguments = (
-        "--port 9000 --store /tmp/x --prebuild digits,mobilenet_v2 --workers 3 --max-upload-mb 1 --job-timeout 5"
+        "--port 9000 --store /tmp/x --prebuild digits,mobilenet_v2 --workers 3 --max-upload-mb 1 --job-timeout 5 "
+        "--import-memory-mb 64"
     )
     assert run_from_args(parser.parse_args(arguments.split())) == 0
     (args, kwargs), *_ = calls
@@ -227,6 +235,7 @@ def test_command_line_arguments_reach_serve(monkeypatch):
         "max_workers": 3,
         "max_queue": 64,
         "job_timeout_s": 5.0,
+        "import_memory_bytes": 64 * 2**20,
     }
     with pytest.raises(TesselError, match="unknown zoo model"):
         run_from_args(parser.parse_args(["--prebuild", "nope"]))

@@ -151,7 +151,7 @@ describe("loading", () => {
       const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
       await writeFile(join(path, "manifest.json"), JSON.stringify({ ...manifest, format_version: 99 }));
     });
-    await assert.rejects(tessel.load(directory), /format version 99; this runtime reads version 1/);
+    await assert.rejects(tessel.load(directory), /format version 99; this runtime reads version 2/);
   });
 
   test("a directory that is not a bundle names the missing manifest", async () => {

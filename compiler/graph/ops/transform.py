@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.errors import ModelError, ShapeError, UnsupportedOpError
+from compiler.errors import ModelError, RunError, ShapeError, UnsupportedOpError
 from compiler.graph.ir import DTYPES, TensorType
 from compiler.graph.ops.common import broadcast_shapes, normalize_axes, normalize_axis
 from compiler.graph.registry import Pattern, register_op
@@ -269,7 +269,7 @@ def _pad(x, mode="constant", constant_value=None, value=None, **attrs):
 _register("Pad", _infer_pad, _pad, const_inputs=((1, "pads"), (2, "constant_value"), (3, "axes")))
 
 
-# -- Gather, GatherElements ----------------------------------------------------------------------
+# -- Gather, GatherElements, GatherND --------------------------------------------------------------
 
 
 def _infer_gather(types, axis=0, **_):
@@ -278,9 +278,19 @@ def _infer_gather(types, axis=0, **_):
     return [TensorType(data.shape[:axis] + indices.shape + data.shape[axis + 1 :], data.dtype)]
 
 
+def _in_range(indices: np.ndarray, dim: int, op: str) -> np.ndarray:
+    """`indices` with negatives counted from the end, after checking each lies in [-dim, dim) as onnxruntime
+    does (a compiled kernel's te.index_check makes the run fail the same way)."""
+    indices = indices.astype(np.int64)
+    outside = (indices < -dim) | (indices >= dim)
+    if outside.any():
+        raise RunError(f"{op} index {int(indices[outside][0])} is out of range for an axis of {dim} elements")
+    return np.where(indices < 0, indices + dim, indices)
+
+
 def _gather(data, indices, axis=0, **_):
     axis = normalize_axis(axis, data.ndim, "Gather axis")
-    return np.take(data, indices.astype(np.int64), axis=axis)
+    return np.take(data, _in_range(indices, data.shape[axis], "Gather"), axis=axis)
 
 
 _register("Gather", _infer_gather, _gather)
@@ -296,12 +306,108 @@ def _infer_gather_elements(types, axis=0, **_):
 
 def _gather_elements(data, indices, axis=0, **_):
     axis = normalize_axis(axis, data.ndim, "GatherElements axis")
-    indices = indices.astype(np.int64)
-    indices = np.where(indices < 0, indices + data.shape[axis], indices)
-    return np.take_along_axis(data, indices, axis=axis)
+    return np.take_along_axis(data, _in_range(indices, data.shape[axis], "GatherElements"), axis=axis)
 
 
 _register("GatherElements", _infer_gather_elements, _gather_elements)
+
+
+def _infer_gather_nd(types, batch_dims=0, **_):
+    data, indices = types
+    depth = indices.shape[-1] if indices.shape else 0
+    if indices.dtype != "int64" or not 0 <= batch_dims < len(indices.shape):
+        raise ShapeError(f"GatherND takes int64 indices of rank above batch_dims={batch_dims}, got {indices}")
+    if not 1 <= depth <= len(data.shape) - batch_dims or data.shape[:batch_dims] != indices.shape[:batch_dims]:
+        raise ShapeError(
+            f"GatherND indices of shape {list(indices.shape)} do not index data of shape {list(data.shape)} "
+            f"with batch_dims={batch_dims}"
+        )
+    return [TensorType(indices.shape[:-1] + data.shape[batch_dims + depth :], data.dtype)]
+
+
+def _gather_nd(data, indices, batch_dims=0, **_):
+    depth = indices.shape[-1]
+    batch = data.shape[:batch_dims]
+    rows = []
+    for position in np.ndindex(*batch):
+        block, chosen = data[position], indices[position]
+        columns = [_in_range(chosen[..., axis], block.shape[axis], "GatherND") for axis in range(depth)]
+        rows.append(block[tuple(columns)])
+    shape = indices.shape[:-1] + data.shape[batch_dims + depth :]
+    return np.stack(rows).reshape(shape) if rows else np.zeros(shape, data.dtype)
+
+
+_register("GatherND", _infer_gather_nd, _gather_nd)
+
+
+def _scatter_nd_parts(data_shape, indices_shape, updates_shape, reduction="none"):
+    if reduction != "none":
+        raise UnsupportedOpError(f"ScatterND with reduction={reduction!r} is not supported", {"ScatterND": []})
+    depth = indices_shape[-1] if indices_shape else 0
+    if not 1 <= depth <= len(data_shape) or tuple(updates_shape) != (*indices_shape[:-1], *data_shape[depth:]):
+        raise ShapeError(
+            f"ScatterND indices of shape {list(indices_shape)} and updates of shape {list(updates_shape)} do not "
+            f"address data of shape {list(data_shape)}"
+        )
+    return depth
+
+
+def _infer_scatter_nd(types, reduction="none", **_):
+    data, indices, updates = types
+    if indices.dtype != "int64" or updates.dtype != data.dtype:
+        raise ShapeError(f"ScatterND takes int64 indices and updates of the data's dtype, got {indices}, {updates}")
+    _scatter_nd_parts(data.shape, indices.shape, updates.shape, reduction)
+    return [TensorType(data.shape, data.dtype)]
+
+
+def _scatter_nd(data, indices, updates, reduction="none", **_):
+    depth = _scatter_nd_parts(data.shape, indices.shape, updates.shape, reduction)
+    columns = [_in_range(indices[..., axis], data.shape[axis], "ScatterND") for axis in range(depth)]
+    result = data.copy()
+    # in update order, so where two updates address one element the later one stays (the compute does the same)
+    for row in np.ndindex(*indices.shape[:-1]):
+        result[tuple(int(column[row]) for column in columns)] = updates[row]
+    return result
+
+
+register_op(
+    "ScatterND",
+    infer=lambda types, attrs: _infer_scatter_nd(types, **attrs),
+    pattern=Pattern.REDUCE,
+    reference=_scatter_nd,
+)
+
+
+def one_hot_depth(depth) -> int:
+    """OneHot's depth input (a scalar or one element, of any numeric type) as a count of classes."""
+    values = np.asarray(depth).reshape(-1)
+    if values.size != 1 or not np.isfinite(values[0]) or values[0] < 1:
+        raise ShapeError(f"OneHot depth must be one number of at least 1, got {values.tolist()}")
+    return int(values[0])
+
+
+def _infer_one_hot(types, depth=None, axis=-1, **_):
+    indices, values = types
+    if values.shape not in ((2,), (1, 2)) and int(np.prod(values.shape)) != 2:
+        raise ShapeError(f"OneHot values must hold two elements (off, on), got shape {list(values.shape)}")
+    axis = normalize_axis(axis, len(indices.shape) + 1, "OneHot axis")
+    shape = list(indices.shape)
+    shape.insert(axis, one_hot_depth(depth))
+    return [TensorType(tuple(shape), values.dtype)]
+
+
+def _one_hot(indices, values, depth=None, axis=-1, **_):
+    count = one_hot_depth(depth)
+    axis = normalize_axis(axis, indices.ndim + 1, "OneHot axis")
+    positions = indices.astype(np.int64)
+    positions = np.where(positions < 0, positions + count, positions)
+    classes = np.arange(count).reshape([count if dim == axis else 1 for dim in range(indices.ndim + 1)])
+    off, on = values.reshape(-1)
+    # an index outside [-depth, depth) matches no class: its row is all off, as ONNX and onnxruntime have it
+    return np.where(np.expand_dims(positions, axis) == classes, on, off).astype(values.dtype)
+
+
+_register("OneHot", _infer_one_hot, _one_hot, const_inputs=((1, "depth"),))
 
 
 # -- Expand, Tile ------------------------------------------------------------------------------
