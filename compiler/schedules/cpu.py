@@ -447,12 +447,25 @@ def _schedule_host(host: Stage, members: list[Stage], target: Target, cfg: Confi
     fused = host.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
     host.parallel(fused)
     if inner_axes[-1] is axes[-1]:
-        _vectorize_innermost(host, width)
+        _vectorize_row(host, width)
     for member in members:
         member.set_scope("local")
         member.compute_at(host, fused)
         if not member.op.reduce_axis:
-            _vectorize_innermost(member, width)
+            _vectorize_row(member, width)
+
+
+def _vectorize_row(stage: Stage, width: int) -> None:
+    """A row's innermost axis in whole vectors of `width` lanes and, when they do not divide it, a shorter last one
+    in its own partitioned piece: a softmax over 77 scores ran in vectors of 11 lanes (its divisor), each exp a
+    16-lane polynomial for 11 of them. Rows shorter than a vector keep `_vectorize_innermost`'s divisor."""
+    last = stage.op.axis[-1]
+    if last.extent <= width or last.extent % width == 0 or vector_factor(last.extent, width) == width:
+        _vectorize_innermost(stage, width)
+        return
+    outer, inner = stage.split(last, width)
+    stage.vectorize(inner)
+    stage.partition(outer)
 
 
 def _vectorize_innermost(stage: Stage, width: int):
