@@ -281,13 +281,16 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
 
         def body(n, outer, h, w, inner):
             channel = outer * block + inner
+            source = (n, te.minimum(channel, channels - 1), *((w,) if x.ndim == 3 else (h, w)))
             if channels % block == 0:
-                return x[n, channel, h, w]
+                return x[(n, channel, *source[2:])]
             # the channels past the last whole block are zeros
-            return te.select(channel < channels, x[n, te.minimum(channel, channels - 1), h, w], te.const(0.0, x.dtype))
+            return te.select(channel < channels, x[source], te.const(0.0, x.dtype))
 
         return [te.compute(shape, body, name="nchwc", tag="injective")]
     block = x.shape[-1]
+    if len(shape) == 3:  # a 1-D value, blocked as a row of height 1
+        return [te.compute(shape, lambda n, c, w: x[n, c // block, 0, w, c % block], name="nchw", tag="layout_nchw")]
     return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="layout_nchw")]
 
 

@@ -308,11 +308,11 @@ def _schedule_unblock(stage: Stage, target: Target) -> None:
     output row, a vector loop over its columns that reads the column's x channels, a stride of x apart, from the
     row's x-by-W tile while it is in cache. Fusing all the axes (the generic injective template) made a division
     and a modulo per element and, over a width no vector divides, no vector loop: (1, 32, 112, 112) 0.23 ms."""
-    n, c, h, w = stage.op.axis
+    n, c, *rows, w = stage.op.axis  # (N, C, W) for a 1-D value
     block = next(load.tensor.shape[-1] for load in walk(stage.op.body) if isinstance(load, TensorLoad))
     outer, inner = stage.split(c, block)
-    stage.reorder(n, outer, h, inner, w)
-    stage.parallel(stage.fuse(n, outer, h))
+    stage.reorder(n, outer, *rows, inner, w)
+    stage.parallel(stage.fuse(n, outer, *rows))
     width = lanes(target, stage.op.dtype)
     if w.extent >= width:
         columns, vector = stage.split(w, width)
