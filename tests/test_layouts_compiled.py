@@ -31,11 +31,12 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, names, **attrs))
         return names
 
-    def conv(self, x: str, channels: int, filters: int, kernel: int = 1, relu: bool = True, **attrs) -> str:
-        weight = self.rng.standard_normal((filters, channels // attrs.get("group", 1), kernel, kernel))
+    def conv(self, x: str, channels: int, filters: int, kernel: int = 1, relu: bool = True, rank=2, **attrs) -> str:
+        weight = self.rng.standard_normal((filters, channels // attrs.get("group", 1), *[kernel] * rank))
         weight = self.constant((weight / np.sqrt(weight[0].size)).astype(np.float32))
         bias = self.constant(self.rng.standard_normal(filters).astype(np.float32) * 0.1)
-        (y,) = self.op("Conv", [x, weight, bias], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4, **attrs)
+        window = {"kernel_shape": [kernel] * rank, "pads": [kernel // 2] * 2 * rank}
+        (y,) = self.op("Conv", [x, weight, bias], **window, **attrs)
         return self.op("Relu", [y])[0] if relu else y
 
     def model(self, outputs: list[str]) -> onnx.ModelProto:
@@ -100,12 +101,24 @@ def upsample_net() -> onnx.ModelProto:
     return b.model([b.conv(resized, 16, 8), b.conv(up, 16, 8)])
 
 
-MODELS = {"fire": fire_net, "excite": excite_net, "upsample": upsample_net}
+def audio_net() -> onnx.ModelProto:
+    """A 1-D conv net (audio): strided and dilated Conv1d, a MaxPool1d, a global pool; blocked as rows of height
+    one."""
+    b = _Builder([1, 1, 400])
+    x = b.conv("x", 1, 16, 9, rank=1, strides=[4])
+    (x,) = b.op("MaxPool", [x], kernel_shape=[3], strides=[2], ceil_mode=1)
+    x = b.conv(x, 16, 24, 3, rank=1, dilations=[2])
+    (pooled,) = b.op("GlobalAveragePool", [b.conv(x, 24, 32, 3, rank=1, strides=[2])])
+    return b.model([b.op("Flatten", [pooled])[0]])
+
+
+MODELS = {"fire": fire_net, "excite": excite_net, "upsample": upsample_net, "audio": audio_net}
 # the ops that must run blocked in each model: none of them is fed or followed by a LayoutTransform in NCHW
 BLOCKED = {
     "fire": {"Concat", "MaxPoolNCHWc", "AveragePoolNCHWc", "ReduceMean"},
     "excite": {"ReduceMean", "HardSigmoid", "Mul", "Add", "Split", "Slice"},
     "upsample": {"MaxPoolNCHWc", "Resize", "Concat", "Pad", "ConvTransposeNCHWc"},
+    "audio": {"ConvNCHWc", "MaxPoolNCHWc", "ReduceMean"},
 }
 
 

@@ -5,7 +5,8 @@ reuses) and tags its stages so `compiler/schedules/` can pick a template: the an
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
 "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
-LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues "elemwise"/"broadcast", and a stage made once for several readers
+LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues
+"elemwise"/"broadcast", and a stage made once for several readers
 (softmax's exponentials) te.tensor.STASH.
 """
 
@@ -90,10 +91,10 @@ def pad(x: te.Tensor, begins, ends, fill, name: str) -> te.Tensor:
     return te.compute(shape, body, name=name, tag="injective")
 
 
-def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str, fill=0.0) -> te.Tensor:
-    """`x` padded with `fill` like `pad`, with its last axis split by `stride` into (phase, column): element
+def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
+    """`x` zero-padded like `pad`, with its last axis split by `stride` into (phase, column): element
     [..., phase, q] is padded column q * stride + phase. A strided window then reads consecutive columns of one
-    phase for consecutive outputs, so the conv's (or pool's) vector loop loads contiguously instead of gathering."""
+    phase for consecutive outputs, so the conv's vector loop loads contiguously instead of gathering."""
     rank = len(begins)
     lead = x.ndim - rank
     spatial = x.shape[lead:]
@@ -112,17 +113,16 @@ def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str, fill=0.0) -> 
         for axis, position in enumerate(positions):
             inside += [position >= 0, position < spatial[axis]]
             source.append(_clamp(position, 0, spatial[axis] - 1))
-        return te.select(te.all(*inside), x[tuple(source)], te.as_expr(fill, x.dtype))
+        return te.select(te.all(*inside), x[tuple(source)], te.const(0.0, x.dtype))
 
     return te.compute(shape, body, name=name, tag="injective")
 
 
-def _conv_reader(x: te.Tensor, window, fill=0.0):
-    """The padded input of a conv (or pool) and how a window tap reads it: (padded, read(n, channel, outputs,
-    taps)); with a column stride the padding is phased, so consecutive outputs read consecutive columns."""
+def _conv_reader(x: te.Tensor, window):
+    """The padded input of a conv and how a window tap reads it: (padded, read(n, channel, outputs, taps))."""
     strides, dilations = window.strides, window.dilations
     if strides[-1] == 1:
-        padded = pad(x, window.pads_begin, window.read_end, fill, "pad")
+        padded = pad(x, window.pads_begin, window.read_end, 0.0, "pad")
 
         def read(n, channel, outputs, taps):
             source = [o * s + r * d for o, s, r, d in zip(outputs, strides, taps, dilations)]
@@ -130,7 +130,7 @@ def _conv_reader(x: te.Tensor, window, fill=0.0):
 
         return padded, read
     stride = strides[-1]
-    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad", fill)
+    padded = phased_pad(x, window.pads_begin, window.read_end, stride, "pad")
 
     def read(n, channel, outputs, taps):
         source = [o * s + r * d for o, s, r, d in zip(outputs[:-1], strides[:-1], taps[:-1], dilations[:-1])]
@@ -281,13 +281,16 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
 
         def body(n, outer, h, w, inner):
             channel = outer * block + inner
+            source = (n, te.minimum(channel, channels - 1), *((w,) if x.ndim == 3 else (h, w)))
             if channels % block == 0:
-                return x[n, channel, h, w]
+                return x[(n, channel, *source[2:])]
             # the channels past the last whole block are zeros
-            return te.select(channel < channels, x[n, te.minimum(channel, channels - 1), h, w], te.const(0.0, x.dtype))
+            return te.select(channel < channels, x[source], te.const(0.0, x.dtype))
 
         return [te.compute(shape, body, name="nchwc", tag="injective")]
     block = x.shape[-1]
+    if len(shape) == 3:  # a 1-D value, blocked as a row of height 1
+        return [te.compute(shape, lambda n, c, w: x[n, c // block, 0, w, c % block], name="nchw", tag="layout_nchw")]
     return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="layout_nchw")]
 
 

@@ -170,9 +170,10 @@ class _Rewriter:
         return 0
 
     def _shape(self, value: Value, block: int) -> tuple[int, ...]:
-        """The NCHW[block]c shape of `value`, its channels padded to whole blocks."""
-        batch, channels, height, width = value.type.shape
-        return (batch, -(-channels // block), height, width, block)
+        """The NCHW[block]c shape of `value` (a 1-D one as a row of height 1), its channels padded to whole
+        blocks."""
+        batch, channels, *spatial = value.type.shape
+        return (batch, -(-channels // block), *([1] * (2 - len(spatial))), *spatial, block)
 
     @staticmethod
     def _padding(value: Value, block: int) -> dict:
@@ -186,7 +187,7 @@ class _Rewriter:
         if key not in self.blocked:
             self._plain(value)
             twin = self._twin(value, self._shape(value, block))
-            attrs = {"src": "NCHW", "dst": f"NCHW{block}c", **self._padding(value, block)}
+            attrs = {"src": _plain_layout(value), "dst": f"NCHW{block}c", **self._padding(value, block)}
             self.nodes.append(Node("LayoutTransform", [value], [twin], attrs, f"{value.name}_to_nchw{block}c"))
             self._record(value, block, twin)
         return self.blocked[key]
@@ -200,7 +201,7 @@ class _Rewriter:
         if value is None or value not in self.only_blocked:
             return
         block = self.only_blocked.pop(value)
-        attrs = {"src": f"NCHW{block}c", "dst": "NCHW", **self._padding(value, block)}
+        attrs = {"src": f"NCHW{block}c", "dst": _plain_layout(value), **self._padding(value, block)}
         self.nodes.append(
             Node("LayoutTransform", [self.blocked[(value, block)]], [value], attrs, f"{value.name}_to_nchw")
         )
@@ -217,11 +218,15 @@ class _Rewriter:
             self.only_blocked[output] = block
         self.nodes.append(Node(op, inputs, twins, attrs, node.name))
 
-    def _blocked_input(self, node: Node) -> int:
-        """The x of the twin of `node`'s first input when it is a 4-D value already blocked (ops that only follow a
-        blocked layout, never start one), else 0."""
+    def _blocked_input(self, node: Node, ranks: tuple[int, ...] = (4,)) -> int:
+        """The x of the twin of `node`'s first input when it is a value of one of `ranks` already blocked (ops that
+        only follow a blocked layout, never start one) and its outputs have its rank, else 0."""
         x = node.inputs[0] if node.inputs else None
-        if x is None or len(x.type.shape) != 4 or any(len(v.type.shape) != 4 for v in node.outputs):
+        if (
+            x is None
+            or len(x.type.shape) not in ranks
+            or any(len(v.type.shape) != len(x.type.shape) for v in node.outputs)
+        ):
             return 0
         return self.first_block.get(x, 0)
 
@@ -230,8 +235,11 @@ class _Rewriter:
             return False
         x, weight = node.inputs[:2]
         array = self.graph.params.get(weight)
-        if array is None or array.dtype != np.float32 or array.ndim != 4 or len(x.type.shape) != 4:
+        if array is None or array.dtype != np.float32 or array.ndim not in (3, 4) or len(x.type.shape) != array.ndim:
             return False
+        attrs = dict(node.attrs)
+        if array.ndim == 3:  # a 1-D conv is a 2-D one over a row of height 1
+            array, attrs = array[:, :, None, :], _as_2d(attrs)
         channels, filters, group = x.type.shape[1], array.shape[0], int(node.attrs.get("group", 1))
         block = self._block_for(filters)
         if group == channels == filters:
@@ -260,7 +268,7 @@ class _Rewriter:
             padded = np.pad(self.graph.params[bias], (0, padded_filters - filters))
             bias = self.graph.add_param(f"{bias.name}_padded", padded)
         inputs = [self._blocked_of(x, input_block), packed, *([bias] if bias is not None else [])]
-        self._replace(node, "ConvNCHWc", inputs, dict(node.attrs), block)
+        self._replace(node, "ConvNCHWc", inputs, attrs, block)
         return True
 
     def _conv_transpose(self, node: Node) -> bool:
@@ -283,17 +291,18 @@ class _Rewriter:
         """A MaxPool (values only) or AveragePool whose input is already blocked stays blocked, ceil_mode and
         padding included: the pool's vector loop then runs over the channel block, and the chain needs no
         conversion around it."""
-        block = self._blocked_input(node)
+        block = self._blocked_input(node, ranks=(3, 4))
         if not block or len(node.outputs) != 1:
             return False
         x = self.blocked[(node.inputs[0], block)]
-        self._replace(node, f"{node.op}NCHWc", [x], dict(node.attrs), block)
+        attrs = _as_2d(node.attrs) if len(node.inputs[0].type.shape) == 3 else dict(node.attrs)
+        self._replace(node, f"{node.op}NCHWc", [x], attrs, block)
         return True
 
     def _global_pool(self, node: Node) -> bool:
         """A global pool of a blocked value is a mean (max) over its two spatial axes, (N, C / x, 1, 1, x): the SE
         block's squeeze then stays blocked, and so does the scale it computes."""
-        block = self._blocked_input(node)
+        block = self._blocked_input(node, ranks=(3, 4))
         if not block:
             return False
         op = "ReduceMean" if node.op == "GlobalAveragePool" else "ReduceMax"
@@ -397,13 +406,13 @@ class _Rewriter:
         operands = [value for value in node.inputs if value is not None]
         if node.op in UNARY_OPS and len(operands) != 1:
             return False
-        block = self._block_for(shape[1]) if len(shape) == 4 else 0
+        block = self._block_for(shape[1]) if len(shape) in (3, 4) else 0
         if not block or not any((value, block) in self.blocked for value in operands):
             return False
         if shape[1] % block and node.op in UNSAFE_ON_PADDING:
             return False
         activations = [value not in self.graph.params and _broadcasts_per_channel(value, shape) for value in operands]
-        if not all(active or self._channel_param(value, shape[1]) for value, active in zip(operands, activations)):
+        if not all(active or self._channel_param(value, shape) for value, active in zip(operands, activations)):
             return False
         inputs = [
             self._blocked_of(value, block) if active else self._repack(value, shape[1], block)
@@ -412,14 +421,15 @@ class _Rewriter:
         self._replace(node, node.op, inputs, dict(node.attrs), block)
         return True
 
-    def _channel_param(self, value: Value, channels: int) -> bool:
-        """Whether a param operand broadcast against NCHW has a blocked form: a scalar, or per channel as
-        (C, 1, 1) or (1, C, 1, 1)."""
+    def _channel_param(self, value: Value, shape: tuple[int, ...]) -> bool:
+        """Whether a param operand broadcast against NCHW (or NCW) `shape` has a blocked form: a scalar, or per
+        channel as (C, 1, 1) or (1, C, 1, 1) ((C, 1) or (1, C, 1))."""
         array = self.graph.params.get(value)
         if array is None:
             return False
-        per_channel = array.ndim in (3, 4) and array.shape[-3:] == (channels, 1, 1) and array.size == channels
-        return array.size == 1 or per_channel
+        trailing = (shape[1], *(1,) * (len(shape) - 2))
+        per_channel = array.ndim in (len(shape) - 1, len(shape)) and array.shape[-len(trailing) :] == trailing
+        return array.size == 1 or (per_channel and array.size == shape[1])
 
     def _repack(self, value: Value, channels: int, block: int) -> Value:
         """The param as broadcast against NCHW[block]c: a scalar as it is, per-channel ones as (C / x, 1, 1, x)."""
@@ -430,10 +440,27 @@ class _Rewriter:
         return self.graph.add_param(f"{value.name}_nchw{block}c", blocked)
 
 
+def _plain_layout(value: Value) -> str:
+    """The LayoutTransform name of a plain value's layout: NCW for a 1-D one, else NCHW."""
+    return "NCW" if len(value.type.shape) == 3 else "NCHW"
+
+
+def _as_2d(attrs: dict) -> dict:
+    """A 1-D conv's or pool's attrs as those of the 2-D one over a row of height 1."""
+    result = dict(attrs)
+    for name, fill in (("kernel_shape", 1), ("strides", 1), ("dilations", 1)):
+        if attrs.get(name) is not None:
+            result[name] = (fill, *attrs[name])
+    if attrs.get("pads") is not None:
+        begin, end = attrs["pads"]
+        result["pads"] = (0, begin, 0, end)
+    return result
+
+
 def _broadcasts_per_channel(value: Value, shape: tuple[int, ...]) -> bool:
     """Whether an activation operand of an elementwise op with output `shape` (N, C, H, W) is (N or 1, C, H or 1,
     W or 1): its blocked twin then broadcasts against the output's the same way (the SE scale (N, C, 1, 1))."""
     operand = value.type.shape
-    if len(operand) != 4 or operand[1] != shape[1]:
+    if len(operand) != len(shape) or operand[1] != shape[1]:
         return False
     return all(size in (1, full) for axis, (size, full) in enumerate(zip(operand, shape)) if axis != 1)

@@ -122,6 +122,8 @@ CASES = {
         {"kernel_shape": [2, 3], "dilations": [2, 1], "pads": [0, 1, 1, 2], "count_include_pad": 1},
     ),
     "layout_transform_to_blocked": ("LayoutTransform", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NCHW4c"}),
+    "layout_transform_1d_to_blocked": ("LayoutTransform", [(1, 6, 7)], {"src": "NCW", "dst": "NCHW4c", "channels": 6}),
+    "layout_transform_1d_to_plain": ("LayoutTransform", [(1, 2, 1, 7, 4)], {"src": "NCHW4c", "dst": "NCW"}),
     "layout_transform_padded": ("LayoutTransform", [(1, 6, 3, 5)], {"src": "NCHW", "dst": "NCHW4c", "channels": 6}),
     "layout_transform_cropped": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW", "channels": 7}),
     "layout_transform_to_plain": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW"}),

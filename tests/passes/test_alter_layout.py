@@ -536,3 +536,36 @@ def test_channels_short_of_a_whole_block_are_padded(assert_same_results):
     assert [value.type.shape for value in head.inputs[1:]] == [(8, 16, 1, 1, 8), (64,)]
     assert altered.nodes[6].attrs == {"src": "NCHW8c", "dst": "NCHW", "channels": 63}
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_one_dimensional_convs_are_blocked_as_rows_of_height_one(assert_same_results):
+    """An audio net's Conv1d chain: (N, C, W) values are blocked as (N, C / x, 1, W, x), the convs and pools
+    become 2-D ones over that row (kernel (1, k), pads (0, b, 0, e)), the global pool a mean over it."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 1, 64), "float32"))
+    attrs = {"kernel_shape": (9,), "strides": (2,), "pads": (4, 3)}
+    (y,) = graph.add_node("Conv", [x, param(graph, (16, 1, 9)), param(graph, (16,))], attrs)
+    (y,) = graph.add_node("Relu", [y])
+    (y,) = graph.add_node("MaxPool", [y], {"kernel_shape": (3,), "strides": (2,), "ceil_mode": 1})
+    (y,) = graph.add_node("Mul", [y, param(graph, (16, 1))])
+    (y,) = graph.add_node("Conv", [y, param(graph, (8, 16, 3))], {"dilations": (2,), "pads": (2, 2)})
+    (pooled,) = graph.add_node("GlobalAveragePool", [y])
+    graph.outputs = [pooled, y]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == [
+        "LayoutTransform",
+        "ConvNCHWc",
+        "Relu",
+        "MaxPoolNCHWc",
+        "Mul",
+        "ConvNCHWc",
+        "ReduceMean",
+        "LayoutTransform",
+        "LayoutTransform",
+    ]
+    first, conv = altered.nodes[1], altered.nodes[5]
+    assert first.inputs[0].type.shape == (1, 1, 1, 64, 1) and first.outputs[0].type.shape == (1, 2, 1, 32, 8)
+    assert first.attrs == {"kernel_shape": (1, 9), "strides": (1, 2), "pads": (0, 4, 0, 3)}
+    assert conv.attrs == {"dilations": (1, 2), "pads": (0, 2, 0, 2)}
+    assert altered.nodes[0].attrs["src"] == "NCW" and altered.nodes[-1].attrs["dst"] == "NCW"
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)

@@ -441,6 +441,20 @@ def test_softmax_rows_run_in_parallel_with_local_statistics(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_attention_softmax_over_77_scores_runs_in_whole_vectors_and_a_tail(target):
+    """77 attention scores per row (a sequence length no vector divides): whole vectors and one shorter tail, for
+    the exponentials and the output, not vectors of 11 lanes (77's divisor)."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 2, 5, 77), "float32"))
+    graph.outputs = list(graph.add_node("Softmax", [x], {"axis": -1}))
+    tir = anchor_kernel(check(graph, {"x": RNG.standard_normal((1, 2, 5, 77)).astype(np.float32) * 5}, target))
+    width = 16 if target == "llvm" and Target.parse("llvm").vector_bytes == 64 else 8 if target == "llvm" else 4
+    vectors = re.findall(r"for \(ax3\.inner(?:_\d+)?: int32, 0, (\d+)\) vectorized", tir)
+    assert sorted(set(map(int, vectors))) == [77 % width, width], tir
+    assert tir.count("exp(") == 2  # the whole vectors' piece and the tail's
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_pool_then_elementwise_with_odd_shapes(target):
     graph = Graph()
     x = graph.add_input("x", TensorType((1, 3, 11, 13), "float32"))

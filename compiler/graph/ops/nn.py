@@ -243,9 +243,10 @@ register_op("Conv", infer=_infer_conv, pattern=Pattern.OUT_EWISE_FUSABLE, refere
 
 
 def _blocked_layout(op: str, text: str) -> int:
-    """The channel block of a layout named "NCHW" (0) or "NCHW<x>c"."""
+    """The channel block of a layout named "NCHW" or "NCW" (0) or "NCHW<x>c". A 1-D value (N, C, W) is blocked as
+    (N, C / x, 1, W, x): a row of height 1."""
     digits = text[4:-1] if text.startswith("NCHW") and text.endswith("c") else ""
-    if text == "NCHW":
+    if text in ("NCHW", "NCW"):
         return 0
     if not digits.isdigit() or int(digits) < 1:
         raise ShapeError(f"{op} layout {text!r} is neither NCHW nor NCHW<x>c with a whole x")
@@ -278,13 +279,15 @@ def _infer_layout_transform(types, attrs):
         raise ShapeError(
             f"LayoutTransform goes from NCHW to NCHW<x>c or back, got src={attrs.get('src')!r} dst={attrs.get('dst')!r}"
         )
+    plain_rank = 3 if "NCW" in (attrs.get("src"), attrs.get("dst")) else 4
     if source == 0:
-        if len(x.shape) != 4 or (x.shape[1] % target and channels != x.shape[1]):
+        if len(x.shape) != plain_rank or (x.shape[1] % target and channels != x.shape[1]):
             raise ShapeError(
-                f"LayoutTransform to NCHW{target}c needs (N, C, H, W) with C divisible by {target}, or the "
-                "channels attribute equal to C to pad it"
+                f"LayoutTransform to NCHW{target}c needs ({'N, C, W' if plain_rank == 3 else 'N, C, H, W'}) with C "
+                f"divisible by {target}, or the channels attribute equal to C to pad it"
             )
-        return [TensorType((x.shape[0], -(-x.shape[1] // target), *x.shape[2:], target), x.dtype)]
+        spatial = (1, *x.shape[2:]) if plain_rank == 3 else x.shape[2:]
+        return [TensorType((x.shape[0], -(-x.shape[1] // target), *spatial, target), x.dtype)]
     if len(x.shape) != 5 or x.shape[-1] != source:
         raise ShapeError(
             f"LayoutTransform from NCHW{source}c needs (N, C/{source}, H, W, {source}), got {list(x.shape)}"
@@ -292,12 +295,18 @@ def _infer_layout_transform(types, attrs):
     whole = x.shape[1] * source
     if channels is not None and not whole - source < int(channels) <= whole:
         raise ShapeError(f"LayoutTransform channels={channels} must lie in the last block of {list(x.shape)}")
-    return [TensorType((x.shape[0], whole if channels is None else int(channels), *x.shape[2:4]), x.dtype)]
+    if plain_rank == 3 and x.shape[2] != 1:
+        raise ShapeError(f"LayoutTransform to NCW needs a blocked row of height 1, got {list(x.shape)}")
+    spatial = x.shape[3:4] if plain_rank == 3 else x.shape[2:4]
+    return [TensorType((x.shape[0], whole if channels is None else int(channels), *spatial), x.dtype)]
 
 
 def _layout_transform(x, *, src, dst, channels=None, **_):
     target = _blocked_layout("LayoutTransform", dst)
-    return block_channels(x, target) if target else unblock_channels(x, channels)
+    if target:
+        return block_channels(x[:, :, None] if src == "NCW" else x, target)
+    plain = unblock_channels(x, channels)
+    return plain[:, :, 0] if dst == "NCW" else plain
 
 
 register_op("LayoutTransform", infer=_infer_layout_transform, pattern=Pattern.INJECTIVE, reference=_layout_transform)
