@@ -22,7 +22,7 @@ from node_cases import NodeTestReport, _node_cases, run_node_tests  # noqa: E402
 
 # close below today's count of cases compiled and passed on each target, so that a change turning
 # passing cases into skips fails here
-MINIMUM_PASSING = 986
+MINIMUM_PASSING = 995
 WORKERS = 2
 
 
