@@ -4,6 +4,7 @@ work threshold is emitted without a pool call and never reaches the pool; whole 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -73,6 +74,29 @@ def test_every_thread_count_and_repeated_calls_give_one_threads_results():
             np.testing.assert_array_equal(out, expected)
         jobs += 50 if threads != 1 else 0
         assert kernel.runtime.pool_jobs == jobs
+
+
+def test_workers_confined_to_the_callers_only_cpu_still_give_one_threads_results():
+    """A worker on the caller's CPU moves off it (thread_pool.c, leave_callers_cpu) unless no other CPU is allowed:
+    with the process confined to one CPU, every job at 2 and 3 threads collides, and the worker stays and works."""
+    size = 1 << 16
+    x = np.random.default_rng(1).standard_normal(size).astype("float32")
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(saved)})
+    try:
+        kernel = build_func(affine_func(size), num_threads=1)
+        expected = np.zeros_like(x)
+        kernel(x, expected)
+        np.testing.assert_allclose(expected, x * 3 + 1, rtol=1e-6, atol=1e-6)
+        for threads in (2, 3, 2):
+            kernel.num_threads = threads
+            for _ in range(20):
+                out = np.zeros_like(x)
+                kernel(x, out)
+                np.testing.assert_array_equal(out, expected)
+        assert kernel.runtime.pool_jobs == 60
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def test_several_python_threads_calling_one_library_at_once_get_their_own_results():
