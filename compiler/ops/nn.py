@@ -246,17 +246,21 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 
         tag = "conv2d_nchwc"
     result = te.compute(shape, body, name="conv", tag=tag)
-    if bias is not None:
-        plain = result
-        result = te.compute(
-            shape,
-            lambda n, outer, row, column, inner: (
-                plain[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
-            ),
-            name="bias",
-            tag="broadcast",
-        )
-    return [_cast(result, x.dtype)]
+    return [_cast(_blocked_bias(result, bias, block, acc), x.dtype)]
+
+
+def _blocked_bias(result: te.Tensor, bias: te.Tensor | None, block: int, acc: str) -> te.Tensor:
+    """A blocked (N, C/x, H, W, x) conv's output with its per-channel bias added, or the output when there is none."""
+    if bias is None:
+        return result
+    return te.compute(
+        result.shape,
+        lambda n, outer, row, column, inner: (
+            result[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
+        ),
+        name="bias",
+        tag="broadcast",
+    )
 
 
 def max_pool_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -384,17 +388,7 @@ def conv_transpose_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: li
         return te.sum(te.select(te.all(*conditions), value * weight, 0.0), axis=[channel_outer, *taps, channel_inner])
 
     result = te.compute(shape, body, name="conv_transpose", tag="conv2d_transpose_nchwc")
-    if bias is not None:
-        plain = result
-        result = te.compute(
-            shape,
-            lambda n, outer, row, column, inner: (
-                plain[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
-            ),
-            name="bias",
-            tag="broadcast",
-        )
-    return [_cast(result, x.dtype)]
+    return [_cast(_blocked_bias(result, bias, block, acc), x.dtype)]
 
 
 # -- Gemm and MatMul ------------------------------------------------------------------------------------------------
