@@ -1,6 +1,7 @@
 """Without tuning records every template builds its fallback config, and the fallback is what the templates built
-before they declared spaces: the loop IR of every zoo model, per vector width, against digests recorded from the
-code before the conversion (commit 5eab84c, DEFAULTS and VECTOR_DEFAULTS read as plain knob values)."""
+before they declared spaces: the loop IR of every model the zoo had then, per vector width, against digests recorded
+from the code before the conversion (commit 5eab84c, DEFAULTS and VECTOR_DEFAULTS read as plain knob values). The
+models added after it have no such "before" to compare with."""
 
 import hashlib
 import json
@@ -39,6 +40,7 @@ DIGESTS = {
     ("digits", 16): "a06f9a04e8b21e654a661af41c21a1afc9aead66b58097e09011b16d1c9642a4",
 }
 TARGETS = ["llvm", "llvm -mattr=-avx512f", "wasm"]
+DIGESTED = sorted({name for name, _ in DIGESTS})
 
 
 def loop_ir(name: str, target: Target, config=None) -> str:
@@ -56,12 +58,10 @@ def loop_ir(name: str, target: Target, config=None) -> str:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", zoo.MODELS)
+@pytest.mark.parametrize("name", DIGESTED)
 def test_fallback_builds_what_the_defaults_built(name, target):
     target = Target.parse(target)
     key = (name, target.vector_bytes)
-    if key not in DIGESTS:
-        pytest.skip(f"no digest recorded for {target.vector_bytes}-byte vectors")
     digest = hashlib.sha256(loop_ir(name, target).encode()).hexdigest()
     assert digest == DIGESTS[key], (
         f"{name} for {target} no longer builds the loop IR its fallback schedules built ({digest}); if a template's "
