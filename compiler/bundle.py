@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from compiler.errors import TesselError
+from compiler.graph.ir import ITEMSIZE
 
 FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
@@ -69,17 +70,6 @@ def check_seal(kind: str, code: bytes, name: str) -> None:
         )
 
 
-DTYPE_BYTES = {
-    "float32": 4,
-    "float16": 2,
-    "float64": 8,
-    "int8": 1,
-    "uint8": 1,
-    "int16": 2,
-    "int32": 4,
-    "int64": 8,
-    "bool": 1,
-}
 # No bundle this Tessel writes comes near these; they keep every size a manifest gives inside what a 64-bit
 # offset holds, so a hostile one cannot make a reader allocate or multiply without bound.
 MAX_BYTES = 1 << 40
@@ -157,7 +147,7 @@ def _dict_of_text(where, value):
 _TENSOR = {
     "name": _text,
     "shape": _list_of(lambda where, value: _count(where, value, MAX_BYTES)),
-    "dtype": _one_of(*DTYPE_BYTES),
+    "dtype": _one_of(*ITEMSIZE),
 }
 MANIFEST_SCHEMA = {
     "format_version": _one_of(FORMAT_VERSION),
@@ -194,7 +184,7 @@ def tensor_bytes(spec: dict) -> int:
         count *= dim
         if count > MAX_BYTES:
             break
-    nbytes = count * DTYPE_BYTES[spec["dtype"]]
+    nbytes = count * ITEMSIZE[spec["dtype"]]
     if nbytes > MAX_BYTES:
         raise BundleError(
             f"{MANIFEST_FILE}: tensor {spec['name']!r} of shape {spec['shape']} is larger than {MAX_BYTES} bytes"

@@ -16,7 +16,7 @@ import numpy as np
 INT64_MAX = (1 << 63) - 1
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
-_ITEMSIZE = {dtype: np.dtype(dtype).itemsize for dtype in DTYPES}
+ITEMSIZE = {dtype: np.dtype(dtype).itemsize for dtype in DTYPES}
 
 
 class GraphError(ValueError):
@@ -43,7 +43,7 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.size * _ITEMSIZE[self.dtype]
+        return self.size * ITEMSIZE[self.dtype]
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"
