@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 import onnx
 
 from compiler.errors import ModelError
+from compiler.frontend.onnx import model_in_folder
 
 ZIP_MAGIC = b"PK\x03\x04"
 MAX_MEMBERS = 256
@@ -79,11 +80,7 @@ def extract(upload: Path, folder: Path, max_extracted_bytes: int) -> Path:
                 raise ModelError(f"the zip holds {info.filename!r} twice") from None
             except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as error:
                 raise ModelError(f"the zip's {info.filename!r} cannot be extracted ({error})") from None
-    models = sorted(str(path.relative_to(folder)) for path in folder.rglob("*.onnx") if path.is_file())
-    if len(models) != 1:
-        found = ", ".join(models) or "none"
-        raise ModelError(f"the zip must hold exactly one .onnx model beside its data files; it holds {found}")
-    return folder / models[0]
+    return model_in_folder(folder)
 
 
 def _load(model_path: Path) -> onnx.ModelProto:
