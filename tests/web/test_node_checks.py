@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
-import pytest
+from node_helpers import run_node_tests
 from onnx import TensorProto, helper
 
 from compiler import compile_model
@@ -21,9 +16,6 @@ NODE_TEST = Path(__file__).with_name("checks.test.mjs")
 
 
 def test_node_runtime_refuses_bad_indices_and_damaged_bundles(tmp_path):
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node (Node.js 20) is not installed; run `make test`, which installs it")
     graph = helper.make_graph(
         [helper.make_node("Gather", ["x", "i"], ["y"], axis=0)],
         "gather",
@@ -45,15 +37,4 @@ def test_node_runtime_refuses_bad_indices_and_damaged_bundles(tmp_path):
         "expected": expected,
         "scratch": str(tmp_path / "scratch"),
     }
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps(cases))
-    completed = subprocess.run(
-        [node, "--test", "--test-reporter=spec", str(NODE_TEST)],
-        env={**os.environ, "TESSEL_CHECK_CASES": str(cases_file)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    report = completed.stdout + completed.stderr
-    assert completed.returncode == 0, f"node --test failed:\n{report}"
-    assert re.search(r"\bfail 0\b", report) and not re.search(r"\bpass 0\b", report), report
+    run_node_tests(NODE_TEST, "TESSEL_CHECK_CASES", cases, tmp_path, timeout=120)

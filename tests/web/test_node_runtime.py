@@ -4,16 +4,12 @@ the lot to tests/web/runtime.test.mjs (`node --test`), which loads, runs, compar
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import pytest
+from node_helpers import run_node_tests
 
 from compiler import compile_model, zoo
 
@@ -45,19 +41,5 @@ def _write_case(name: str, root: Path) -> dict:
 
 @pytest.mark.slow
 def test_node_runtime_matches_onnxruntime(tmp_path):
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node (Node.js 20) is not installed; run `make test`, which installs it")
     cases = [_write_case(name, tmp_path) for name in MODELS]
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps({"cases": cases, "scratch": str(tmp_path / "scratch")}, indent=2))
-    completed = subprocess.run(
-        [node, "--test", "--test-reporter=spec", str(NODE_TEST)],
-        env={**os.environ, "TESSEL_WEB_CASES": str(cases_file)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    report = completed.stdout + completed.stderr
-    assert completed.returncode == 0, f"node --test failed:\n{report}"
-    assert re.search(r"\bfail 0\b", report) and not re.search(r"\bpass 0\b", report), report
+    run_node_tests(NODE_TEST, "TESSEL_WEB_CASES", {"cases": cases, "scratch": str(tmp_path / "scratch")}, tmp_path, 300)
