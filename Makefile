@@ -4,14 +4,14 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_PACKAGES := qemu-user-static chromium
+SYSTEM_PACKAGES := qemu-user-static chromium pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers
 
 .PHONY: run test system-deps lint
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,torch]' 'torch==2.13.0'
+	$(PY) -m pip install --quiet -e '.[test,torch,opencl,webgpu,cuda,tune,ray]' 'torch==2.13.0'
 	touch $(STAMP)
 
 # Debian packages the suite runs generated code with; installed only when missing (CI runs as root).
