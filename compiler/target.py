@@ -1,6 +1,7 @@
 """Targets: what machine a kernel is generated for. Parsed from strings such as "llvm",
-"llvm -mtriple=aarch64-linux-gnu" or "wasm"; codegen reads the triple, CPU and features, link.py
-picks the linker from them and build.py decides whether the result can run on this host."""
+"llvm -mtriple=aarch64-linux-gnu", "wasm", "webgpu", "opencl" or "cuda -arch=sm_80"; codegen reads the
+triple, CPU and features, link.py picks the linker from them, and GPU schedules and lowering read a GPU
+target's `device` limits, so a kernel that would exceed them is refused at compile time."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ VALID_FORMS = (
     '"llvm -mtriple=armv7-linux-gnueabihf"',
     '"wasm" (wasm32 + SIMD128)',
     'each llvm form may add "-mcpu=NAME" and "-mattr=+feat,-feat"',
+    '"webgpu" (WGSL)',
+    '"opencl" (OpenCL C 1.2)',
+    '"cuda" or "cuda -arch=sm_NN" (sm_80 unless given)',
 )
 
 # Cross targets get a CPU every chip of the family has and the SIMD unit the family is known for.
@@ -23,6 +27,69 @@ _CROSS_DEFAULTS = {
     "armv7": ("armv7-unknown-linux-gnueabihf", "generic", "+v7,+neon,+vfp4,+thumb2"),
 }
 _WASM = ("wasm32-unknown-unknown", "generic", "+simd128")
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a GPU kernel may use: threads of one block (workgroup), its shared (workgroup) memory, the grid, the
+    lanes that run in lockstep, the byte alignment a buffer binding's offset needs, how many buffers one kernel
+    may bind, and the element types its buffers can hold."""
+
+    max_threads: int
+    max_block: tuple[int, int, int]
+    max_grid: tuple[int, int, int]
+    shared_bytes: int
+    warp_size: int
+    offset_alignment: int
+    max_buffers: int | None
+    max_buffer_bytes: int
+    dtypes: frozenset[str]
+
+
+_ALL_DTYPES = frozenset(
+    ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
+)
+# WebGPU: the limits every adapter guarantees (the spec's defaults), which a bundle must fit to run anywhere;
+# WGSL has no 64-bit types and no 8- or 16-bit storage (f16 only behind the shader-f16 feature), and a bool is
+# not host-shareable.
+_WEBGPU = DeviceLimits(
+    max_threads=256,
+    max_block=(256, 256, 64),
+    max_grid=(65535, 65535, 65535),
+    shared_bytes=16384,
+    warp_size=32,
+    offset_alignment=256,
+    max_buffers=8,
+    max_buffer_bytes=134217728,
+    dtypes=frozenset(("float32", "int32", "uint32")),
+)
+# OpenCL 1.2 full-profile minimums (32 KB local memory) with the work-group size of common GPUs; CL_DEVICE_MEM_BASE_ADDR
+# _ALIGN is 1024 bits on the devices we know. The warp size is not exposed by OpenCL 1.2: 32 is a tiling hint only.
+_OPENCL = DeviceLimits(
+    max_threads=256,
+    max_block=(256, 256, 256),
+    max_grid=(2**31 - 1, 2**31 - 1, 2**31 - 1),
+    shared_bytes=32768,
+    warp_size=32,
+    offset_alignment=128,
+    max_buffers=None,
+    max_buffer_bytes=2**31 - 1,
+    dtypes=_ALL_DTYPES,
+)
+# CUDA compute capability 8.0 and later: 48 KB of static shared memory per block (more needs a dynamic opt-in).
+_CUDA = DeviceLimits(
+    max_threads=1024,
+    max_block=(1024, 1024, 64),
+    max_grid=(2**31 - 1, 65535, 65535),
+    shared_bytes=49152,
+    warp_size=32,
+    offset_alignment=16,
+    max_buffers=None,
+    max_buffer_bytes=2**62,
+    dtypes=_ALL_DTYPES,
+)
+GPU_KINDS = {"webgpu": ("webgpu", _WEBGPU), "opencl": ("spir64", _OPENCL), "cuda": ("nvptx64-nvidia-cuda", _CUDA)}
+_CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 
 
 def _host_cpu() -> tuple[str, str, str]:
@@ -43,18 +110,21 @@ def _arch(triple: str) -> str:
 class Target:
     """`options` keeps the user's -mtriple/-mcpu/-mattr as given, so str() prints what was parsed."""
 
-    kind: str  # "llvm" or "wasm"
+    kind: str  # "llvm", "wasm", "webgpu", "opencl" or "cuda"
     triple: str
-    cpu: str
+    cpu: str  # for cuda, the compute capability (sm_80)
     features: str
     is_host: bool
     options: tuple[tuple[str, str], ...] = ()
+    device: DeviceLimits | None = None  # GPU targets only
 
     @staticmethod
     def parse(text: str | Target) -> Target:
         if isinstance(text, Target):
             return text
         words = str(text).split()
+        if words and words[0] in GPU_KINDS:
+            return _gpu_target(text, words)
         if not words or words[0] not in ("llvm", "wasm"):
             raise TargetError(f"unknown target {text!r}; valid forms: {'; '.join(VALID_FORMS)}")
         options = []
@@ -96,6 +166,10 @@ class Target:
         return " ".join([self.kind, *(f"-{key}={value}" for key, value in self.options)])
 
     @property
+    def is_gpu(self) -> bool:
+        return self.device is not None
+
+    @property
     def arch(self) -> str:
         return _arch(self.triple)
 
@@ -110,6 +184,8 @@ class Target:
 
     @property
     def vector_bytes(self) -> int:
+        if self.is_gpu:
+            return 16  # float4 / vec4<f32>
         features = self.feature_set
         if "avx512f" in features:
             return 64
@@ -119,9 +195,24 @@ class Target:
 
     @property
     def pointer_bytes(self) -> int:
-        return 4 if self.arch in ("wasm32", "armv7", "arm") else 8
+        return 4 if self.arch in ("wasm32", "armv7", "arm", "webgpu") else 8
 
     @property
     def can_run_here(self) -> bool:
-        """wasm runs in wasmtime anywhere; llvm output only on a machine of its own architecture."""
-        return self.kind == "wasm" or (self.is_host and platform.system() == "Linux")
+        """wasm runs in wasmtime anywhere; llvm output only on a machine of its own architecture. GPU code may run
+        wherever its runtime finds a device: the runtime says which platform is missing when it loads."""
+        return self.kind == "wasm" or self.is_gpu or (self.is_host and platform.system() == "Linux")
+
+
+def _gpu_target(text, words: list[str]) -> Target:
+    kind = words[0]
+    triple, limits = GPU_KINDS[kind]
+    options = []
+    for word in words[1:]:
+        key, equals, value = word.partition("=")
+        if kind != "cuda" or key != "-arch" or not equals or value not in _CUDA_ARCHS:
+            allowed = f"-arch=one of {', '.join(_CUDA_ARCHS)}" if kind == "cuda" else "no options"
+            raise TargetError(f"unknown target option {word!r} in {text!r}; {kind} takes {allowed}")
+        options.append(("arch", value))
+    cpu = dict(options).get("arch", "sm_80") if kind == "cuda" else kind
+    return Target(kind, triple, cpu, "", False, tuple(options), limits)

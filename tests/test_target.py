@@ -68,3 +68,27 @@ def test_wasm():
 def test_unknown_targets_list_the_valid_forms(text):
     with pytest.raises(TargetError, match="llvm -mtriple=aarch64-linux-gnu|wasm32"):
         Target.parse(text)
+
+
+@pytest.mark.parametrize("text", ["webgpu", "opencl", "cuda", "cuda -arch=sm_90"])
+def test_gpu_targets_round_trip_and_carry_device_limits(text):
+    target = Target.parse(text)
+    assert str(target) == text and Target.parse(str(target)) == target
+    assert target.is_gpu and target.device.max_threads <= target.device.max_block[0] * target.device.max_block[1]
+    assert "float32" in target.device.dtypes
+
+
+def test_gpu_target_limits_follow_each_platform():
+    webgpu, cuda = Target.parse("webgpu"), Target.parse("cuda")
+    # WGSL has neither 64-bit types nor 8-bit storage; the WebGPU defaults allow 256 invocations and 16 KB
+    assert not {"float64", "int64", "int8", "uint8"} & webgpu.device.dtypes
+    assert (webgpu.device.max_threads, webgpu.device.shared_bytes, webgpu.device.max_buffers) == (256, 16384, 8)
+    assert cuda.cpu == "sm_80" and Target.parse("cuda -arch=sm_90").cpu == "sm_90"
+    assert cuda.device.max_threads == 1024 and "int64" in cuda.device.dtypes
+    assert not Target.parse("llvm").is_gpu and Target.parse("wasm").device is None
+
+
+@pytest.mark.parametrize("text", ["cuda -arch=sm_10", "cuda -mcpu=x", "webgpu -arch=sm_80", "opencl fast"])
+def test_gpu_target_options_are_checked(text):
+    with pytest.raises(TargetError, match="unknown target option"):
+        Target.parse(text)
