@@ -1,11 +1,10 @@
-"""The driver: schedule → lower (tir) → codegen (LLVM) → link → runtime. `build` gives one callable
-Kernel; `compile_model` gives a whole-model Module: every fused group's kernel plus a `run` entry
-that calls them over a static memory plan, in one LLVM module, exported as a bundle (bundle.py) and
-read back by `load_module`. docs/modules.md describes the run entry's ABI and the bundle."""
+"""The driver: schedule → lower (tir) → the target's backend (backends.py: codegen, packaging, runtime). `build`
+gives one callable Kernel; `compile_model` gives a whole-model Module: every fused group's kernel plus a `run` entry
+that calls them over a static memory plan, exported as a bundle (bundle.py) and read back by `load_module`.
+docs/modules.md describes the run entry's ABI and the bundle."""
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import math
@@ -18,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from compiler.backends import KernelCode, ModelCode, ModelImage, backend_for, code_files
 from compiler.bundle import (
-    BINDING_SYMBOL,
-    CODE_FILES,
     FORMAT_VERSION,
     PARAMS_FILE,
     BundleError,
@@ -31,16 +29,12 @@ from compiler.bundle import (
     seal_code,
     write_bundle,
 )
-from compiler.codegen.llvm import CompiledModule, compile_funcs
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
 from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.graph.ir import Graph, Node
-from compiler.link import link_shared, link_wasm
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
-from compiler.runtime.native import NativeLibrary, NativeModel
-from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
 from compiler.target import Target
 from compiler.tir.lower import lower
 from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
@@ -49,31 +43,16 @@ from compiler.tune.records import load_records
 from compiler.tune.task import canonical, schedule_node, workload
 
 
-def link(compiled: CompiledModule, exports: list[str]) -> bytes:
-    """The loadable library for `compiled`: a .so for llvm targets, a .wasm for wasm."""
-    if compiled.target.kind == "wasm":
-        return link_wasm(compiled.object, exports)
-    return link_shared(compiled.object, compiled.target)
-
-
-def load(library: bytes, target: Target, num_threads: int | None = None):
-    """The runtime for a linked library, or None when the target cannot run on this machine."""
-    if target.kind == "wasm":
-        return WasmInstance(library)
-    if not target.can_run_here:
-        return None
-    return NativeLibrary(library, num_threads)
-
-
 class Kernel:
     """A compiled kernel: call it on numpy arrays (outputs written in place), read its code with
     source(), write the library with export_library()."""
 
-    def __init__(self, func: PrimFunc, target: Target, compiled: CompiledModule, library: bytes, runtime):
+    def __init__(self, func: PrimFunc, target: Target, code: KernelCode, runtime):
         self.func = func
         self.target = target
-        self.compiled = compiled
-        self.library = library
+        self.compiled = code.compiled
+        self.library = code.library
+        self.sources = code.sources
         self.runtime = runtime
         self.specs = [ArgSpec(buffer.name, tuple(buffer.shape), buffer.dtype) for buffer in func.params]
         self.entry = runtime.function(func.name, self.specs) if runtime is not None else None
@@ -103,14 +82,10 @@ class Kernel:
     def source(self, kind: str = "ll") -> str:
         if kind == "tir":
             return format_func(self.func)
-        if kind == "ll":
-            return self.compiled.ll
-        if kind == "asm":
-            return self.compiled.asm
-        raise TargetError(f"unknown source kind {kind!r} for target {self.target}; choose tir, ll or asm")
+        return _source(self.sources, kind, self.target)
 
     def export_library(self, path: str | Path) -> Path:
-        """Write the linked library (.so for llvm targets, .wasm for wasm) to `path`."""
+        """Write the loadable code (.so for llvm targets, .wasm for wasm) to `path`."""
         path = Path(path)
         path.write_bytes(self.library)
         return path
@@ -119,9 +94,18 @@ class Kernel:
 def build_func(func: PrimFunc, target: Target | str = "llvm", num_threads: int | None = None) -> Kernel:
     """Compile one PrimFunc (from lower() or built by hand) into a Kernel."""
     target = Target.parse(target)
-    compiled = compile_funcs([func], target)
-    library = link(compiled, [func.name])
-    return Kernel(func, target, compiled, library, load(library, target, num_threads))
+    backend = backend_for(target)
+    code = backend.build_kernel(func, target)
+    return Kernel(func, target, code, backend.kernel_runtime(code.library, target, num_threads))
+
+
+def _source(sources, kind: str, target: Target) -> str:
+    """The generated text of `kind` from a backend's sources, or one error naming the kinds there are."""
+    if kind not in sources:
+        *others, last = ["tir", *sources]
+        kinds = f"{', '.join(others)} or {last}"
+        raise TargetError(f"unknown source kind {kind!r} for target {target}; choose {kinds}")
+    return sources[kind]
 
 
 def build(
@@ -203,6 +187,7 @@ def compile_model(
     one kernel per distinct fused group, a static memory plan and one `run` entry calling them in order."""
     progress = progress or _silent
     target = Target.parse(target)
+    backend = backend_for(target)
     progress("loading the model", 0.0)
     graph, model_bytes = _model_source(model, input_shapes)
     progress("optimizing the graph", 0.05)
@@ -250,7 +235,7 @@ def compile_model(
         "compiler_version": COMPILER_VERSION,
         "target": str(target),
         "triple": target.triple,
-        "code": CODE_FILES[target.kind],
+        "code": backend.code_file,
         "entry": {"name": ENTRY, "arguments": ["inputs...", "outputs...", "params", "arena"]},
         "inputs": [_spec_json(spec) for spec in inputs],
         "outputs": [{**_spec_json(spec), "source": source} for spec, source in zip(outputs, output_sources)],
@@ -270,15 +255,13 @@ def compile_model(
     }
     # JSON round trip first: the digest is of the manifest as a loader will read it back
     manifest = json.loads(json.dumps(manifest))
-    progress(f"generating code for {len(kernels)} kernels", 0.6)
-    compiled = compile_funcs([*kernels.values(), run], target, {BINDING_SYMBOL: binding_digest(manifest)})
-    progress("linking", 0.9)
-    # Kernels are exported beside the entry so Module.profile can call them one at a time.
-    library = seal_code(target.kind, link(compiled, [ENTRY, BINDING_SYMBOL, *(func.name for func in kernels.values())]))
-    if target.kind == "wasm":
-        manifest["memory"]["wasm_import"] = memory_import(library)
+    progress(f"generating code for {len(kernels)} kernels and linking it ({backend.code_file})", 0.6)
+    code = backend.build_model(list(kernels.values()), run, manifest, target)
+    manifest = json.loads(json.dumps({**manifest, **code.manifest}))
     progress("done", 1.0)
-    return Module(manifest, library, params, num_threads, compiled, [*kernels.values(), run])
+    return Module(
+        manifest, seal_code(backend.seal, code.code), params, num_threads, code, [*kernels.values(), run], target=target
+    )
 
 
 # Loop variables and buffer offsets in generated kernels are 32-bit integers on every target.
@@ -433,27 +416,23 @@ class Module:
         library: bytes,
         params: bytes,
         num_threads: int | None = None,
-        compiled: CompiledModule | None = None,
+        code: ModelCode | None = None,
         funcs: list[PrimFunc] | None = None,
         binding: str | None = None,
+        target: Target | None = None,
     ):
         self.manifest = manifest
         self.library = library
         self.params = params
-        self.compiled = compiled
+        self.compiled = code.compiled if code is not None else None
+        self.sources = code.sources if code is not None else None
         self.funcs = funcs or []
-        self.target = Target.parse(manifest["target"])
+        self.target = target or Target.parse(manifest["target"])
         self.inputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["inputs"]]
         self.outputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["outputs"]]
-        arena = manifest["memory"]["arena_bytes"]
         calls = [_describe_call(call, manifest["kernels"]) for call in manifest.get("calls", [])]
-        if self.target.kind == "wasm":
-            limits = manifest["memory"].get("wasm_import")
-            self.runtime = WasmModel(library, params, arena, self.inputs, self.outputs, ENTRY, calls, binding, limits)
-        elif self.target.can_run_here:
-            self.runtime = NativeModel(library, params, arena, self.outputs, ENTRY, num_threads, calls, binding)
-        else:
-            self.runtime = None
+        image = ModelImage(manifest, library, params, self.inputs, self.outputs, calls, binding)
+        self.runtime = backend_for(self.target).model_runtime(image, self.target, num_threads)
 
     @property
     def num_threads(self) -> int:
@@ -565,10 +544,7 @@ class Module:
         calls = self.manifest["calls"]
         if any("args" not in call for call in calls):
             raise BundleError("this bundle's manifest has no kernel call arguments; export it again to profile it")
-        if isinstance(self.runtime, WasmModel):
-            replayer = _WasmReplay(self.runtime, arrays)
-        else:
-            replayer = _NativeReplay(self.runtime, arrays)
+        replayer = self.runtime.replay(arrays)
         times = []
         for call in calls:
             kernel = replayer.kernel(call["kernel"], call["args"])
@@ -610,60 +586,9 @@ class Module:
         """The generated code: "tir" (every kernel and the run entry's calls), "ll" or "asm"."""
         if kind == "tir":
             return "\n\n".join(format_func(func) if func.name != ENTRY else _format_entry(func) for func in self.funcs)
-        if self.compiled is None:
+        if self.sources is None:
             raise TargetError("a module loaded from a bundle keeps only its linked code; compile it to see its source")
-        if kind == "ll":
-            return self.compiled.ll
-        if kind == "asm":
-            return self.compiled.asm
-        raise TargetError(f"unknown source kind {kind!r}; choose tir, ll or asm")
-
-
-class _NativeReplay:
-    """Kernel calls against a NativeModel's params and arena, the caller's inputs and fresh outputs."""
-
-    def __init__(self, runtime: NativeModel, inputs: list[np.ndarray]):
-        self.runtime = runtime
-        self.results = [np.empty(spec.shape, spec.dtype) for spec in runtime.outputs]
-        self.bases = {"params": runtime.params.ctypes.data, "arena": runtime.arena.ctypes.data}
-        self.bases.update({f"input_{position}": array.ctypes.data for position, array in enumerate(inputs)})
-        self.bases.update({f"output_{position}": array.ctypes.data for position, array in enumerate(self.results)})
-
-    def kernel(self, name: str, args: list) -> Callable[[], None]:
-        function = getattr(self.runtime.library.handle, name)
-        function.restype = None
-        pointers = [ctypes.c_void_p(self.bases[buffer] + offset) for buffer, offset in args]
-        return lambda: function(*pointers)
-
-    def outputs(self) -> list[np.ndarray]:
-        return self.results
-
-
-class _WasmReplay:
-    """Kernel calls on offsets into a WasmModel's linear memory: the inputs are copied in first."""
-
-    def __init__(self, runtime: WasmModel, inputs: list[np.ndarray]):
-        self.runtime = runtime
-        base = runtime._base()
-        for offset, array in zip(runtime.input_offsets, inputs):
-            ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
-        self.bases = {"params": runtime.params_offset, "arena": runtime.arena_offset}
-        self.bases.update({f"input_{position}": offset for position, offset in enumerate(runtime.input_offsets)})
-        self.bases.update({f"output_{position}": offset for position, offset in enumerate(runtime.output_offsets)})
-
-    def kernel(self, name: str, args: list) -> Callable[[], None]:
-        function, store = self.runtime.instance.exports[name], self.runtime.instance.store
-        offsets = [self.bases[buffer] + offset for buffer, offset in args]
-        return lambda: function(store, *offsets)
-
-    def outputs(self) -> list[np.ndarray]:
-        base = self.runtime._base()
-        results = []
-        for offset, spec in zip(self.runtime.output_offsets, self.runtime.outputs):
-            array = np.empty(spec.shape, spec.dtype)
-            ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
-            results.append(array)
-        return results
+        return _source(self.sources, kind, self.target)
 
 
 def _format_entry(func: PrimFunc) -> str:
@@ -680,7 +605,7 @@ def load_module(directory: str | Path, num_threads: int | None = None) -> Module
     """A Module from a bundle directory, after checking its format version, every file's digest, the manifest's
     schema and sizes, and that the code was generated for this manifest (bundle.py), before any kernel runs."""
     manifest, files = read_bundle(directory)
-    check_manifest(manifest, files)
+    check_manifest(manifest, files, code_files())
     code = files[manifest["code"]]
-    check_seal("wasm" if manifest["code"] == CODE_FILES["wasm"] else "llvm", code, manifest["code"])
+    check_seal(backend_for(manifest["target"]).seal, code, manifest["code"])
     return Module(manifest, code, files[PARAMS_FILE], num_threads, binding=binding_digest(manifest))

@@ -1,6 +1,6 @@
-"""Bundles: the directory a compiled model is exported to and loaded from (DESIGN.md §4): manifest.json,
-the code (model.so or model.wasm) and params.bin. build.py writes the manifest; this module writes the
-files atomically and checks, on loading, the format version, every file's sha256, the manifest's schema
+"""Bundles: the directory a compiled model is exported to and loaded from (DESIGN.md §4): manifest.json, the
+code (its backend's code file: model.so, model.wasm...) and params.bin. build.py writes the manifest; this module
+writes the files atomically and checks, on loading, the format version, every file's sha256, the manifest's schema
 (check_manifest) and the sizes it gives against the files. The code carries `binding_digest` of the manifest
 fields it was generated for, so an edited and rehashed manifest is refused before any kernel runs."""
 
@@ -19,7 +19,6 @@ from compiler.graph.ir import ITEMSIZE
 FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 PARAMS_FILE = "params.bin"
-CODE_FILES = {"llvm": "model.so", "wasm": "model.wasm"}
 
 
 class BundleError(TesselError):
@@ -48,23 +47,24 @@ def binding_digest(manifest: dict) -> str:
 _SEAL_NAME = b"tessel.sha256"
 
 
-def _seal_bytes(kind: str, digest: bytes) -> bytes:
-    if kind == "wasm":  # section id 0 (custom), then sizes that fit one LEB128 byte each
+def _seal_bytes(style: str, digest: bytes) -> bytes:
+    if style == "wasm":  # section id 0 (custom), then sizes that fit one LEB128 byte each
         payload = bytes([len(_SEAL_NAME)]) + _SEAL_NAME + digest
         return b"\x00" + bytes([len(payload)]) + payload
     return _SEAL_NAME + digest
 
 
-def seal_code(kind: str, code: bytes) -> bytes:
-    """`code` (a linked model.so or model.wasm) with its seal appended."""
-    return code + _seal_bytes(kind, hashlib.sha256(code).digest())
+def seal_code(style: str, code: bytes) -> bytes:
+    """`code` (a linked model.so or model.wasm) with its seal appended; `style` is the backend's: "wasm" for a custom
+    section, any other for bytes after the end."""
+    return code + _seal_bytes(style, hashlib.sha256(code).digest())
 
 
-def check_seal(kind: str, code: bytes, name: str) -> None:
+def check_seal(style: str, code: bytes, name: str) -> None:
     """Refuse code whose seal is missing or does not match its bytes (truncated, damaged or not Tessel's)."""
-    size = len(_seal_bytes(kind, bytes(32)))
+    size = len(_seal_bytes(style, bytes(32)))
     body = code[:-size] if len(code) > size else b""
-    if code[len(body) :] != _seal_bytes(kind, hashlib.sha256(body).digest()):
+    if code[len(body) :] != _seal_bytes(style, hashlib.sha256(body).digest()):
         raise BundleError(
             f"{name} is truncated or damaged (its own sha256 seal does not match); export the model again"
         )
@@ -155,7 +155,7 @@ MANIFEST_SCHEMA = {
     "compiler_version": _text,
     "target": _text,
     "triple": _text,
-    "code": _one_of("model.so", "model.wasm"),
+    "code": _text,
     "entry": {"name": _text, "arguments": _list_of(_text)},
     "inputs": _list_of(_TENSOR),
     "outputs": _list_of({**_TENSOR, "source": _optional({"region": _one_of("input", "output", "params")})}),
@@ -192,10 +192,16 @@ def tensor_bytes(spec: dict) -> int:
     return nbytes
 
 
-def check_manifest(manifest: dict, files: dict[str, bytes]) -> None:
+def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str, str]) -> None:
     """Check every key, type and size of a model bundle's manifest, and the sizes it gives against `files`,
-    raising one BundleError that names the first thing wrong."""
+    raising one BundleError that names the first thing wrong. `code_files` (target kind -> code file, the backends
+    registry's) says which code file the manifest's target has."""
     _check(MANIFEST_SCHEMA, "manifest", manifest)
+    kind = (manifest["target"].split() or [""])[0]
+    if kind not in code_files:
+        _fail("manifest.target", f"a target of kind {', '.join(code_files)}", manifest["target"])
+    if manifest["code"] != code_files[kind]:
+        _fail("manifest.code", f"{code_files[kind]!r} for target {kind}", manifest["code"])
     for spec in [*manifest["inputs"], *manifest["outputs"], *manifest["params"]["layout"]]:
         tensor_bytes(spec)
     code, params = manifest["code"], manifest["params"]

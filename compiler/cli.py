@@ -210,9 +210,12 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _configure_compile(parser: argparse.ArgumentParser) -> None:
+    from compiler.backends import BACKENDS
+
     parser.add_argument("model", type=Path, help="an .onnx file")
+    kinds = ", ".join(kind for kind in BACKENDS if kind != "wasm")
     parser.add_argument(
-        "--target", default="wasm", help='"wasm" (default), "llvm" or "llvm -mtriple=aarch64-linux-gnu"'
+        "--target", default="wasm", help=f'"wasm" (default), {kinds}, or e.g. "llvm -mtriple=aarch64-linux-gnu"'
     )
     parser.add_argument("-o", "--output", type=Path, help="the bundle directory to write (default MODEL.bundle)")
     _add_input_shape(parser)

@@ -170,6 +170,11 @@ class Target:
         return self.device is not None
 
     @property
+    def family(self) -> str:
+        """The schedule family ("cpu" or "gpu") that schedules/ and passes/pipeline.py pick templates and passes by."""
+        return family_of(self.kind)
+
+    @property
     def arch(self) -> str:
         return _arch(self.triple)
 
@@ -202,6 +207,11 @@ class Target:
         """wasm runs in wasmtime anywhere; llvm output only on a machine of its own architecture. GPU code may run
         wherever its runtime finds a device: the runtime says which platform is missing when it loads."""
         return self.kind == "wasm" or self.is_gpu or (self.is_host and platform.system() == "Linux")
+
+
+def family_of(kind: str) -> str:
+    """A target kind's schedule family: GPU kinds schedule for threads and blocks, every other kind for CPU cores."""
+    return "gpu" if kind in GPU_KINDS else "cpu"
 
 
 def _gpu_target(text, words: list[str]) -> Target:

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from compiler.bundle import CODE_FILES
+from compiler.backends import BACKENDS
 from compiler.errors import TargetError, TesselError
 from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
 from server.jobs import (
@@ -55,10 +55,6 @@ PREBUILT_WAIT_S = 30.0
 IMMUTABLE = "public, max-age=31536000, immutable"
 # What static/demo.js draws and reads (its SIZE * SIZE pixels and ten digit scores).
 DEMO_PIXELS, DEMO_CLASSES = 64, 10
-TARGET_LABELS = {
-    "wasm": ("WebAssembly + SIMD: runs in this browser", True),
-    "llvm": ("Native library (.so) for this server's CPU", False),
-}
 ISOLATION_HEADERS = [
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-embedder-policy", b"require-corp"),
@@ -76,7 +72,7 @@ CONTENT_TYPES = {
 
 def targets() -> list[str]:
     """Every target the compiler can make a bundle for, wasm (the browser's) first."""
-    return sorted(CODE_FILES, key=lambda name: (name != "wasm", name))
+    return sorted(BACKENDS, key=lambda name: (name != "wasm", name))
 
 
 class CrossOriginIsolation:
@@ -135,7 +131,7 @@ async def _limited(stream: AsyncIterator[bytes], limit: int) -> AsyncIterator[by
 def parse_targets(values: list[str]) -> list[str]:
     """Form values such as ["wasm", "llvm"] or ["wasm,llvm"] as known target names, in the compiler's order."""
     names = [name.strip() for value in values for name in value.split(",") if name.strip()] or ["wasm"]
-    unknown = [name for name in names if name not in CODE_FILES]
+    unknown = [name for name in names if name not in BACKENDS]
     if unknown:
         raise TargetError(f"unknown target {unknown[0]!r}; choose from {', '.join(targets())}")
     return [name for name in targets() if name in names]
@@ -331,8 +327,15 @@ async def job_events_route(request: Request) -> Response:
 async def targets_route(request: Request) -> Response:
     entries = []
     for name in targets():
-        label, in_browser = TARGET_LABELS.get(name, (name, False))
-        entries.append({"name": name, "label": label, "runs_in_browser": in_browser, "default": name == "wasm"})
+        backend = BACKENDS[name]
+        entries.append(
+            {
+                "name": name,
+                "label": backend.label,
+                "runs_in_browser": backend.runs_in_browser,
+                "default": name == "wasm",
+            }
+        )
     return JSONResponse({"targets": entries})
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -155,3 +156,26 @@ class NativeModel:
         status = self.entry(*[ctypes.c_void_p(array.ctypes.data) for array in (*inputs, *outputs)], *self.state)
         check_status(status, self.calls)
         return outputs
+
+    def replay(self, inputs: list[np.ndarray]) -> NativeReplay:
+        return NativeReplay(self, inputs)
+
+
+class NativeReplay:
+    """Kernel calls against a NativeModel's params and arena, the caller's inputs and fresh outputs (Module.replay)."""
+
+    def __init__(self, runtime: NativeModel, inputs: list[np.ndarray]):
+        self.runtime = runtime
+        self.results = [np.empty(spec.shape, spec.dtype) for spec in runtime.outputs]
+        self.bases = {"params": runtime.params.ctypes.data, "arena": runtime.arena.ctypes.data}
+        self.bases.update({f"input_{position}": array.ctypes.data for position, array in enumerate(inputs)})
+        self.bases.update({f"output_{position}": array.ctypes.data for position, array in enumerate(self.results)})
+
+    def kernel(self, name: str, args: list) -> Callable[[], None]:
+        function = getattr(self.runtime.library.handle, name)
+        function.restype = None
+        pointers = [ctypes.c_void_p(self.bases[buffer] + offset) for buffer, offset in args]
+        return lambda: function(*pointers)
+
+    def outputs(self) -> list[np.ndarray]:
+        return self.results

@@ -5,6 +5,7 @@ argument back into the caller's arrays, so outputs are written in place as nativ
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
 import wasmtime
@@ -165,6 +166,36 @@ class WasmModel:
             ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
             outputs.append(array)
         return outputs
+
+    def replay(self, inputs: list[np.ndarray]) -> WasmReplay:
+        return WasmReplay(self, inputs)
+
+
+class WasmReplay:
+    """Kernel calls on offsets into a WasmModel's linear memory: the inputs are copied in first (Module.replay)."""
+
+    def __init__(self, runtime: WasmModel, inputs: list[np.ndarray]):
+        self.runtime = runtime
+        base = runtime._base()
+        for offset, array in zip(runtime.input_offsets, inputs):
+            ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
+        self.bases = {"params": runtime.params_offset, "arena": runtime.arena_offset}
+        self.bases.update({f"input_{position}": offset for position, offset in enumerate(runtime.input_offsets)})
+        self.bases.update({f"output_{position}": offset for position, offset in enumerate(runtime.output_offsets)})
+
+    def kernel(self, name: str, args: list) -> Callable[[], None]:
+        function, store = self.runtime.instance.exports[name], self.runtime.instance.store
+        offsets = [self.bases[buffer] + offset for buffer, offset in args]
+        return lambda: function(store, *offsets)
+
+    def outputs(self) -> list[np.ndarray]:
+        base = self.runtime._base()
+        results = []
+        for offset, spec in zip(self.runtime.output_offsets, self.runtime.outputs):
+            array = np.empty(spec.shape, spec.dtype)
+            ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
+            results.append(array)
+        return results
 
 
 def _nbytes(spec: ArgSpec) -> int:

@@ -1,6 +1,40 @@
 """Schedule templates per target family: a fused group's tensor expressions in, a te.Schedule out, with named knobs
-that the tuner (compiler/tune/) can set; compiler.build lowers the result."""
+that the tuner (compiler/tune/) can set; compiler.build lowers the result. FAMILIES names each family's module (it is
+imported on first use); each has `schedule_group(group, target, config)` and its `SPACE_VERSION`."""
 
-from compiler.schedules.cpu import DEFAULTS, schedule_group
+from __future__ import annotations
 
-__all__ = ["DEFAULTS", "schedule_group"]
+import importlib
+from types import ModuleType
+
+from compiler.errors import TargetError
+from compiler.target import Target, family_of
+
+FAMILIES = {"cpu": "compiler.schedules.cpu"}
+
+
+def templates(target: Target | str) -> ModuleType:
+    """The template module of `target`'s family."""
+    target = Target.parse(target)
+    if target.family not in FAMILIES:
+        families = ", ".join(FAMILIES)
+        raise TargetError(
+            f"target {target} needs {target.family} schedule templates, which this Tessel does not have yet (it has "
+            f"{families}); compile for a target of those"
+        )
+    return importlib.import_module(FAMILIES[target.family])
+
+
+def schedule_group(group, target: Target | str = "llvm", config=None):
+    """A schedule of `group` (a GroupTE) by its target's family's templates (see schedules/cpu.py's schedule_group)."""
+    return templates(target).schedule_group(group, target, config)
+
+
+def space_version(kind: str) -> int | None:
+    """The schedule-space version of the family of target kind `kind` (part of every tuning task's key), or None
+    where that family has no templates."""
+    family = family_of(kind)
+    return importlib.import_module(FAMILIES[family]).SPACE_VERSION if family in FAMILIES else None
+
+
+__all__ = ["FAMILIES", "schedule_group", "space_version", "templates"]

@@ -8,11 +8,16 @@ import warnings
 from pathlib import Path
 
 from compiler.errors import TuningError
-from compiler.schedules.cpu import SPACE_VERSION
+from compiler.schedules import space_version
 from compiler.tune.space import TuningWarning
 from compiler.tune.task import canonical
 
 TASK_FIELDS = ("template", "workload", "target", "space_version")
+
+
+def _space_version(target) -> int | None:
+    """The current space version of a record's target (its JSON: tune/task.target_json)."""
+    return space_version(target.get("kind", "")) if isinstance(target, dict) else None
 
 
 def load_records(path: str | Path) -> dict[str, dict]:
@@ -36,7 +41,7 @@ def load_records(path: str | Path) -> dict[str, dict]:
                 f'tuning records {path} line {number} is not a record ({{"task": {{{", ".join(TASK_FIELDS)}}}, '
                 f'"config", "seconds", ...}}): {error}'
             ) from None
-        if any(name not in task for name in TASK_FIELDS) or task["space_version"] != SPACE_VERSION:
+        if any(name not in task for name in TASK_FIELDS) or task["space_version"] != _space_version(task["target"]):
             stale += 1
             continue
         if seconds is None:
@@ -46,8 +51,8 @@ def load_records(path: str | Path) -> dict[str, dict]:
             best[key] = (seconds, config)
     if stale:
         warnings.warn(
-            f"{stale} tuning record(s) in {path} were written for another version of the schedule spaces (this "
-            f"compiler's is {SPACE_VERSION}) and no longer apply; tune the model again to replace them",
+            f"{stale} tuning record(s) in {path} were written for another version of the schedule spaces than this "
+            "compiler's and no longer apply; tune the model again to replace them",
             TuningWarning,
             stacklevel=2,
         )

@@ -12,8 +12,7 @@ from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules import DEFAULTS, schedule_group
-from compiler.schedules.cpu import divisor_at_most, fallback, vector_factor
+from compiler.schedules.cpu import DEFAULTS, divisor_at_most, fallback, schedule_group, vector_factor
 from compiler.target import Target
 from compiler.tune.space import ConfigSpace
 

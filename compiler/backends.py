@@ -1,0 +1,190 @@
+"""The backends registry, a driver beside build.py: each target kind maps to the code generator, the packager (linker
+and seal), the runtimes and the bundle's code file that turn its loop IR into something that runs. build.py, the bundle
+checks, the CLI and the server read BACKENDS, so a new backend registers here and touches no driver."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+from compiler.bundle import BINDING_SYMBOL, binding_digest
+from compiler.codegen.llvm import compile_funcs
+from compiler.errors import TargetError
+from compiler.link import link_shared, link_wasm
+from compiler.runtime import ArgSpec
+from compiler.runtime.native import NativeLibrary, NativeModel
+from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
+from compiler.target import Target
+from compiler.tir.nodes import PrimFunc
+
+
+@dataclass(frozen=True)
+class KernelCode:
+    """One kernel compiled on its own: the bytes its runtime loads and its generated text by kind ("ll", "asm"...);
+    `compiled` is the code generator's own result, kept for whoever needs more (an object file)."""
+
+    library: bytes
+    sources: Mapping[str, str]
+    compiled: object = None
+
+
+@dataclass(frozen=True)
+class ModelCode:
+    """A whole model's code: the bundle's code file (build.py seals it), what the backend adds to the manifest (a GPU
+    backend's dispatch list, wasm's memory limits), its generated text by kind and the code generator's own result."""
+
+    code: bytes
+    manifest: dict = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    compiled: object = None
+
+
+@dataclass(frozen=True)
+class ModelImage:
+    """What a model runtime is built from: the manifest, the code file, params.bin, the inputs and outputs, each kernel
+    call in words (for the error of a failed index check) and the binding digest the code must carry (None when the
+    code was just generated in this process)."""
+
+    manifest: dict
+    code: bytes
+    params: bytes
+    inputs: list[ArgSpec]
+    outputs: list[ArgSpec]
+    calls: list[str]
+    binding: str | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How one target kind is compiled and run.
+
+    - `build_kernel(func, target)`: one PrimFunc as KernelCode; `kernel_runtime(library, target, num_threads)` loads
+      it, giving an object whose `.function(name, specs)` is a callable on numpy arrays (None: cannot run here).
+    - `build_model(kernels, run, manifest, target)`: every kernel and the `run` entry (a PrimFunc of KernelCalls)
+      with the manifest so far (JSON-ready, every key but the backend's own) as ModelCode. A CPU backend compiles
+      `run` into the code; a GPU one turns its calls into a dispatch list in the manifest.
+    - `model_runtime(image, target, num_threads)`: an object with `run(inputs) -> outputs` and `replay(inputs)`
+      (build.Module.replay's kernel-at-a-time calls), or None when the target cannot run here.
+    - `code_file` names the code in a bundle, `seal` the style of the seal build.py appends and load_module checks
+      (bundle.seal_code); `label` and `runs_in_browser` are what the server's page says of it."""
+
+    kind: str
+    code_file: str
+    seal: str
+    build_kernel: Callable[[PrimFunc, Target], KernelCode]
+    kernel_runtime: Callable[[bytes, Target, int | None], object]
+    build_model: Callable[[list[PrimFunc], PrimFunc, dict, Target], ModelCode]
+    model_runtime: Callable[[ModelImage, Target, int | None], object]
+    label: str
+    runs_in_browser: bool = False
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add (or replace) the backend of `backend.kind`."""
+    BACKENDS[backend.kind] = backend
+    return backend
+
+
+def backend_for(target: Target | str) -> Backend:
+    kind = target.kind if isinstance(target, Target) else str(target).split(maxsplit=1)[0]
+    if kind not in BACKENDS:
+        raise TargetError(f"target {kind!r} has no backend in this Tessel yet; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[kind]
+
+
+def code_files() -> dict[str, str]:
+    """Target kind -> the bundle's code file name, for bundle.check_manifest."""
+    return {kind: backend.code_file for kind, backend in BACKENDS.items()}
+
+
+# ---- llvm and wasm: one LLVM module, linked into a shared library or a wasm module -----------------------------
+
+
+def _llvm_sources(compiled) -> dict[str, str]:
+    return {"ll": compiled.ll, "asm": compiled.asm}
+
+
+def _link_shared(compiled, exports: list[str]) -> bytes:
+    return link_shared(compiled.object, compiled.target)
+
+
+def _link_wasm(compiled, exports: list[str]) -> bytes:
+    return link_wasm(compiled.object, exports)
+
+
+def _no_additions(library: bytes, manifest: dict) -> dict:
+    return {}
+
+
+def _wasm_memory(library: bytes, manifest: dict) -> dict:
+    """The imported memory's limits, which only the linker knows and tessel.js needs before it instantiates."""
+    return {"memory": {**manifest["memory"], "wasm_import": memory_import(library)}}
+
+
+def _llvm_kernel(link, func: PrimFunc, target: Target) -> KernelCode:
+    compiled = compile_funcs([func], target)
+    return KernelCode(link(compiled, [func.name]), _llvm_sources(compiled), compiled)
+
+
+def _llvm_model(link, additions, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
+    compiled = compile_funcs([*kernels, run], target, {BINDING_SYMBOL: binding_digest(manifest)})
+    # Kernels are exported beside the entry so Module.profile can call them one at a time.
+    library = link(compiled, [run.name, BINDING_SYMBOL, *(func.name for func in kernels)])
+    return ModelCode(library, additions(library, manifest), _llvm_sources(compiled), compiled)
+
+
+def _native_kernel_runtime(library: bytes, target: Target, num_threads: int | None):
+    return NativeLibrary(library, num_threads) if target.can_run_here else None
+
+
+def _native_model_runtime(image: ModelImage, target: Target, num_threads: int | None):
+    if not target.can_run_here:
+        return None
+    arena, entry = image.manifest["memory"]["arena_bytes"], image.manifest["entry"]["name"]
+    return NativeModel(image.code, image.params, arena, image.outputs, entry, num_threads, image.calls, image.binding)
+
+
+def _wasm_model_runtime(image: ModelImage, target: Target, num_threads: int | None):
+    memory, entry = image.manifest["memory"], image.manifest["entry"]["name"]
+    return WasmModel(
+        image.code,
+        image.params,
+        memory["arena_bytes"],
+        image.inputs,
+        image.outputs,
+        entry,
+        image.calls,
+        image.binding,
+        memory.get("wasm_import"),
+    )
+
+
+register(
+    Backend(
+        kind="wasm",
+        code_file="model.wasm",
+        seal="wasm",
+        build_kernel=partial(_llvm_kernel, _link_wasm),
+        kernel_runtime=lambda library, target, num_threads: WasmInstance(library),
+        build_model=partial(_llvm_model, _link_wasm, _wasm_memory),
+        model_runtime=_wasm_model_runtime,
+        label="WebAssembly + SIMD: runs in this browser",
+        runs_in_browser=True,
+    )
+)
+register(
+    Backend(
+        kind="llvm",
+        code_file="model.so",
+        seal="elf",
+        build_kernel=partial(_llvm_kernel, _link_shared),
+        kernel_runtime=_native_kernel_runtime,
+        build_model=partial(_llvm_model, _link_shared, _no_additions),
+        model_runtime=_native_model_runtime,
+        label="Native library (.so) for this server's CPU",
+    )
+)
