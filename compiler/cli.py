@@ -368,11 +368,15 @@ class _Parser(argparse.ArgumentParser):
         raise TesselError(f"{self.prog}: {message}" if self.prog != "tessel" else message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, with the arguments of `command` only: a configure function may import its
+    stage (serve's imports the server and Starlette), which a command that does not use it must not pay for."""
     parser = _Parser(prog="tessel", description="Tessel, a deep-learning compiler: ONNX in, fast kernels out.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, command in COMMANDS.items():
-        command.configure(subparsers.add_parser(name, help=command.help, description=command.help))
+    for name, entry in COMMANDS.items():
+        subparser = subparsers.add_parser(name, help=entry.help, description=entry.help)
+        if name == command:
+            entry.configure(subparser)
     return parser
 
 
@@ -382,8 +386,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(next((word for word in argv if not word.startswith("-")), None)).parse_args(argv)
         if args.command is None:
             raise TesselError(f"name a command: {', '.join(COMMANDS)} (tessel COMMAND --help says more)")
         with warnings.catch_warnings():
