@@ -1,10 +1,12 @@
 """The graph pass pipeline: the frontend's graph goes through PASSES in order, then (given a target) the layout
-pass for it, then fusion.
+passes of its family, then fusion.
 
 Hands the kernel stage a verified graph of fused groups (or, with fuse=False, the simplified graph).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from compiler.errors import TesselError
 from compiler.graph.ir import Graph, GraphError
@@ -27,19 +29,29 @@ PASSES = [
 ]
 
 
+# The layout passes of each target family, after PASSES. NCHW[x]c (alter_layout) is a CPU decision: a block of
+# channels is a vector register. GPU kernels keep the ONNX layout and spread threads over it.
+LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {"cpu": [alter_layout], "gpu": []}
+
+
+def _for_target(layout_pass: Callable[[Graph, Target], Graph], target: Target) -> Callable[[Graph], Graph]:
+    def run(graph: Graph) -> Graph:
+        return layout_pass(graph, target)
+
+    run.__name__ = layout_pass.__name__
+    return run
+
+
 def optimize(graph: Graph, fuse: bool = True, target: Target | str | None = None) -> Graph:
-    """Run every pass of PASSES, then alter_layout for `target` (every target is a CPU one; None keeps the ONNX
-    layouts) and eliminate_dead for the weights it replaced, then fuse_ops when `fuse`, verifying the graph before
-    and after each one."""
+    """Run every pass of PASSES, then the layout passes of `target`'s family (LAYOUT_PASSES; None keeps the ONNX
+    layouts), each followed by eliminate_dead for the weights it replaced, then fuse_ops when `fuse`, verifying the
+    graph before and after each one."""
     graph.verify()
     passes = list(PASSES)
     if target is not None:
         target = Target.parse(target)
-
-        def alter_layout_for_target(graph: Graph) -> Graph:
-            return alter_layout(graph, target)
-
-        passes += [alter_layout_for_target, eliminate_dead]
+        for layout_pass in LAYOUT_PASSES[target.family]:
+            passes += [_for_target(layout_pass, target), eliminate_dead]
     for graph_pass in [*passes, fuse_ops] if fuse else passes:
         graph = graph_pass(graph)
         try:

@@ -207,6 +207,14 @@ def test_pipeline_alters_layout_only_for_a_target():
     assert not any(len(value.type.shape) == 4 and value.type.shape[2:] == (3, 3) for value in altered.params)
 
 
+@pytest.mark.parametrize("target", ["webgpu", "opencl", "cuda"])
+def test_gpu_targets_keep_the_onnx_layout(target):
+    """The chain that CPU targets block (test_pipeline_alters_layout_only_for_a_target) stays NCHW."""
+    optimized = optimize(chain(), fuse=False, target=target)
+    assert ops(optimized) == ops(optimize(chain(), fuse=False))
+    assert "LayoutTransform" not in ops(optimized) and "ConvNCHWc" not in ops(optimized)
+
+
 def test_layout_ops_reject_bad_shapes():
     transform = get_op("LayoutTransform")
     x = TensorType((1, 12, 4, 4), "float32")
