@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from compiler.errors import TuningError
+from compiler.tune.features import Featurizer
+from compiler.tune.task import canonical, task_from_json
 
 # Shallow trees and few rounds: a task has tens to hundreds of measurements, and a fit runs before every batch.
 PARAMETERS = {
@@ -69,7 +71,7 @@ class CostModel:
         features = np.asarray(features, dtype=float)
         matrix = xgboost.DMatrix(features, label=labels)
         if self.base is not None:
-            matrix.set_base_margin(self.base.predict(features[:, : self.base.width]))
+            matrix.set_base_margin(self.base.predict(features))
         if groups is not None:
             matrix.set_group(groups)
         return matrix
@@ -86,13 +88,12 @@ class CostModel:
         return self
 
     def predict(self, features: np.ndarray) -> np.ndarray:
-        """A score per row, higher for configs predicted faster (comparable within one task only)."""
+        """A score per row, higher for configs predicted faster (comparable within one task only); columns past
+        the ones it was trained on (a task's knob values, for a model pretrained on loop-IR features) are ignored."""
         features = np.asarray(features, dtype=float)
         if self.booster is None:
-            if self.base is None:
-                return np.zeros(len(features))
-            return self.base.predict(features[:, : self.base.width])
-        return self.booster.predict(self._matrix(features), output_margin=True)
+            return self.base.predict(features) if self.base is not None else np.zeros(len(features))
+        return self.booster.predict(self._matrix(features[:, : self.width]), output_margin=True)
 
 
 def pretrain(samples: Iterable[tuple[np.ndarray, Sequence[float | None]]], objective: str = "rank", seed: int = 0):
@@ -108,3 +109,32 @@ def pretrain(samples: Iterable[tuple[np.ndarray, Sequence[float | None]]], objec
     if not rows:
         return None
     return CostModel(objective, seed).fit(np.concatenate(rows), np.concatenate(targets), groups)
+
+
+def pretrain_records(records: Iterable[dict], exclude: Iterable[str] = (), objective: str = "rank", seed: int = 0):
+    """A model pretrained on tuning records (records.read_records) of tasks other than `exclude` (task keys): each
+    record's task is rebuilt from its workload and its config lowered again for its loop-IR features. Tasks this
+    compiler can no longer rebuild, and configs that no longer fit their template, are left out. None when no task
+    has two measurements."""
+    excluded = set(exclude)
+    by_task: dict[str, tuple[dict, list[tuple[dict, float | None]]]] = {}
+    for record in records:
+        key = canonical(record["task"])
+        if key not in excluded:
+            by_task.setdefault(key, (record["task"], []))[1].append((record["config"], record["seconds"]))
+
+    def samples():
+        for task_json, measured in by_task.values():
+            task = task_from_json(task_json)
+            if task is None:
+                continue
+            configs, seconds = [], []
+            for values, time in measured:
+                try:
+                    configs.append(task.space.config(values))
+                except TuningError:
+                    continue
+                seconds.append(time)
+            yield Featurizer(task).loop_matrix(configs), seconds
+
+    return pretrain(samples(), objective, seed)

@@ -5,6 +5,7 @@ It sits beside the drivers: it runs a task's template for a config and lowers it
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from functools import partial
 
 import numpy as np
@@ -259,3 +260,17 @@ class Featurizer:
 
     def loop_matrix(self, configs: list[Config]) -> np.ndarray:
         return np.array([self.loops(config) for config in configs])
+
+
+_FEATURIZERS: OrderedDict[str, Featurizer] = OrderedDict()
+# Featurizers kept for the tasks seen last: tuners of one task (seeds, a resumed run) share its lowered configs
+KEPT_FEATURIZERS = 32
+
+
+def featurizer_of(task: Task) -> Featurizer:
+    """The Featurizer of `task` (by key), shared while it is among the last KEPT_FEATURIZERS tasks asked for."""
+    featurizer = _FEATURIZERS.pop(task.key, None) or Featurizer(task)
+    _FEATURIZERS[task.key] = featurizer
+    while len(_FEATURIZERS) > KEPT_FEATURIZERS:
+        _FEATURIZERS.popitem(last=False)
+    return featurizer

@@ -13,7 +13,7 @@ import numpy as np
 
 from compiler.errors import TuningError
 from compiler.tune.cost_model import CostModel, scores
-from compiler.tune.features import Featurizer
+from compiler.tune.features import featurizer_of
 from compiler.tune.space import Config, ConfigSpace
 from compiler.tune.task import Task
 
@@ -265,7 +265,7 @@ class XGBTuner(Tuner):
         steps: int = 24,
     ):
         super().__init__(task, seed)
-        self.featurizer = Featurizer(task)
+        self.featurizer = featurizer_of(task)
         self.objective, self.seed, self.pretrained = objective, seed, pretrained
         self.exploration, self.pool, self.walkers, self.steps = exploration, pool, walkers, steps
         self.model: CostModel | None = pretrained
