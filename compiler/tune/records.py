@@ -20,15 +20,12 @@ def _space_version(target) -> int | None:
     return space_version(target.get("kind", "")) if isinstance(target, dict) else None
 
 
-def load_records(path: str | Path) -> dict[str, dict]:
-    """The fastest measured config per task key. Records of failed measurements (no seconds) are skipped; records
-    whose task is of another space version or an older form (before tasks named their template) no longer apply,
-    and one TuningWarning counts them."""
+def read_records(path: str | Path) -> list[dict]:
+    """Every record of a file, each {"task", "config", "seconds" (None for a failed measurement), ...}, in order."""
     path = Path(path)
     if not path.is_file():
         raise TuningError(f"cannot read tuning records {path}: no such file")
-    best: dict[str, tuple[float, dict]] = {}
-    stale = 0
+    records = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -41,6 +38,18 @@ def load_records(path: str | Path) -> dict[str, dict]:
                 f'tuning records {path} line {number} is not a record ({{"task": {{{", ".join(TASK_FIELDS)}}}, '
                 f'"config", "seconds", ...}}): {error}'
             ) from None
+        records.append({**record, "task": task, "config": config, "seconds": seconds})
+    return records
+
+
+def load_records(path: str | Path) -> dict[str, dict]:
+    """The fastest measured config per task key. Records of failed measurements (no seconds) are skipped; records
+    whose task is of another space version or an older form (before tasks named their template) no longer apply,
+    and one TuningWarning counts them."""
+    best: dict[str, tuple[float, dict]] = {}
+    stale = 0
+    for record in read_records(path):
+        task, config, seconds = record["task"], record["config"], record["seconds"]
         if any(name not in task for name in TASK_FIELDS) or task["space_version"] != _space_version(task["target"]):
             stale += 1
             continue

@@ -12,11 +12,13 @@ from functools import partial
 
 import numpy as np
 
+from compiler.errors import TesselError
 from compiler.frontend.onnx import load_onnx
-from compiler.graph.ir import Graph, Node
+from compiler.graph.ir import Graph, Node, TensorType, Value
+from compiler.graph.registry import Pattern, get_op
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules import templates
+from compiler.schedules import space_version, templates
 from compiler.target import Target
 from compiler.tune.space import ConfigSpace, run_template
 
@@ -40,6 +42,21 @@ def _attr_json(value):
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return repr(value)
+
+
+def _attr_value(value):
+    """The attribute _attr_json wrote (a list for a tuple); raises LookupError for an array kept as its digest."""
+    if isinstance(value, list):
+        return [_attr_value(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if set(value) == {"dtype", "value"}:
+        return np.dtype(value["dtype"]).type(value["value"])
+    if set(value) == {"dtype", "shape", "values"}:
+        return np.array(value["values"], dtype=value["dtype"]).reshape(value["shape"])
+    if "sha256" in value:
+        raise LookupError("an attribute array larger than a workload lists")
+    return {key: _attr_value(item) for key, item in value.items()}
 
 
 def workload(node: Node) -> dict:
@@ -128,6 +145,49 @@ def schedule_node(node: Node, target: Target, records: dict[str, dict] | None = 
         return group, schedule, cfg
     schedule, cfg = run_template(partial(templates(target).schedule_group, group, target), values)
     return group, schedule, cfg
+
+
+def task_from_json(task: dict) -> Task | None:
+    """The task a record names (its `task` field), rebuilt from its workload so that its configs can be lowered
+    again (features of other tasks' records, to pretrain a cost model); None when the workload cannot be rebuilt
+    (an attribute array kept as its digest, an op or template this compiler lacks, another space version)."""
+    try:
+        if task["space_version"] != space_version(task["target"]["kind"]):
+            return None
+        work = task["workload"]
+        inputs = [
+            Value(f"input{index}", TensorType(tuple(shape), dtype))
+            for index, (shape, dtype) in enumerate(work["inputs"])
+        ]
+        values = list(inputs)
+        members = []
+        for number, member in enumerate(work["ops"]):
+            outputs = [
+                Value(f"value{len(values) + k}", TensorType(tuple(shape), dtype))
+                for k, (shape, dtype) in enumerate(member["outputs"])
+            ]
+            operands = [None if position is None else values[position] for position in member["inputs"]]
+            members.append(Node(member["op"], operands, outputs, _attr_value(member["attrs"]), f"member{number}"))
+            values.extend(outputs)
+        pattern = max(get_op(member.op).pattern_of(member.attrs) for member in members)
+        anchor = next(member.op for member in members if get_op(member.op).pattern_of(member.attrs) == pattern)
+        body = Graph(inputs, [values[position] for position in work["outputs"]], members, {}, "task")
+        attrs = {"body": body, "pattern": pattern.name, "anchor": anchor if pattern >= Pattern.REDUCE else ""}
+        node = Node(
+            "fused",
+            [Value(v.name, v.type) for v in inputs],
+            [Value(v.name, v.type) for v in body.outputs],
+            attrs,
+            "task",
+        )
+        machine = task["target"]
+        if machine["kind"] not in ("llvm", "wasm"):
+            return None
+        features = ",".join(f"+{feature}" for feature in machine["features"])
+        rebuilt = task_of(node, Target(machine["kind"], machine["triple"], machine["cpu"], features, is_host=False))
+    except (LookupError, TypeError, ValueError, TesselError):
+        return None
+    return rebuilt if rebuilt.key == canonical(task) else None
 
 
 def extract_tasks(model, target: Target | str = "llvm", input_shapes: dict | None = None) -> list[Task]:
