@@ -85,13 +85,6 @@ _HELPERS = {
   let r = a % b;
   return select(r, r + b, (r != 0) && ((r < 0) != (b < 0)));
 }""",
-    "pow_i32": """fn tessel_pow_i32(a: i32, b: i32) -> i32 {
-  var result = 1;
-  for (var i = 0; i < b; i++) {
-    result *= a;
-  }
-  return result;
-}""",
     "index_check": """fn tessel_index_check(index: i32, extent: i32) -> i32 {
   return select(0, index, index >= 0 && index < extent);
 }""",
@@ -329,10 +322,8 @@ class _EntryWriter:
             if floating:
                 return f"({a} - floor({a} / {b}) * {b})"
             return self.helper("floormod", dtype, a, b)
-        if node.op == "pow":
-            if floating:
-                return f"pow({a}, {b})"
-            return self.helper("pow", dtype, a, b)
+        if node.op == "pow" and floating:
+            return f"pow({a}, {b})"
         raise WGSLError(f"WGSL codegen cannot handle operator {node.op!r}")
 
     def helper(self, kind: str, dtype: str, *args: str) -> str:

@@ -1,7 +1,8 @@
-"""Math intrinsics as loop-IR rewrites: a codegen hands its table of native functions to `expand_math`, and every
-float32/float16 call of erf, tanh, sigmoid or pow that the table lacks becomes arithmetic over the ones it has (exp,
-log, abs, floor), so every backend computes these to the same accuracy from one copy of the polynomials. exp and log
-are native everywhere: WGSL, OpenCL C and CUDA have them, and codegen/fast_math.py builds LLVM's from bits."""
+"""Math intrinsics as loop-IR rewrites: a codegen hands its table of native functions to `expand_math` before it
+prints a kernel, and every call of erf, tanh, sigmoid or pow that the table lacks becomes arithmetic over the ones
+it has (exp, log, abs, floor), so every backend computes these to the same accuracy from one copy of the
+polynomials. exp and log are native everywhere: WGSL, OpenCL C and CUDA have them, and codegen/fast_math.py builds
+LLVM's from bits with the coefficients below."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Collection
 
-from compiler.te.expr import Binary, Call, Compare, Const, Expr, Let, Select, Var
+from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, Let, Select, Var, is_float
 from compiler.te.tensor import mutate
 from compiler.tir.nodes import Load, Stmt
 
@@ -32,8 +33,6 @@ ERF_SERIES = tuple((-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 
 # Abramowitz & Stegun 7.1.26 for |x| >= 1: absolute error below 1.5e-7.
 ERF_TAIL = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
 ERF_TAIL_P = 0.3275911
-
-EXPANDED = ("erf", "tanh", "sigmoid", "pow")
 
 
 def _shared(value: Expr, build) -> Expr:
@@ -76,7 +75,8 @@ def tanh(x: Expr) -> Expr:
     def build(x):
         def from_magnitude(m):
             z = x * x
-            small = _poly(z, TANH_POLY) * z * x + x
+            # x (1 + z p(z)) rather than x + x z p(z), which would turn tanh(-0) into +0
+            small = x * (_poly(z, TANH_POLY) * z + Const(1.0, x.dtype))
             large = Const(1.0, x.dtype) - Const(2.0, x.dtype) / (
                 _call("exp", m * Const(2.0, x.dtype)) + Const(1.0, x.dtype)
             )
@@ -123,22 +123,27 @@ def pow_(base: Expr, exponent: Expr) -> Expr:
 _EXPANSIONS = {"erf": erf, "tanh": tanh, "sigmoid": sigmoid, "pow": pow_}
 
 
+def _native(name: str, dtype: str, native: Collection[str]) -> bool:
+    return name in native or f"{name}:{dtype}" in native
+
+
 def expand_expr(expr: Expr, native: Collection[str]) -> Expr:
-    """`expr` with every float32/float16 call of a function outside `native` expanded (float64 stays a call: the
-    codegens that have float64 call their C library's, which is more accurate than these float32 polynomials)."""
+    """`expr` with every float call of erf, tanh, sigmoid or pow that `native` lacks expanded. An entry of `native`
+    is a function name (native for every dtype) or "name:dtype" (a C library's float64 erf, more accurate than these
+    float32 polynomials). An integer pow is a float32 pow rounded to even, on every target."""
 
     def visit(node: Expr) -> Expr | None:
-        if isinstance(node, Call) and node.name not in native and node.name in _EXPANSIONS:
-            if node.dtype in ("float32", "float16"):
-                args = [expand_expr(arg, native) for arg in node.args]
-                return expand_expr(_EXPANSIONS[node.name](*args), native)
-        if (
-            isinstance(node, Binary)
-            and node.op == "pow"
-            and "pow" not in native
-            and node.dtype in ("float32", "float16")
-        ):
-            return expand_expr(pow_(expand_expr(node.a, native), expand_expr(node.b, native)), native)
+        if isinstance(node, Binary) and node.op == "pow":
+            a, b = expand_expr(node.a, native), expand_expr(node.b, native)
+            if not is_float(node.dtype):
+                power = Binary("pow", Cast("float32", a), Cast("float32", b))
+                return Cast(node.dtype, Call("round", (expand_expr(power, native),), "float32"))
+            return pow_(a, b) if not _native("pow", node.dtype, native) else Binary("pow", a, b)
+        if isinstance(node, Call) and node.name in _EXPANSIONS and is_float(node.dtype):
+            args = [expand_expr(arg, native) for arg in node.args]
+            if _native(node.name, node.dtype, native):
+                return Call(node.name, tuple(args), node.dtype)
+            return expand_expr(_EXPANSIONS[node.name](*args), native)
         return None
 
     return mutate(expr, visit)
