@@ -518,3 +518,56 @@ def pack_offsets(offsets: list[int]) -> bytes:
     """The uniform an entry point with offsets reads: one i32 element offset per parameter, in vec4 words."""
     words = max(1, math.ceil(len(offsets) / 4)) * 4
     return struct.pack(f"<{words}i", *offsets, *([0] * (words - len(offsets))))
+
+
+def _element_bytes(region_type: str) -> int:
+    return 2 if region_type == "f16" else 4
+
+
+def model_shader(
+    kernels: list[PrimFunc], dispatches: list[dict], uniform_alignment: int = 256, shader_f16: bool = False
+) -> tuple[ShaderModule, list[dict]]:
+    """The shader module of a whole model and its dispatch list, completed for WebGPU. `dispatches` is the shared
+    GPU dispatch list (kernel, bindings: per parameter its region, index and byte offset, grid, block). Each
+    kernel gets an entry point per pattern in which its calls place parameters in regions (usually one), each
+    region bound whole once; each dispatch gains its entry point, the regions it binds in binding order, and the
+    element offsets its parameters start at, which the runtime writes once into a uniform buffer at `uniform_offset`
+    (a multiple of `uniform_alignment`)."""
+    by_name = {func.name: func for func in kernels}
+    entries: dict[tuple[str, tuple[int, ...]], str] = {}
+    planned: list[tuple[PrimFunc, str, Layout]] = []
+    patterns = []
+    for dispatch in dispatches:
+        func = by_name[dispatch["kernel"]]
+        keys = [(binding["region"], binding["index"]) for binding in dispatch["bindings"]]
+        regions = list(dict.fromkeys(keys))
+        pattern = tuple(regions.index(key) for key in keys)
+        if (func.name, pattern) not in entries:
+            name = func.name if not any(kernel == func.name for kernel, _ in entries) else f"{func.name}_{len(entries)}"
+            entries[func.name, pattern] = name
+            planned.append((func, name, Layout(pattern, offsets=True)))
+        patterns.append((entries[func.name, pattern], regions))
+    module = generate_wgsl(planned, shader_f16)
+    described = {entry.name: entry for entry in module.entries}
+    completed = []
+    for position, (dispatch, (name, regions)) in enumerate(zip(dispatches, patterns)):
+        entry = described[name]
+        words = []
+        for binding, region in zip(dispatch["bindings"], entry.param_regions):
+            size = _element_bytes(entry.regions[region]["type"])
+            if binding["offset"] % size:
+                raise WGSLError(
+                    f"kernel {dispatch['kernel']!r} reads {binding['region']} at byte {binding['offset']}, which is "
+                    f"not a whole {size}-byte element"
+                )
+            words.append(binding["offset"] // size)
+        completed.append(
+            {
+                **dispatch,
+                "entry": name,
+                "regions": [{"region": region, "index": index} for region, index in regions],
+                "uniform_offset": position * uniform_alignment,
+                "element_offsets": words,
+            }
+        )
+    return module, completed

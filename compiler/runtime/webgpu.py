@@ -160,7 +160,8 @@ class _KernelCall:
         check_args(self.name, self.specs, arrays)
         gpu = device()
         for array, (region, offset) in zip(arrays, self.places):
-            gpu.queue.write_buffer(self.buffers[region], offset, _padded(array.tobytes()))
+            if array.nbytes:
+                gpu.queue.write_buffer(self.buffers[region], offset, _padded(array.tobytes()))
         encoder = gpu.create_command_encoder()
         self.pipelines.encode(encoder, [(self.name, self.group)])
         gpu.queue.submit([encoder.finish()])
@@ -169,3 +170,80 @@ class _KernelCall:
             if region in contents:
                 data = contents[region].cast("B")[offset : offset + array.nbytes]
                 array[...] = np.frombuffer(data, array.dtype).reshape(array.shape)
+
+
+class WebGPUModel:
+    """A whole model from its bundle's parts: the WGSL, the entry points and the dispatch list of its manifest
+    (codegen/wgsl.py's model_shader), params.bin and the arena size. At load it makes one storage buffer per region
+    (params written once, the arena, each input and output), the uniform holding every dispatch's element
+    offsets, a pipeline per entry point and a bind group per dispatch. A run writes the inputs, records every
+    dispatch and the outputs' copies into one command buffer, and maps one readback buffer."""
+
+    def __init__(
+        self,
+        code: str,
+        entries: list[dict],
+        dispatches: list[dict],
+        params: bytes,
+        arena_bytes: int,
+        inputs: list[ArgSpec],
+        outputs: list[ArgSpec],
+    ):
+        import wgpu
+
+        gpu = device()
+        self.pipelines = _Pipelines(code, entries)
+        self.inputs, self.outputs = inputs, outputs
+        nbytes = [int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize for spec in outputs]
+        self.sizes = {("params", 0): len(params), ("arena", 0): arena_bytes}
+        for position, spec in enumerate(inputs):
+            self.sizes["input", position] = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+        for position, size in enumerate(nbytes):
+            self.sizes["output", position] = size
+        self.buffers = {key: _buffer(size) for key, size in self.sizes.items()}
+        if params:
+            gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
+        uniform_bytes = max([dispatch["uniform_offset"] for dispatch in dispatches], default=0) + 256
+        uniform = _buffer(uniform_bytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        data = bytearray(uniform_bytes)
+        self.steps = []
+        for dispatch in dispatches:
+            entry = self.pipelines.entries[dispatch["entry"]]
+            words = dispatch["element_offsets"]
+            struct.pack_into(f"<{len(words)}i", data, dispatch["uniform_offset"], *words)
+            regions = [(region["region"], region["index"]) for region in dispatch["regions"]]
+            bound = [(self.buffers[key], max(4, math.ceil(self.sizes[key] / 4) * 4)) for key in regions]
+            offsets = (uniform, dispatch["uniform_offset"], entry["offsets_bytes"])
+            self.steps.append((dispatch["entry"], self.pipelines.bind_group(dispatch["entry"], bound, offsets)))
+        gpu.queue.write_buffer(uniform, 0, bytes(data))
+        self.uniform = uniform
+        # every output lands in one readback buffer, at 256-byte aligned offsets, so a run maps once
+        self.readback_offsets, total = [], 0
+        for size in nbytes:
+            self.readback_offsets.append(total)
+            total += math.ceil(max(size, 4) / 256) * 256
+        self.readback = _buffer(total or 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        import wgpu
+
+        gpu = device()
+        for position, array in enumerate(inputs):
+            if array.nbytes:
+                gpu.queue.write_buffer(self.buffers["input", position], 0, _padded(array.tobytes()))
+        encoder = gpu.create_command_encoder()
+        self.pipelines.encode(encoder, self.steps)
+        for position, offset in enumerate(self.readback_offsets):
+            size = max(4, math.ceil(self.sizes["output", position] / 4) * 4)
+            encoder.copy_buffer_to_buffer(self.buffers["output", position], 0, self.readback, offset, size)
+        gpu.queue.submit([encoder.finish()])
+        self.readback.map_sync(wgpu.MapMode.READ)
+        try:
+            data = self.readback.read_mapped(copy=False)
+            results = []
+            for spec, offset in zip(self.outputs, self.readback_offsets):
+                count = int(np.prod(spec.shape, dtype=np.int64))
+                results.append(np.frombuffer(data, spec.dtype, count, offset).reshape(spec.shape).copy())
+        finally:
+            self.readback.unmap()
+        return results

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import compiler.te as te
-from compiler.codegen.wgsl import Layout, WGSLError, generate_wgsl
+from compiler.codegen.wgsl import Layout, WGSLError, generate_wgsl, model_shader
 from compiler.errors import TargetError
 from compiler.runtime import ArgSpec
 from compiler.runtime import webgpu as webgpu_runtime
@@ -170,3 +170,45 @@ def test_no_adapter_names_what_to_install(monkeypatch):
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **options: None)
     with pytest.raises(TargetError, match="mesa-vulkan-drivers"):
         webgpu_runtime.device()
+
+
+def scaled_kernel(name, size, scale):
+    a = te.placeholder((size,), name="X")
+    b = te.compute((size,), lambda i: a[i] * scale + 1.0, name="Y")
+    s = te.create_schedule(b.op)
+    bx, tx = s[b].split(b.op.axis[0], 32)
+    s[b].bind(bx, te.thread_axis("blockIdx.x"))
+    s[b].bind(tx, te.thread_axis("threadIdx.x"))
+    return with_launch(lower(s, [a, b], name))
+
+
+def test_a_model_runs_its_dispatch_list_over_regions_with_offsets():
+    """input -> arena[256:] -> arena[0:] (read and written in one region) -> output, the same kernel three times."""
+    size = 64
+    func = scaled_kernel("kernel_0", size, 2.0)
+    nbytes = size * 4
+
+    def dispatch(source, destination):
+        bindings = [
+            {"region": region, "index": index, "offset": offset, "bytes": nbytes}
+            for region, index, offset in (source, destination)
+        ]
+        return {"kernel": "kernel_0", "bindings": bindings, **func.attrs["launch"]}
+
+    dispatches = [
+        dispatch(("input", 0, 0), ("arena", 0, 256)),
+        dispatch(("arena", 0, 256), ("arena", 0, 0)),
+        dispatch(("arena", 0, 0), ("output", 0, 0)),
+    ]
+    module, completed = model_shader([func], dispatches)
+    assert [dispatch["entry"] for dispatch in completed] == ["kernel_0", "kernel_0_1", "kernel_0"]
+    assert completed[1]["element_offsets"] == [64, 0] and completed[1]["regions"] == [{"region": "arena", "index": 0}]
+    assert [region["access"] for region in module.entries[1].regions] == ["read_write"]
+    spec = ArgSpec("x", (size,), "float32")
+    model = webgpu_runtime.WebGPUModel(
+        module.code, [entry.as_json() for entry in module.entries], completed, b"", 512, [spec], [spec]
+    )
+    x = RNG.standard_normal(size).astype("float32")
+    for _ in range(2):
+        (got,) = model.run([x])
+        np.testing.assert_allclose(got, ((x * 2 + 1) * 2 + 1) * 2 + 1, rtol=1e-6)
