@@ -108,6 +108,17 @@ class Layout:
     def separate(count: int) -> Layout:
         return Layout(tuple(range(count)))
 
+    @staticmethod
+    def for_kernel(func: PrimFunc, max_buffers: int) -> Layout:
+        """A kernel called on its own: a binding per parameter when they fit in `max_buffers`, else one region for
+        the parameters it only reads and one for those it writes."""
+        if len(func.params) <= max_buffers:
+            return Layout.separate(len(func.params))
+        written = written_params(func)
+        kinds = [buffer in written for buffer in func.params]
+        order = list(dict.fromkeys(kinds))
+        return Layout(tuple(order.index(kind) for kind in kinds), offsets=True)
+
 
 @dataclass(frozen=True)
 class EntryPoint:
@@ -122,6 +133,7 @@ class EntryPoint:
     offsets_bytes: int
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    workgroup_bytes: int = 0
 
     def as_json(self) -> dict:
         """The form a manifest and runtime/webgpu.py read."""
@@ -134,6 +146,7 @@ class EntryPoint:
             "offsets_bytes": self.offsets_bytes,
             "grid": list(self.grid),
             "block": list(self.block),
+            "workgroup_bytes": self.workgroup_bytes,
         }
 
 
@@ -439,6 +452,8 @@ class _EntryWriter:
         if buffer.scope == "shared":
             # workgroup variables live at module scope; `shared` collects them for the module's header
             self.shared.append(f"var<workgroup> {self.entry}_{name}: array<{element}, {buffer.size}>;")
+            # WGSL lays out an array of 2-byte f16 or 4-byte scalars densely; bools take 4 bytes
+            self.workgroup_bytes += buffer.size * (2 if element == "f16" else 4)
             self.names[id(buffer)] = f"{self.entry}_{name}"
         else:
             self.emit(f"var {name}: array<{element}, {buffer.size}>;")
@@ -448,6 +463,7 @@ class _EntryWriter:
 
     def write(self) -> tuple[str, EntryPoint]:
         self.shared: list[str] = []
+        self.workgroup_bytes = 0
         for buffer in self.func.params:
             self.name(buffer)
         if self.layout.offsets:
@@ -487,6 +503,7 @@ class _EntryWriter:
             offsets_bytes,
             self.grid,
             self.block,
+            self.workgroup_bytes,
         )
         return text, entry
 
@@ -571,3 +588,21 @@ def model_shader(
             }
         )
     return module, completed
+
+
+def limits_used(module: ShaderModule, buffer_bytes: list[int]) -> dict:
+    """The WebGPU limits (the spec's names) a bundle needs, so an executor can compare them with its adapter's
+    before it loads anything; each is within the spec's defaults for a bundle compiled for target webgpu."""
+    entries = module.entries
+    return {
+        "maxStorageBuffersPerShaderStage": max((len(entry.regions) for entry in entries), default=0),
+        "maxUniformBuffersPerShaderStage": int(any(entry.offsets_binding is not None for entry in entries)),
+        "maxComputeInvocationsPerWorkgroup": max((math.prod(entry.block) for entry in entries), default=1),
+        "maxComputeWorkgroupSizeX": max((entry.block[0] for entry in entries), default=1),
+        "maxComputeWorkgroupSizeY": max((entry.block[1] for entry in entries), default=1),
+        "maxComputeWorkgroupSizeZ": max((entry.block[2] for entry in entries), default=1),
+        "maxComputeWorkgroupsPerDimension": max((max(entry.grid) for entry in entries), default=1),
+        "maxComputeWorkgroupStorageSize": max((entry.workgroup_bytes for entry in entries), default=0),
+        "maxStorageBufferBindingSize": max(buffer_bytes, default=0),
+        "maxBufferSize": max(buffer_bytes, default=0),
+    }

@@ -145,7 +145,8 @@ def test_a_kernel_with_more_tensors_than_storage_bindings_binds_regions():
     s = te.create_schedule(out.op)
     s[out].bind(s[out].op.axis[0], te.thread_axis("threadIdx.x"))
     arrays = [RNG.standard_normal(32).astype("float32") for _ in inputs]
-    layout = Layout((0,) * 9 + (1,), offsets=True)
+    layout = Layout.for_kernel(lower(s, [*inputs, out], "k"), max_buffers=8)
+    assert layout == Layout((0,) * 9 + (1,), offsets=True)
     got = run(s, [*inputs, out], arrays, layout)
     np.testing.assert_allclose(got, sum(array * (n + 1) for n, array in enumerate(arrays)), rtol=1e-5, atol=1e-5)
 
