@@ -195,7 +195,9 @@ class _EntryWriter:
     """Writes one entry point; `helpers` collects the module-scope helper functions its body calls."""
 
     def __init__(self, func: PrimFunc, name: str, layout: Layout, helpers: set[str]):
-        self.func, self.entry, self.layout, self.helpers = func, name, layout, helpers
+        self.func, self.layout, self.helpers = func, layout, helpers
+        # the entry point's WGSL name: a kernel may be called `fn` or `main`
+        self.entry = "entry_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
         self.names: dict[int, str] = {}
         self.taken: set[str] = set()
         self.lines: list[str] = []
@@ -211,9 +213,9 @@ class _EntryWriter:
     def name(self, var: Var | Buffer) -> str:
         key = id(var)
         if key not in self.names:
-            base = "".join(c if c.isalnum() else "_" for c in var.name).strip("_") or "v"
-            if base[0].isdigit():
-                base = f"v{base}"
+            # One leading underscore keeps every IR name clear of WGSL's keywords, its reserved words, the builtins a
+            # declaration would shadow (max, exp) and this module's own names, none of which start with one.
+            base = "_" + ("".join(c if c.isascii() and c.isalnum() else "_" for c in var.name).strip("_") or "v")
             name, suffix = base, 0
             while name in self.taken:
                 suffix += 1
@@ -565,7 +567,7 @@ def model_shader(
             planned.append((func, name, Layout(pattern, offsets=True)))
         patterns.append((entries[func.name, pattern], regions))
     module = generate_wgsl(planned, shader_f16)
-    described = {entry.name: entry for entry in module.entries}
+    described = {name: entry for (_, name, _), entry in zip(planned, module.entries)}
     completed = []
     for position, (dispatch, (name, regions)) in enumerate(zip(dispatches, patterns)):
         entry = described[name]
@@ -581,7 +583,7 @@ def model_shader(
         completed.append(
             {
                 **dispatch,
-                "entry": name,
+                "entry": entry.name,
                 "regions": [{"region": region, "index": index} for region, index in regions],
                 "uniform_offset": position * uniform_alignment,
                 "element_offsets": words,

@@ -123,7 +123,11 @@ class WebGPUKernels:
         self.pipelines = _Pipelines(code, entries)
 
     def function(self, name: str, specs: list[ArgSpec]):
-        return _KernelCall(self.pipelines, name, specs)
+        """The call of kernel `name` (its first entry point)."""
+        entry = next((entry["name"] for entry in self.pipelines.entries.values() if entry["kernel"] == name), None)
+        if entry is None:
+            raise TargetError(f"the WGSL module has no kernel {name!r}")
+        return _KernelCall(self.pipelines, entry, specs)
 
 
 class _KernelCall:

@@ -78,7 +78,7 @@ def test_matmul_with_shared_and_local_caches():
     func = with_launch(lower(s, [a, b, c], "mm"))
     code = generate_wgsl([(func, "mm", Layout.separate(3))]).code
     assert "var<workgroup>" in code and "workgroupBarrier();" in code and "@workgroup_size(16, 16, 1)" in code
-    assert "var<storage, read> mm_region_0" in code and "var<storage, read_write> mm_region_2" in code
+    assert "var<storage, read> entry_mm_region_0" in code and "var<storage, read_write> entry_mm_region_2" in code
     np.testing.assert_allclose(run(s, [a, b, c], [x, y]), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
 
 
@@ -202,7 +202,7 @@ def test_a_model_runs_its_dispatch_list_over_regions_with_offsets():
         dispatch(("arena", 0, 0), ("output", 0, 0)),
     ]
     module, completed = model_shader([func], dispatches)
-    assert [dispatch["entry"] for dispatch in completed] == ["kernel_0", "kernel_0_1", "kernel_0"]
+    assert [dispatch["entry"] for dispatch in completed] == ["entry_kernel_0", "entry_kernel_0_1", "entry_kernel_0"]
     assert completed[1]["element_offsets"] == [64, 0] and completed[1]["regions"] == [{"region": "arena", "index": 0}]
     assert [region["access"] for region in module.entries[1].regions] == ["read_write"]
     spec = ArgSpec("x", (size,), "float32")
@@ -213,3 +213,12 @@ def test_a_model_runs_its_dispatch_list_over_regions_with_offsets():
     for _ in range(2):
         (got,) = model.run([x])
         np.testing.assert_allclose(got, ((x * 2 + 1) * 2 + 1) * 2 + 1, rtol=1e-6)
+
+
+def test_names_that_are_wgsl_keywords_or_builtins_still_compile():
+    a = te.placeholder((8,), name="filter")
+    b = te.compute((8,), lambda i: te.exp(a[i]) + 1.0, name="max")
+    s = te.create_schedule(b.op)
+    s[b].bind(s[b].op.axis[0], te.thread_axis("threadIdx.x"))
+    x = RNG.standard_normal(8).astype("float32")
+    np.testing.assert_allclose(run(s, [a, b], [x], name="fn"), np.exp(x) + 1, rtol=1e-5)
