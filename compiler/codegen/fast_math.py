@@ -1,6 +1,6 @@
-"""Math intrinsics as straight-line LLVM IR for codegen/llvm.py: exp, log, tanh, sigmoid, erf, pow
-and half-precision conversions, built from selects, bit casts and polynomials so they work lane-wise
-on vectors and need no libm (wasm32 has none, and a libm call stops vectorization natively)."""
+"""Math intrinsics as straight-line LLVM IR for codegen/llvm.py: exp, log and half-precision conversions, built from
+selects, bit casts and polynomials so they work lane-wise on vectors and need no libm (wasm32 has none, and a libm
+call stops vectorization natively). erf, tanh, sigmoid and pow are loop-IR rewrites over these (tir/fast_math.py)."""
 
 from __future__ import annotations
 
@@ -8,31 +8,14 @@ import math
 
 from llvmlite import ir
 
+from compiler.tir.fast_math import EXP_POLY, LOG_POLY
+
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 
-# Cephes-style minimax polynomials, highest degree first; accurate to about one float32 ulp.
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
-_LOG_POLY = (
-    7.0376836292e-2,
-    -1.1514610310e-1,
-    1.1676998740e-1,
-    -1.2420140846e-1,
-    1.4249322787e-1,
-    -1.6668057665e-1,
-    2.0000714765e-1,
-    -2.4999993993e-1,
-    3.3333331174e-1,
-)
-_TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
 # ln 2 split so that n * _LN2_HIGH is exact for every exponent n a float32 can have.
 _LN2_HIGH = 0.693359375
 _LN2_LOW = -2.12194440e-4
-# Maclaurin series of erf in x^2 (ten terms: truncation below 2e-8 for |x| < 1).
-_ERF_SERIES = tuple((-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(10)))
-# Abramowitz & Stegun 7.1.26 for |x| >= 1: absolute error below 1.5e-7.
-_ERF_TAIL = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
-_ERF_TAIL_P = 0.3275911
 _ROUNDING_SHIFT = 1.5 * 2.0**23
 
 
@@ -117,7 +100,7 @@ class FastMath:
         r = self.fsub(
             self.fsub(clamped, self.fmul(n, self.const(_LN2_HIGH, ty))), self.fmul(n, self.const(_LN2_LOW, ty))
         )
-        p = self.fadd(self.fadd(self.fmul(self.poly(r, _EXP_POLY), self.fmul(r, r)), r), self.const(1.0, ty))
+        p = self.fadd(self.fadd(self.fmul(self.poly(r, EXP_POLY), self.fmul(r, r)), r), self.const(1.0, ty))
         if self.scalef and isinstance(ty, ir.VectorType) and ty.count == 16:
             # p * 2^n in one vscalefps, n as the float it already is, subnormal and overflowing results included
             scalef = self.function("llvm.x86.avx512.mask.scalef.ps.512", ty, [ty, ty, ty, ir.IntType(16), _I32])
@@ -151,56 +134,13 @@ class FastMath:
         f = self.fsub(mantissa, self.const(1.0, ty))
         e = b.sitofp(exponent, ty)
         z = self.fmul(f, f)
-        y = self.fmul(self.fmul(self.poly(f, _LOG_POLY), f), z)
+        y = self.fmul(self.fmul(self.poly(f, LOG_POLY), f), z)
         y = self.fadd(y, self.fmul(e, self.const(_LN2_LOW, ty)))
         y = self.fsub(y, self.fmul(z, self.const(0.5, ty)))
         result = self.fadd(self.fadd(f, y), self.fmul(e, self.const(_LN2_HIGH, ty)))
         result = b.select(b.fcmp_ordered("==", x, self.const(math.inf, ty)), x, result)
         result = b.select(b.fcmp_ordered("==", x, self.const(0.0, ty)), self.const(-math.inf, ty), result)
         return b.select(b.fcmp_unordered("<", x, self.const(0.0, ty)), self.const(math.nan, ty), result)
-
-    def tanh(self, x: ir.Value) -> ir.Value:
-        b, ty = self.builder, x.type
-        magnitude = self.call("fabs", x)
-        z = self.fmul(x, x)
-        small = self.fadd(self.fmul(self.fmul(self.poly(z, _TANH_POLY), z), x), x)
-        e = self.exp(self.fmul(magnitude, self.const(2.0, ty)))
-        large = self.fsub(self.const(1.0, ty), b.fdiv(self.const(2.0, ty), self.fadd(e, self.const(1.0, ty))))
-        use_large = b.fcmp_ordered(">", magnitude, self.const(0.625, ty))
-        # tanh is odd; copysign also keeps the sign of -0.0, which the polynomial would lose.
-        return self.call("copysign", b.select(use_large, large, small), x)
-
-    def sigmoid(self, x: ir.Value, exp=None) -> ir.Value:
-        """e^-|x| keeps both halves accurate: 1/(1+e) for x >= 0 and e/(1+e) for x < 0. `exp` replaces this
-        class's float32 exp (float64 natively calls the C library's)."""
-        b, ty = self.builder, x.type
-        e = (exp or self.exp)(b.fneg(self.call("fabs", x)))
-        positive = b.fdiv(self.const(1.0, ty), self.fadd(e, self.const(1.0, ty)))
-        return b.select(b.fcmp_ordered(">=", x, self.const(0.0, ty)), positive, self.fmul(e, positive))
-
-    def erf(self, x: ir.Value) -> ir.Value:
-        b, ty = self.builder, x.type
-        magnitude = self.call("fabs", x)
-        series = self.fmul(self.poly(self.fmul(x, x), _ERF_SERIES), x)
-        t = b.fdiv(
-            self.const(1.0, ty), self.fadd(self.fmul(magnitude, self.const(_ERF_TAIL_P, ty)), self.const(1.0, ty))
-        )
-        tail = self.fmul(self.fmul(self.poly(t, _ERF_TAIL), t), self.exp(b.fneg(self.fmul(magnitude, magnitude))))
-        large = self.fsub(self.const(1.0, ty), tail)
-        return self.call("copysign", b.select(b.fcmp_ordered("<", magnitude, self.const(1.0, ty)), series, large), x)
-
-    def pow(self, base: ir.Value, exponent: ir.Value) -> ir.Value:
-        """exp(y log|x|), negated for x < 0 with odd integer y, NaN for x < 0 with fractional y."""
-        b, ty = self.builder, base.type
-        result = self.exp(self.fmul(exponent, self.log(self.call("fabs", base))))
-        is_integer = b.fcmp_ordered("==", self.call("floor", exponent), exponent)
-        half = self.fmul(exponent, self.const(0.5, ty))
-        is_odd = b.and_(is_integer, b.fcmp_ordered("!=", self.call("floor", half), half))
-        negative = b.fcmp_ordered("<", base, self.const(0.0, ty))
-        signed = b.select(is_odd, b.fneg(result), result)
-        negative_result = b.select(is_integer, signed, self.const(math.nan, ty))
-        result = b.select(negative, negative_result, result)
-        return b.select(b.fcmp_ordered("==", exponent, self.const(0.0, ty)), self.const(1.0, ty), result)
 
     def half_to_float(self, bits: ir.Value) -> ir.Value:
         """IEEE half bits (i16 lanes) to float32, for targets with no conversion instruction."""

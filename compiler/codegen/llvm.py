@@ -30,6 +30,7 @@ from compiler.te.expr import (
     Var,
     is_float,
 )
+from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import (
     Allocate,
     Barrier,
@@ -68,6 +69,10 @@ _F16, _F32, _F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 _PTR = ir.PointerType()
 _INT_TYPES = {"int8": _I8, "uint8": _I8, "int16": _I16, "int32": _I32, "int64": _I64}
 _UNSIGNED = ("uint8", "bool")
+# What this codegen computes itself (tir/fast_math.py expands the rest before emission): exp and log as codegen/
+# fast_math.py's polynomials, and natively float64 tanh, erf and pow from the C library.
+NATIVE_MATH = ("exp", "log", "sqrt", "rsqrt", "floor", "ceil", "round", "abs")
+LIBM_MATH = ("tanh:float64", "erf:float64", "pow:float64")
 
 
 def value_type(dtype: str) -> ir.Type:
@@ -842,10 +847,6 @@ class _FunctionEmitter:
         if op in ("min", "max"):
             compare = b.icmp_unsigned if unsigned else b.icmp_signed
             return b.select(compare("<" if op == "min" else ">", left, right), left, right)
-        if op == "pow":
-            as_float = self.convert(left, dtype, "float32"), self.convert(right, dtype, "float32")
-            result = self.math.round_even(self.math.pow(*as_float))
-            return self.convert(result, "float32", dtype)
         raise TypeError(f"codegen cannot handle integer operator {op!r}")
 
     def float32_math(self, function, *args: ir.Value) -> ir.Value:
@@ -877,9 +878,7 @@ class _FunctionEmitter:
         return result
 
     def float64_call(self, name: str, args: list[ir.Value]) -> ir.Value:
-        """exp, log, tanh, erf and pow of float64 values from libm; sigmoid as the float32 one, on libm's exp."""
-        if name == "sigmoid":
-            return self.math.sigmoid(args[0], exp=lambda value: self.libm("exp", [value]))
+        """exp, log, tanh, erf and pow of float64 values from libm."""
         return self.libm(name, args)
 
     def index_check(self, index: ir.Value, extent: ir.Value) -> ir.Value:
@@ -926,18 +925,11 @@ class _FunctionEmitter:
         if name == "rsqrt":
             root = self.call("sqrt", args[0])
             return b.fdiv(_one_like(root), root)
-        polynomials = {
-            "exp": self.math.exp,
-            "log": self.math.log,
-            "tanh": self.math.tanh,
-            "sigmoid": self.math.sigmoid,
-            "erf": self.math.erf,
-            "pow": self.math.pow,
-        }
-        if name not in polynomials:
-            raise TypeError(f"codegen cannot handle intrinsic {name!r}")
+        polynomials = {"exp": self.math.exp, "log": self.math.log}
         if _element(args[0].type) == _F64 and self.target.kind != "wasm":
             return self.float64_call(name, args)
+        if name not in polynomials:
+            raise TypeError(f"codegen cannot handle intrinsic {name!r}")
         return self.float32_math(polynomials[name], *args)
 
     def convert(self, value: ir.Value, source: str, dest: str) -> ir.Value:
@@ -1066,7 +1058,9 @@ def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str
             emitter.buffers[buffer] = argument
         if entry:
             emitter.builder.store(ir.Constant(_I32, 0), context.failed_call)
-        emitter.stmt(func.body)
+        # wasm has no C library, so its float64 math is expanded too (over float64 exp and log)
+        native = NATIVE_MATH if target.kind == "wasm" else NATIVE_MATH + LIBM_MATH
+        emitter.stmt(expand_math(func.body, native))
         emitter.finish()
     return context.module
 

@@ -1,0 +1,610 @@
+"""WGSL from the loop IR: each GPU kernel (a PrimFunc whose launch attrs tir/gpu.py set) becomes one compute entry
+point of a shader module. Thread-bound loops become the workgroup and invocation ids, shared buffers `var<workgroup>`,
+local ones function arrays, barriers `workgroupBarrier()`. The runtime (runtime/webgpu.py) binds what this reports.
+
+Parameters reach memory through regions: an entry point binds one storage buffer per region its parameters live in,
+and when several parameters share a region (a model's arena) their element offsets come from a uniform, so a kernel
+stays within WebGPU's 8 storage buffers however many tensors it reads, and no binding needs a 256-byte offset.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.errors import TargetError
+from compiler.tir import (
+    Allocate,
+    Barrier,
+    Binary,
+    Buffer,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    For,
+    ForKind,
+    IfThen,
+    IfThenElse,
+    Let,
+    LetStmt,
+    Load,
+    Logical,
+    PrimFunc,
+    Select,
+    Seq,
+    Stmt,
+    Store,
+    Var,
+)
+from compiler.tir.fast_math import expand_math
+from compiler.tir.nodes import walk_stmts
+
+TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
+# What a storage buffer may hold: WGSL has no 64-bit, 8-bit or bool storage, and f16 only behind `enable f16;`.
+STORAGE_DTYPES = ("float32", "int32", "uint32", "float16")
+# Math the WGSL builtins compute to float32 accuracy; tir/fast_math.py expands the rest (erf, sigmoid, pow) into these.
+NATIVE_MATH = {
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "inverseSqrt",
+    "tanh": "tanh",
+    "floor": "floor",
+    "ceil": "ceil",
+    "round": "round",  # half to even, as ONNX's Round
+    "abs": "abs",
+}
+_HARDWARE = {"blockIdx": "block", "threadIdx": "thread"}
+_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+    "and": "&&",
+    "or": "||",
+}
+# Integer floor division and modulo round toward negative infinity (ONNX's Mod, TE's floordiv), WGSL's `/` and `%`
+# toward zero; non-finite floats have no literal, so they are made from bits at run time.
+_HELPERS = {
+    "floordiv_i32": """fn tessel_floordiv_i32(a: i32, b: i32) -> i32 {
+  let q = a / b;
+  return select(q, q - 1, (a % b != 0) && ((a < 0) != (b < 0)));
+}""",
+    "floormod_i32": """fn tessel_floormod_i32(a: i32, b: i32) -> i32 {
+  let r = a % b;
+  return select(r, r + b, (r != 0) && ((r < 0) != (b < 0)));
+}""",
+    "index_check": """fn tessel_index_check(index: i32, extent: i32) -> i32 {
+  return select(0, index, index >= 0 && index < extent);
+}""",
+    "special_floats": "var<private> tessel_float_bits: vec3<u32> = vec3<u32>(0x7f800000u, 0xff800000u, 0x7fc00000u);",
+}
+
+
+class WGSLError(TargetError):
+    """A kernel that WGSL cannot express: a dtype without storage, a barrier a guard would make non-uniform."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an entry point's parameters live: parameter i in region `regions[i]` (regions are numbered from 0 and
+    bound in that order), at an element offset read from the entry's uniform when `offsets`, else at 0."""
+
+    regions: tuple[int, ...]
+    offsets: bool = False
+
+    @staticmethod
+    def separate(count: int) -> Layout:
+        return Layout(tuple(range(count)))
+
+    @staticmethod
+    def for_kernel(func: PrimFunc, max_buffers: int) -> Layout:
+        """A kernel called on its own: a binding per parameter when they fit in `max_buffers`, else one region for
+        the parameters it only reads and one for those it writes."""
+        if len(func.params) <= max_buffers:
+            return Layout.separate(len(func.params))
+        written = written_params(func)
+        kinds = [buffer in written for buffer in func.params]
+        order = list(dict.fromkeys(kinds))
+        return Layout(tuple(order.index(kind) for kind in kinds), offsets=True)
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """What the runtime binds for one entry point: per region its binding number, access and element type; the
+    uniform's binding (and its size in bytes) when the layout has offsets; the launch."""
+
+    name: str
+    kernel: str
+    regions: tuple[dict, ...]
+    param_regions: tuple[int, ...]
+    offsets_binding: int | None
+    offsets_bytes: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    workgroup_bytes: int = 0
+
+    def as_json(self) -> dict:
+        """The form a manifest and runtime/webgpu.py read."""
+        return {
+            "name": self.name,
+            "kernel": self.kernel,
+            "regions": [dict(region) for region in self.regions],
+            "param_regions": list(self.param_regions),
+            "offsets_binding": self.offsets_binding,
+            "offsets_bytes": self.offsets_bytes,
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "workgroup_bytes": self.workgroup_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class ShaderModule:
+    code: str
+    entries: tuple[EntryPoint, ...]
+    uses_f16: bool
+
+
+def launch_of(func: PrimFunc) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    launch = getattr(func, "attrs", {}).get("launch")
+    if launch is None:
+        raise WGSLError(
+            f"kernel {func.name!r} has no launch dimensions: GPU kernels come from schedules/gpu.py and "
+            "tir/gpu.py's lower_gpu, which sets them"
+        )
+    return tuple(launch["grid"]), tuple(launch["block"])
+
+
+def written_params(func: PrimFunc) -> set[Buffer]:
+    stored = {stmt.buffer for stmt in walk_stmts(func.body) if isinstance(stmt, Store)}
+    return {buffer for buffer in func.params if buffer in stored}
+
+
+def _wgsl_type(dtype: str, what: str) -> str:
+    if dtype not in TYPES:
+        raise WGSLError(
+            f"{what} has dtype {dtype}, which WGSL (target webgpu) does not have: WebGPU has 32-bit integers and "
+            "floats (and f16 with shader-f16); compile this model for llvm, wasm, opencl or cuda"
+        )
+    return TYPES[dtype]
+
+
+def _float_literal(value: float, dtype: str) -> str:
+    if math.isnan(value):
+        return "bitcast<f32>(tessel_float_bits.z)"
+    if math.isinf(value):
+        return f"bitcast<f32>(tessel_float_bits.{'x' if value > 0 else 'y'})"
+    if dtype == "float16":
+        return f"{float(np.float16(value))!r}h"
+    return f"{float(np.float32(value))!r}f"
+
+
+class _EntryWriter:
+    """Writes one entry point; `helpers` collects the module-scope helper functions its body calls."""
+
+    def __init__(self, func: PrimFunc, name: str, layout: Layout, helpers: set[str]):
+        self.func, self.layout, self.helpers = func, layout, helpers
+        # the entry point's WGSL name: a kernel may be called `fn` or `main`
+        self.entry = "entry_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
+        self.names: dict[int, str] = {}
+        self.taken: set[str] = set()
+        self.lines: list[str] = []
+        self.indent = 1
+        self.grid, self.block = launch_of(func)
+        self.uses_f16 = False
+        self.params = {buffer: position for position, buffer in enumerate(func.params)}
+        self.written = written_params(func)
+        self.region_types = self._region_types()
+
+    # ---- names and types ----------------------------------------------------------------------------------------
+
+    def name(self, var: Var | Buffer) -> str:
+        key = id(var)
+        if key not in self.names:
+            # One leading underscore keeps every IR name clear of WGSL's keywords, its reserved words, the builtins a
+            # declaration would shadow (max, exp) and this module's own names, none of which start with one.
+            base = "_" + ("".join(c if c.isascii() and c.isalnum() else "_" for c in var.name).strip("_") or "v")
+            name, suffix = base, 0
+            while name in self.taken:
+                suffix += 1
+                name = f"{base}_{suffix}"
+            self.taken.add(name)
+            self.names[key] = name
+        return self.names[key]
+
+    def type(self, dtype: str, what: str) -> str:
+        if dtype == "float16":
+            self.uses_f16 = True
+        return _wgsl_type(dtype, what)
+
+    def _region_types(self) -> dict[int, str]:
+        """A region holding one dtype is an array of it; mixed 32-bit dtypes share an array<u32> and bitcast."""
+        dtypes: dict[int, set[str]] = {}
+        for buffer, region in zip(self.func.params, self.layout.regions):
+            if buffer.dtype not in STORAGE_DTYPES:
+                raise WGSLError(
+                    f"buffer {buffer.name!r} of kernel {self.func.name!r} has dtype {buffer.dtype}, which WGSL "
+                    "(target webgpu) cannot store: WebGPU storage holds float32, int32, uint32 and float16; compile "
+                    "this model for llvm, wasm, opencl or cuda"
+                )
+            dtypes.setdefault(region, set()).add(buffer.dtype)
+        types = {}
+        for region, kinds in dtypes.items():
+            if len(kinds) == 1:
+                types[region] = self.type(next(iter(kinds)), "a buffer")
+            elif "float16" in kinds:
+                raise WGSLError(f"kernel {self.func.name!r} keeps float16 and 32-bit tensors in one region")
+            else:
+                types[region] = "u32"
+        return types
+
+    def region_name(self, region: int) -> str:
+        return f"{self.entry}_region_{region}"
+
+    # ---- expressions --------------------------------------------------------------------------------------------
+
+    def emit(self, text: str) -> None:
+        self.lines.append("  " * self.indent + text)
+
+    def address(self, buffer: Buffer, index: Expr) -> str:
+        if buffer.scope != "global":
+            return f"{self.name(buffer)}[{self.expr(index)}]"
+        position = self.params[buffer]
+        base = f"{self.name(buffer)}_base + " if self.layout.offsets else ""
+        return f"{self.region_name(self.layout.regions[position])}[{base}{self.expr(index)}]"
+
+    def load(self, node: Load) -> str:
+        text = self.address(node.buffer, node.index)
+        if node.buffer.scope == "global":
+            region = self.layout.regions[self.params[node.buffer]]
+            if self.region_types[region] != TYPES[node.buffer.dtype]:
+                return f"bitcast<{TYPES[node.buffer.dtype]}>({text})"
+        return text
+
+    def const(self, node: Const) -> str:
+        if node.dtype == "bool":
+            return "true" if node.value else "false"
+        if node.dtype in ("float32", "float16"):
+            if node.dtype == "float16":
+                self.uses_f16 = True
+            if not math.isfinite(node.value):
+                self.helpers.add("special_floats")
+            return _float_literal(float(node.value), node.dtype)
+        value = int(node.value)
+        if node.dtype == "uint32":
+            return f"{value & 0xFFFFFFFF}u"
+        self.type(node.dtype, f"constant {value}")
+        if value == -(2**31):
+            return "(-2147483647i - 1i)"
+        return f"{value}i" if value >= 0 else f"({value}i)"
+
+    def expr(self, node: Expr) -> str:
+        if isinstance(node, Var):
+            return self.name(node)
+        if isinstance(node, Const):
+            return self.const(node)
+        if isinstance(node, Load):
+            return self.load(node)
+        if isinstance(node, Binary):
+            return self.binary(node)
+        if isinstance(node, Compare):
+            return f"({self.expr(node.a)} {_INFIX[node.op]} {self.expr(node.b)})"
+        if isinstance(node, Logical):
+            if node.op == "not":
+                return f"!({self.expr(node.args[0])})"
+            return f"({self.expr(node.args[0])} {_INFIX[node.op]} {self.expr(node.args[1])})"
+        if isinstance(node, Select | IfThenElse):
+            # Both branches are evaluated: WebGPU clamps every out-of-bounds access, so a guarded read is harmless.
+            cond, true, false = self.expr(node.cond), self.expr(node.true_value), self.expr(node.false_value)
+            return f"select({false}, {true}, {cond})"
+        if isinstance(node, Cast):
+            return self.cast(node)
+        if isinstance(node, Call):
+            return self.call(node)
+        if isinstance(node, Let):
+            # WGSL has no let expressions: the binding goes before the statement being written, which sees every
+            # variable the value reads.
+            value = self.expr(node.value)
+            self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
+            return self.expr(node.body)
+        raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}")
+
+    def binary(self, node: Binary) -> str:
+        a, b = self.expr(node.a), self.expr(node.b)
+        dtype = node.dtype
+        if node.op in ("add", "sub", "mul", "div"):
+            return f"({a} {_INFIX[node.op]} {b})"
+        if node.op in ("min", "max"):
+            return f"{node.op}({a}, {b})"
+        floating = dtype in ("float32", "float16")
+        if node.op == "floordiv":
+            if floating:
+                return f"floor({a} / {b})"
+            return self.helper("floordiv", dtype, a, b)
+        if node.op == "floormod":
+            if floating:
+                return f"({a} - floor({a} / {b}) * {b})"
+            return self.helper("floormod", dtype, a, b)
+        if node.op == "pow" and floating:
+            return f"pow({a}, {b})"
+        raise WGSLError(f"WGSL codegen cannot handle operator {node.op!r}")
+
+    def helper(self, kind: str, dtype: str, *args: str) -> str:
+        if dtype != "int32":
+            self.type(dtype, f"{kind} operand")
+            raise WGSLError(f"WGSL codegen has no {kind} for {dtype}")
+        self.helpers.add(f"{kind}_i32")
+        return f"tessel_{kind}_i32({', '.join(args)})"
+
+    def cast(self, node: Cast) -> str:
+        value = self.expr(node.value)
+        source = node.value.dtype
+        if node.dtype == "bool":
+            zero = self.const(Const(0, source)) if source != "bool" else "false"
+            return f"({value} != {zero})"
+        target = self.type(node.dtype, "a cast")
+        self.type(source, "a cast's operand")
+        return f"{target}({value})"
+
+    def call(self, node: Call) -> str:
+        args = [self.expr(arg) for arg in node.args]
+        if node.name == "index_check":
+            self.helpers.add("index_check")
+            return f"tessel_index_check({args[0]}, {args[1]})"
+        dtype = node.args[0].dtype
+        if dtype not in ("float32", "float16"):
+            if node.name == "abs" and dtype == "int32":
+                return f"abs({args[0]})"
+            if node.name in ("floor", "ceil", "round", "abs"):
+                return args[0]
+            converted = ", ".join(f"f32({arg})" for arg in args)
+            return f"{self.type(node.dtype, 'a call')}({NATIVE_MATH.get(node.name, node.name)}({converted}))"
+        if node.name not in NATIVE_MATH:
+            raise WGSLError(f"WGSL has no {node.name}; tir/fast_math.py expands it before code generation")
+        return f"{NATIVE_MATH[node.name]}({', '.join(args)})"
+
+    # ---- statements ---------------------------------------------------------------------------------------------
+
+    def stmt(self, node: Stmt) -> None:
+        if isinstance(node, Seq):
+            for child in node.stmts:
+                self.stmt(child)
+        elif isinstance(node, For):
+            self.loop(node)
+        elif isinstance(node, Store):
+            value = self.expr(node.value)
+            if node.buffer.scope == "global":
+                region = self.layout.regions[self.params[node.buffer]]
+                if self.region_types[region] != TYPES[node.buffer.dtype]:
+                    value = f"bitcast<u32>({value})"
+            self.emit(f"{self.address(node.buffer, node.index)} = {value};")
+        elif isinstance(node, IfThen):
+            self.emit(f"if ({self.expr(node.cond)}) {{")
+            self.block_of(node.then_body)
+            if node.else_body is not None:
+                self.emit("} else {")
+                self.block_of(node.else_body)
+            self.emit("}")
+        elif isinstance(node, LetStmt):
+            value = self.expr(node.value)
+            self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
+            self.stmt(node.body)
+        elif isinstance(node, Allocate):
+            self.allocate(node)
+        elif isinstance(node, Barrier):
+            self.emit("workgroupBarrier();" if node.scope == "shared" else "storageBarrier();")
+        else:
+            raise WGSLError(f"WGSL codegen cannot print {type(node).__name__} in kernel {self.func.name!r}")
+
+    def block_of(self, body: Stmt) -> None:
+        self.indent += 1
+        self.stmt(body)
+        self.indent -= 1
+
+    def loop(self, node: For) -> None:
+        var = self.name(node.var)
+        start, extent = self.expr(node.min), self.expr(node.extent)
+        zero = isinstance(node.min, Const) and node.min.value == 0
+        end = extent if zero else f"{start} + {extent}"
+        if node.kind != ForKind.THREAD_BINDING:
+            # Vectorized and unrolled loops run as plain loops: the WGSL compiler unrolls what pays.
+            self.emit(f"for (var {var}: i32 = {start}; {var} < {end}; {var}++) {{")
+            self.block_of(node.body)
+            self.emit("}")
+            return
+        family, axis = node.thread_tag.split(".")
+        if family not in _HARDWARE:
+            raise WGSLError(f"kernel {self.func.name!r}: thread tag {node.thread_tag} is not a hardware index")
+        launched = (self.grid if family == "blockIdx" else self.block)["xyz".index(axis)]
+        self.emit("{")
+        self.indent += 1
+        index = f"i32({_HARDWARE[family]}.{axis})"
+        self.emit(f"let {var}: i32 = {index if zero else f'{start} + {index}'};")
+        if isinstance(node.extent, Const) and int(node.extent.value) >= launched:
+            self.stmt(node.body)
+        else:
+            if any(isinstance(child, Barrier) for child in walk_stmts(node.body)):
+                raise WGSLError(
+                    f"kernel {self.func.name!r}: a {node.thread_tag} loop of extent {extent} under a launch of "
+                    f"{launched} needs a guard, and a barrier under it would not be reached by every invocation; "
+                    "give the loops of one thread tag the same extent in the schedule"
+                )
+            self.emit(f"if ({var} < {end}) {{")
+            self.block_of(node.body)
+            self.emit("}")
+        self.indent -= 1
+        self.emit("}")
+
+    def allocate(self, node: Allocate) -> None:
+        buffer = node.buffer
+        element = self.type(buffer.dtype, f"buffer {buffer.name!r}")
+        name = self.name(buffer)
+        if buffer.scope == "shared":
+            # workgroup variables live at module scope; `shared` collects them for the module's header
+            self.shared.append(f"var<workgroup> {self.entry}_{name}: array<{element}, {buffer.size}>;")
+            # WGSL lays out an array of 2-byte f16 or 4-byte scalars densely; bools take 4 bytes
+            self.workgroup_bytes += buffer.size * (2 if element == "f16" else 4)
+            self.names[id(buffer)] = f"{self.entry}_{name}"
+        else:
+            self.emit(f"var {name}: array<{element}, {buffer.size}>;")
+        self.stmt(node.body)
+
+    # ---- the entry point ----------------------------------------------------------------------------------------
+
+    def write(self) -> tuple[str, EntryPoint]:
+        self.shared: list[str] = []
+        self.workgroup_bytes = 0
+        for buffer in self.func.params:
+            self.name(buffer)
+        if self.layout.offsets:
+            for position, buffer in enumerate(self.func.params):
+                self.emit(f"let {self.name(buffer)}_base: i32 = {self.entry}_offsets[{position // 4}][{position % 4}];")
+        self.stmt(expand_math(self.func.body, NATIVE_MATH))
+        body = self.lines
+        header, regions = [], []
+        count = max(self.layout.regions, default=-1) + 1
+        for region in range(count):
+            members = [buffer for buffer, slot in zip(self.func.params, self.layout.regions) if slot == region]
+            access = "read_write" if any(buffer in self.written for buffer in members) else "read"
+            header.append(
+                f"@group(0) @binding({region}) var<storage, {access}> {self.region_name(region)}: "
+                f"array<{self.region_types[region]}>;"
+            )
+            regions.append({"binding": region, "access": access, "type": self.region_types[region]})
+        offsets_binding, offsets_bytes = None, 0
+        if self.layout.offsets:
+            offsets_binding = count
+            words = max(1, math.ceil(len(self.func.params) / 4))
+            offsets_bytes = 16 * words
+            header.append(f"@group(0) @binding({count}) var<uniform> {self.entry}_offsets: array<vec4<i32>, {words}>;")
+        header += self.shared
+        size = ", ".join(str(extent) for extent in self.block)
+        signature = (
+            f"@compute @workgroup_size({size})\nfn {self.entry}(@builtin(workgroup_id) block: vec3<u32>, "
+            "@builtin(local_invocation_id) thread: vec3<u32>) {"
+        )
+        text = "\n".join([*header, signature, *body, "}"])
+        entry = EntryPoint(
+            self.entry,
+            self.func.name,
+            tuple(regions),
+            self.layout.regions,
+            offsets_binding,
+            offsets_bytes,
+            self.grid,
+            self.block,
+            self.workgroup_bytes,
+        )
+        return text, entry
+
+
+def generate_wgsl(kernels: list[tuple[PrimFunc, str, Layout]], shader_f16: bool = False) -> ShaderModule:
+    """One shader module holding an entry point per (kernel, entry name, layout). float16 needs `shader_f16` (the
+    adapter's feature); without it a float16 kernel is refused."""
+    helpers: set[str] = set()
+    parts, entries, uses_f16 = [], [], False
+    for func, name, layout in kernels:
+        if len(layout.regions) != len(func.params):
+            raise WGSLError(f"kernel {func.name!r}: the layout places {len(layout.regions)} of {len(func.params)}")
+        writer = _EntryWriter(func, name, layout, helpers)
+        text, entry = writer.write()
+        parts.append(text)
+        entries.append(entry)
+        uses_f16 = uses_f16 or writer.uses_f16
+    if uses_f16 and not shader_f16:
+        raise WGSLError(
+            "a kernel computes in float16, which WebGPU has only with the adapter's shader-f16 feature; "
+            "this adapter lacks it: compile the model in float32"
+        )
+    prelude = ["enable f16;"] if uses_f16 else []
+    prelude += [_HELPERS[name] for name in sorted(helpers)]
+    return ShaderModule("\n\n".join([*prelude, *parts]) + "\n", tuple(entries), uses_f16)
+
+
+def pack_offsets(offsets: list[int]) -> bytes:
+    """The uniform an entry point with offsets reads: one i32 element offset per parameter, in vec4 words."""
+    words = max(1, math.ceil(len(offsets) / 4)) * 4
+    return struct.pack(f"<{words}i", *offsets, *([0] * (words - len(offsets))))
+
+
+def _element_bytes(region_type: str) -> int:
+    return 2 if region_type == "f16" else 4
+
+
+def model_shader(
+    kernels: list[PrimFunc], dispatches: list[dict], uniform_alignment: int = 256, shader_f16: bool = False
+) -> tuple[ShaderModule, list[dict]]:
+    """The shader module of a whole model and its dispatch list, completed for WebGPU. `dispatches` is the shared
+    GPU dispatch list (kernel, bindings: per parameter its region, index and byte offset, grid, block). Each
+    kernel gets an entry point per pattern in which its calls place parameters in regions (usually one), each
+    region bound whole once; each dispatch gains its entry point, the regions it binds in binding order, and the
+    element offsets its parameters start at, which the runtime writes once into a uniform buffer at `uniform_offset`
+    (a multiple of `uniform_alignment`)."""
+    by_name = {func.name: func for func in kernels}
+    entries: dict[tuple[str, tuple[int, ...]], str] = {}
+    planned: list[tuple[PrimFunc, str, Layout]] = []
+    patterns = []
+    for dispatch in dispatches:
+        func = by_name[dispatch["kernel"]]
+        keys = [(binding["region"], binding["index"]) for binding in dispatch["bindings"]]
+        regions = list(dict.fromkeys(keys))
+        pattern = tuple(regions.index(key) for key in keys)
+        if (func.name, pattern) not in entries:
+            name = func.name if not any(kernel == func.name for kernel, _ in entries) else f"{func.name}_{len(entries)}"
+            entries[func.name, pattern] = name
+            planned.append((func, name, Layout(pattern, offsets=True)))
+        patterns.append((entries[func.name, pattern], regions))
+    module = generate_wgsl(planned, shader_f16)
+    described = {name: entry for (_, name, _), entry in zip(planned, module.entries)}
+    completed = []
+    for position, (dispatch, (name, regions)) in enumerate(zip(dispatches, patterns)):
+        entry = described[name]
+        words = []
+        for binding, region in zip(dispatch["bindings"], entry.param_regions):
+            size = _element_bytes(entry.regions[region]["type"])
+            if binding["offset"] % size:
+                raise WGSLError(
+                    f"kernel {dispatch['kernel']!r} reads {binding['region']} at byte {binding['offset']}, which is "
+                    f"not a whole {size}-byte element"
+                )
+            words.append(binding["offset"] // size)
+        completed.append(
+            {
+                **dispatch,
+                "entry": entry.name,
+                "regions": [{"region": region, "index": index} for region, index in regions],
+                "uniform_offset": position * uniform_alignment,
+                "element_offsets": words,
+            }
+        )
+    return module, completed
+
+
+def limits_used(module: ShaderModule, buffer_bytes: list[int]) -> dict:
+    """The WebGPU limits (the spec's names) a bundle needs, so an executor can compare them with its adapter's
+    before it loads anything; each is within the spec's defaults for a bundle compiled for target webgpu."""
+    entries = module.entries
+    return {
+        "maxStorageBuffersPerShaderStage": max((len(entry.regions) for entry in entries), default=0),
+        "maxUniformBuffersPerShaderStage": int(any(entry.offsets_binding is not None for entry in entries)),
+        "maxComputeInvocationsPerWorkgroup": max((math.prod(entry.block) for entry in entries), default=1),
+        "maxComputeWorkgroupSizeX": max((entry.block[0] for entry in entries), default=1),
+        "maxComputeWorkgroupSizeY": max((entry.block[1] for entry in entries), default=1),
+        "maxComputeWorkgroupSizeZ": max((entry.block[2] for entry in entries), default=1),
+        "maxComputeWorkgroupsPerDimension": max((max(entry.grid) for entry in entries), default=1),
+        "maxComputeWorkgroupStorageSize": max((entry.workgroup_bytes for entry in entries), default=0),
+        "maxStorageBufferBindingSize": max(buffer_bytes, default=0),
+        "maxBufferSize": max(buffer_bytes, default=0),
+    }

@@ -1,0 +1,253 @@
+"""WebGPU runtime through wgpu-py (lavapipe here; any Vulkan, Metal or D3D12 adapter elsewhere): runs the WGSL that
+codegen/wgsl.py wrote, from its entry-point descriptions alone (the same dicts a bundle's manifest holds), so it
+reads no compiler IR. Buffers, pipelines and bind groups are made once; a call or a run is one command buffer."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+from compiler.errors import TargetError
+from compiler.runtime import ArgSpec, check_args
+
+_MISSING = (
+    "no WebGPU adapter was found: install a Vulkan driver (on Debian, mesa-vulkan-drivers gives lavapipe, a CPU "
+    "adapter; or your GPU's driver) and the wgpu Python package"
+)
+_device = None
+_features: frozenset[str] = frozenset()
+
+
+def device():
+    """The process's one WebGPU device (with shader-f16 where the adapter has it); TargetError when there is none."""
+    global _device, _features
+    if _device is not None:
+        return _device
+    # wgpu's Vulkan loader warns on stderr without a runtime directory; a private one silences it
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tessel-xdg-")
+    try:
+        import wgpu
+
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except ImportError as error:
+        raise TargetError(f"{_MISSING} ({error})") from None
+    except Exception as error:  # wgpu raises its own RuntimeError subclasses when no backend loads
+        raise TargetError(f"{_MISSING} ({error})") from None
+    if adapter is None:
+        raise TargetError(_MISSING)
+    wanted = [name for name in ("shader-f16",) if name in adapter.features]
+    _device = adapter.request_device_sync(required_features=wanted)
+    _features = frozenset(wanted)
+    return _device
+
+
+def has_shader_f16() -> bool:
+    device()
+    return "shader-f16" in _features
+
+
+def _usage():
+    import wgpu
+
+    return wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+
+
+def _buffer(size: int, usage=None):
+    # a binding's size is a multiple of 4 bytes and never 0
+    return device().create_buffer(size=max(4, math.ceil(size / 4) * 4), usage=usage if usage is not None else _usage())
+
+
+def _padded(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 4)
+
+
+def _check_code(module, code: str) -> None:
+    """Shader compile errors surface lazily in wgpu-py; asking for the compilation info makes them raise here."""
+    info = module.get_compilation_info()
+    errors = [message for message in info if getattr(message, "type", "error") == "error"]
+    if errors:
+        raise TargetError(f"the WebGPU compiler refused the generated WGSL: {errors[0].message}")
+
+
+class _Pipelines:
+    """One shader module and a compute pipeline per entry point, made at load."""
+
+    def __init__(self, code: str, entries: list[dict]):
+        gpu = device()
+        self.code = code
+        self.module = gpu.create_shader_module(code=code)
+        self.entries = {entry["name"]: entry for entry in entries}
+        self.pipelines = {
+            entry["name"]: gpu.create_compute_pipeline(
+                layout="auto", compute={"module": self.module, "entry_point": entry["name"]}
+            )
+            for entry in entries
+        }
+
+    def bind_group(self, name: str, regions: list, offsets: tuple | None):
+        """`regions`: per region of the entry, (GPU buffer, byte size); `offsets`: the uniform buffer, its byte
+        offset and size, when the entry reads element offsets."""
+        entry = self.entries[name]
+        layout = self.pipelines[name].get_bind_group_layout(0)
+        items = [
+            {"binding": spec["binding"], "resource": {"buffer": buffer, "offset": 0, "size": size}}
+            for spec, (buffer, size) in zip(entry["regions"], regions)
+        ]
+        if entry["offsets_binding"] is not None:
+            buffer, offset, size = offsets
+            items.append(
+                {"binding": entry["offsets_binding"], "resource": {"buffer": buffer, "offset": offset, "size": size}}
+            )
+        return device().create_bind_group(layout=layout, entries=items)
+
+    def encode(self, encoder, steps) -> None:
+        """One compute pass over `steps`: (entry name, bind group) pairs, dispatched in order. WebGPU orders the
+        storage writes of one dispatch before the reads of the next in the same pass."""
+        compute = encoder.begin_compute_pass()
+        for name, group in steps:
+            compute.set_pipeline(self.pipelines[name])
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(*self.entries[name]["grid"])
+        compute.end()
+
+
+class WebGPUKernels:
+    """A kernel runtime like NativeLibrary: `function(name, specs)` gives a callable on numpy arrays."""
+
+    def __init__(self, code: str, entries: list[dict]):
+        self.pipelines = _Pipelines(code, entries)
+
+    def function(self, name: str, specs: list[ArgSpec]):
+        """The call of kernel `name` (its first entry point)."""
+        entry = next((entry["name"] for entry in self.pipelines.entries.values() if entry["kernel"] == name), None)
+        if entry is None:
+            raise TargetError(f"the WGSL module has no kernel {name!r}")
+        return _KernelCall(self.pipelines, entry, specs)
+
+
+class _KernelCall:
+    """Buffers and a bind group for one entry point, made once. Each parameter lies in the region its entry says, at
+    16-byte aligned element offsets when several share one; a call copies the arrays in and the written ones out."""
+
+    def __init__(self, pipelines: _Pipelines, name: str, specs: list[ArgSpec]):
+        self.pipelines, self.name, self.specs = pipelines, name, specs
+        entry = pipelines.entries[name]
+        self.entry = entry
+        placed = entry["param_regions"]
+        sizes = [0] * len(entry["regions"])
+        self.places = []
+        for spec, region in zip(specs, placed):
+            nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+            self.places.append((region, sizes[region]))
+            sizes[region] += math.ceil(nbytes / 16) * 16
+        self.buffers = [_buffer(size) for size in sizes]
+        self.sizes = [max(4, math.ceil(size / 4) * 4) for size in sizes]
+        offsets = None
+        if entry["offsets_binding"] is not None:
+            words = [offset // 4 for _, offset in self.places]
+            data = struct.pack(f"<{len(words)}i", *words)
+            data += b"\0" * (entry["offsets_bytes"] - len(data))
+            import wgpu
+
+            uniform = _buffer(len(data), wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            device().queue.write_buffer(uniform, 0, data)
+            offsets = (uniform, 0, entry["offsets_bytes"])
+        self.group = pipelines.bind_group(name, list(zip(self.buffers, self.sizes)), offsets)
+        self.written = {binding["binding"] for binding in entry["regions"] if binding["access"] == "read_write"}
+
+    def __call__(self, *arrays) -> None:
+        check_args(self.name, self.specs, arrays)
+        gpu = device()
+        for array, (region, offset) in zip(arrays, self.places):
+            if array.nbytes:
+                gpu.queue.write_buffer(self.buffers[region], offset, _padded(array.tobytes()))
+        encoder = gpu.create_command_encoder()
+        self.pipelines.encode(encoder, [(self.name, self.group)])
+        gpu.queue.submit([encoder.finish()])
+        contents = {region: gpu.queue.read_buffer(self.buffers[region]) for region in self.written}
+        for array, (region, offset) in zip(arrays, self.places):
+            if region in contents:
+                data = contents[region].cast("B")[offset : offset + array.nbytes]
+                array[...] = np.frombuffer(data, array.dtype).reshape(array.shape)
+
+
+class WebGPUModel:
+    """A whole model from its bundle's parts: the WGSL, the entry points and the dispatch list of its manifest
+    (codegen/wgsl.py's model_shader), params.bin and the arena size. At load it makes one storage buffer per region
+    (params written once, the arena, each input and output), the uniform holding every dispatch's element
+    offsets, a pipeline per entry point and a bind group per dispatch. A run writes the inputs, records every
+    dispatch and the outputs' copies into one command buffer, and maps one readback buffer."""
+
+    def __init__(
+        self,
+        code: str,
+        entries: list[dict],
+        dispatches: list[dict],
+        params: bytes,
+        arena_bytes: int,
+        inputs: list[ArgSpec],
+        outputs: list[ArgSpec],
+    ):
+        import wgpu
+
+        gpu = device()
+        self.pipelines = _Pipelines(code, entries)
+        self.inputs, self.outputs = inputs, outputs
+        nbytes = [int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize for spec in outputs]
+        self.sizes = {("params", 0): len(params), ("arena", 0): arena_bytes}
+        for position, spec in enumerate(inputs):
+            self.sizes["input", position] = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+        for position, size in enumerate(nbytes):
+            self.sizes["output", position] = size
+        self.buffers = {key: _buffer(size) for key, size in self.sizes.items()}
+        if params:
+            gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
+        uniform_bytes = max([dispatch["uniform_offset"] for dispatch in dispatches], default=0) + 256
+        uniform = _buffer(uniform_bytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        data = bytearray(uniform_bytes)
+        self.steps = []
+        for dispatch in dispatches:
+            entry = self.pipelines.entries[dispatch["entry"]]
+            words = dispatch["element_offsets"]
+            struct.pack_into(f"<{len(words)}i", data, dispatch["uniform_offset"], *words)
+            regions = [(region["region"], region["index"]) for region in dispatch["regions"]]
+            bound = [(self.buffers[key], max(4, math.ceil(self.sizes[key] / 4) * 4)) for key in regions]
+            offsets = (uniform, dispatch["uniform_offset"], entry["offsets_bytes"])
+            self.steps.append((dispatch["entry"], self.pipelines.bind_group(dispatch["entry"], bound, offsets)))
+        gpu.queue.write_buffer(uniform, 0, bytes(data))
+        self.uniform = uniform
+        # every output lands in one readback buffer, at 256-byte aligned offsets, so a run maps once
+        self.readback_offsets, total = [], 0
+        for size in nbytes:
+            self.readback_offsets.append(total)
+            total += math.ceil(max(size, 4) / 256) * 256
+        self.readback = _buffer(total or 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        import wgpu
+
+        gpu = device()
+        for position, array in enumerate(inputs):
+            if array.nbytes:
+                gpu.queue.write_buffer(self.buffers["input", position], 0, _padded(array.tobytes()))
+        encoder = gpu.create_command_encoder()
+        self.pipelines.encode(encoder, self.steps)
+        for position, offset in enumerate(self.readback_offsets):
+            size = max(4, math.ceil(self.sizes["output", position] / 4) * 4)
+            encoder.copy_buffer_to_buffer(self.buffers["output", position], 0, self.readback, offset, size)
+        gpu.queue.submit([encoder.finish()])
+        self.readback.map_sync(wgpu.MapMode.READ)
+        try:
+            data = self.readback.read_mapped(copy=False)
+            results = []
+            for spec, offset in zip(self.outputs, self.readback_offsets):
+                count = int(np.prod(spec.shape, dtype=np.int64))
+                results.append(np.frombuffer(data, spec.dtype, count, offset).reshape(spec.shape).copy())
+        finally:
+            self.readback.unmap()
+        return results

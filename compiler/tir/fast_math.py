@@ -1,0 +1,165 @@
+"""Math intrinsics as loop-IR rewrites: a codegen hands its table of native functions to `expand_math` before it
+prints a kernel, and every call of erf, tanh, sigmoid or pow that the table lacks becomes arithmetic over the ones
+it has (exp, log, abs, floor), so every backend computes these to the same accuracy from one copy of the
+polynomials. exp and log are native everywhere: WGSL, OpenCL C and CUDA have them, and codegen/fast_math.py builds
+LLVM's from bits with the coefficients below."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection
+
+from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, Let, Select, Var, is_float
+from compiler.te.tensor import mutate
+from compiler.tir.nodes import Load, Stmt
+
+# Cephes-style minimax polynomials, highest degree first; accurate to about one float32 ulp.
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+LOG_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
+TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+# Maclaurin series of erf in x^2 (ten terms: truncation below 2e-8 for |x| < 1).
+ERF_SERIES = tuple((-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(10)))
+# Abramowitz & Stegun 7.1.26 for |x| >= 1: absolute error below 1.5e-7.
+ERF_TAIL = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
+ERF_TAIL_P = 0.3275911
+
+
+def _shared(value: Expr, build) -> Expr:
+    """`build(x)` with `value` bound once to x, so an expansion that reads its operand many times computes it once."""
+    if isinstance(value, Var | Const | Load):
+        return build(value)
+    var = Var("fm", value.dtype)
+    return Let(var, value, build(var))
+
+
+def _poly(x: Expr, coefficients) -> Expr:
+    result = Const(coefficients[0], x.dtype)
+    for coefficient in coefficients[1:]:
+        result = result * x + Const(coefficient, x.dtype)
+    return result
+
+
+def _call(name: str, *args: Expr) -> Expr:
+    return Call(name, tuple(args), args[0].dtype)
+
+
+def _signed(x: Expr, magnitude: Expr) -> Expr:
+    return Select(x < Const(0.0, x.dtype), Const(0.0, x.dtype) - magnitude, magnitude)
+
+
+def erf(x: Expr) -> Expr:
+    def build(x):
+        def from_magnitude(m):
+            series = _poly(x * x, ERF_SERIES) * x
+            t = Const(1.0, x.dtype) / (m * Const(ERF_TAIL_P, x.dtype) + Const(1.0, x.dtype))
+            large = Const(1.0, x.dtype) - _poly(t, ERF_TAIL) * t * _call("exp", Const(0.0, x.dtype) - m * m)
+            return Select(m < Const(1.0, x.dtype), series, _signed(x, large))
+
+        return _shared(_call("abs", x), from_magnitude)
+
+    return _shared(x, build)
+
+
+def tanh(x: Expr) -> Expr:
+    def build(x):
+        def from_magnitude(m):
+            z = x * x
+            # x (1 + z p(z)) rather than x + x z p(z), which would turn tanh(-0) into +0
+            small = x * (_poly(z, TANH_POLY) * z + Const(1.0, x.dtype))
+            large = Const(1.0, x.dtype) - Const(2.0, x.dtype) / (
+                _call("exp", m * Const(2.0, x.dtype)) + Const(1.0, x.dtype)
+            )
+            return Select(m > Const(0.625, x.dtype), _signed(x, large), small)
+
+        return _shared(_call("abs", x), from_magnitude)
+
+    return _shared(x, build)
+
+
+def sigmoid(x: Expr) -> Expr:
+    """e^-|x| keeps both halves accurate: 1/(1+e) for x >= 0 and e/(1+e) for x < 0."""
+
+    def build(x):
+        def from_exp(e):
+            return _shared(
+                Const(1.0, x.dtype) / (e + Const(1.0, x.dtype)),
+                lambda positive: Select(x >= Const(0.0, x.dtype), positive, e * positive),
+            )
+
+        return _shared(_call("exp", Const(0.0, x.dtype) - _call("abs", x)), from_exp)
+
+    return _shared(x, build)
+
+
+def pow_(base: Expr, exponent: Expr) -> Expr:
+    """exp(y log|x|), negated for x < 0 with odd integer y, NaN for x < 0 with fractional y, 1 for y = 0."""
+    dtype = base.dtype
+
+    def build(x, y):
+        def with_result(result):
+            is_integer = Compare("eq", _call("floor", y), y)
+            half = y * Const(0.5, dtype)
+            odd = Compare("ne", _call("floor", half), half)
+            negative = Select(is_integer, Select(odd, Const(0.0, dtype) - result, result), Const(math.nan, dtype))
+            signed = Select(x < Const(0.0, dtype), negative, result)
+            return Select(Compare("eq", y, Const(0.0, dtype)), Const(1.0, dtype), signed)
+
+        return _shared(_call("exp", y * _call("log", _call("abs", x))), with_result)
+
+    return _shared(base, lambda x: _shared(exponent, lambda y: build(x, y)))
+
+
+_EXPANSIONS = {"erf": erf, "tanh": tanh, "sigmoid": sigmoid, "pow": pow_}
+
+
+def _native(name: str, dtype: str, native: Collection[str]) -> bool:
+    return name in native or f"{name}:{dtype}" in native
+
+
+def expand_expr(expr: Expr, native: Collection[str]) -> Expr:
+    """`expr` with every float call of erf, tanh, sigmoid or pow that `native` lacks expanded. An entry of `native`
+    is a function name (native for every dtype) or "name:dtype" (a C library's float64 erf, more accurate than these
+    float32 polynomials). An integer pow is a float32 pow rounded to even, on every target."""
+
+    def visit(node: Expr) -> Expr | None:
+        if isinstance(node, Binary) and node.op == "pow":
+            a, b = expand_expr(node.a, native), expand_expr(node.b, native)
+            if not is_float(node.dtype):
+                power = Binary("pow", Cast("float32", a), Cast("float32", b))
+                return Cast(node.dtype, Call("round", (expand_expr(power, native),), "float32"))
+            return pow_(a, b) if not _native("pow", node.dtype, native) else Binary("pow", a, b)
+        if isinstance(node, Call) and node.name in _EXPANSIONS and is_float(node.dtype):
+            args = [expand_expr(arg, native) for arg in node.args]
+            if _native(node.name, node.dtype, native):
+                return Call(node.name, tuple(args), node.dtype)
+            return expand_expr(_EXPANSIONS[node.name](*args), native)
+        return None
+
+    return mutate(expr, visit)
+
+
+def expand_math(stmt: Stmt, native: Collection[str]) -> Stmt:
+    """`stmt` with every expression expanded as `expand_expr` does."""
+    changes = {}
+    for item in dataclasses.fields(stmt):
+        value = getattr(stmt, item.name)
+        if isinstance(value, Var) and item.name == "var":
+            continue
+        if isinstance(value, Expr):
+            changes[item.name] = expand_expr(value, native)
+        elif isinstance(value, Stmt):
+            changes[item.name] = expand_math(value, native)
+        elif isinstance(value, tuple) and all(isinstance(child, Stmt) for child in value):
+            changes[item.name] = tuple(expand_math(child, native) for child in value)
+    return dataclasses.replace(stmt, **changes) if changes else stmt
