@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.te.expr import Binary, Const, Expr, TEError, Var, as_expr
+from compiler.te.expr import Binary, Const, Expr, Select, TEError, Var, as_expr
 from compiler.te.tensor import (
     REDUCE,
     THREAD,
@@ -419,6 +419,56 @@ class Schedule:
         cache_stage.scope = scope
         self._insert(cache_stage, stage)
         return cache
+
+    def rfactor(self, tensor: Tensor, factor: int) -> Tensor:
+        """Split the reduction computing `tensor` in two: a partial stage with a new leading `lane` axis of `factor`
+        iterations, lane t combining the elements t, t + factor, t + 2 * factor... of the reduction's (flattened)
+        domain, and the stage itself, which then combines the `factor` partials. Binding the partial stage's lane to
+        a thread axis makes a cross-thread reduction; on a CPU its loops stay serial and give the same result."""
+        stage = self[tensor]
+        op = stage.op
+        if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
+            raise TEError(f"rfactor of {tensor.name}: only a reduction stage can be factored")
+        if stage.relations or stage.annotations or stage.bindings or stage.leaf_iter_vars != stage.all_iter_vars:
+            raise TEError(f"rfactor of {tensor.name}: call rfactor before scheduling stage {stage.name}")
+        if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+            raise TEError(f"rfactor of {tensor.name}: the factor must be a positive int, got {factor!r}")
+        body = op.body
+        extents = [iv.extent for iv in body.axis]
+        if not all(isinstance(extent, int) for extent in extents):
+            raise TEError(f"rfactor of {tensor.name}: its reduce axes need constant extents")
+        total = 1
+        for extent in extents:
+            total *= extent
+        lane = IterVar(f"{op.name}.lane", dom=(0, factor))
+        step = IterVar(f"{op.name}.step", dom=(0, _ceil_div(total, factor)), kind=REDUCE)
+        flat = step * Const(factor, "int32") + lane
+        mapping: dict[Var, Expr] = {}
+        stride = total
+        for iv, extent in zip(body.axis, extents):
+            stride //= extent
+            index = flat if stride == 1 else Binary("floordiv", flat, Const(stride, "int32"))
+            if stride * extent != total:
+                index = Binary("floormod", index, Const(extent, "int32"))
+            mapping[iv] = index + Const(iv.dom[0], "int32") if iv.dom[0] else index
+        axis = tuple(IterVar(f"{iv.name}.rf", dom=iv.dom) for iv in op.axis)
+        mapping.update(zip(op.axis, axis))
+        source = substitute(body.source, mapping)
+        if total % factor:
+            source = Select(flat < Const(total, "int32"), source, body.identity)
+        partial_op = ComputeOp(
+            f"{op.name}.rf", "", (lane, *axis), Reduce(body.combiner, source, (step,), body.identity)
+        )
+        partial = partial_op.output(0)
+        lanes = IterVar(f"{op.name}.lanes", dom=(0, factor), kind=REDUCE)
+        combined = Reduce(body.combiner, partial[(lanes, *op.axis)], (lanes,), body.identity)
+        self._replace_op(stage, ComputeOp(op.name, op.tag, op.axis, combined))
+        stage.all_iter_vars = [*op.axis, lanes]
+        stage.leaf_iter_vars = [*op.axis, lanes]
+        partial_stage = Stage(self, partial_op)
+        partial_stage.scope = stage.scope
+        self._insert(partial_stage, stage)
+        return partial
 
 
 def _replace_reads(body: Expr, old: Operation, new: Tensor) -> Expr:

@@ -227,3 +227,53 @@ def test_annotated_axes_cannot_be_split_or_fused():
     s[c].bind(i, te.thread_axis("blockIdx.x"))
     with pytest.raises(TEError, match="fuse of axis i in stage C: the axis is already blockIdx.x"):
         s[c].fuse(i, j)
+
+
+def test_rfactor_makes_a_partial_stage_over_lanes():
+    """C's reduction over k becomes a partial stage C.rf[lane, i, j] (lane t sums k = t, t + 3, ...) and C sums the
+    lanes; a factor that does not divide k selects the identity past its end."""
+    _, _, c, _ = matmul()
+    s = te.create_schedule(c.op)
+    partial = s.rfactor(c, 3)
+    assert [stage.name for stage in s.stages] == ["A", "B", "C.rf", "C"]
+    assert partial.shape == (3, 8, 8)
+    (step,) = s[partial].op.reduce_axis
+    assert step.extent == 3 and "select" in repr(s[partial].op.body).lower()
+    (lanes,) = s[c].op.reduce_axis
+    assert lanes.extent == 3 and s[c].leaf_iter_vars[-1] is lanes
+
+
+def test_rfactor_matches_the_reduction_when_built():
+    """Two reduce axes flattened, 37 x 7 elements in 16 lanes, max and sum, against numpy on the llvm target."""
+    import numpy as np
+
+    from compiler.build import build
+
+    a = te.placeholder((5, 7, 37), name="A")
+
+    def reduction(combiner):
+        i, j = te.reduce_axis((0, 7), "i"), te.reduce_axis((0, 37), "j")
+        return te.compute((5,), lambda n: combiner(a[n, i, j], axis=[i, j]), name="B")
+
+    for combiner, reference in ((te.sum, np.sum), (te.max, np.max)):
+        b = reduction(combiner)
+        s = te.create_schedule(b.op)
+        s.rfactor(b, 16)
+        kernel = build(s, [a, b], target="llvm", name="rf")
+        data, result = np.random.default_rng(0).standard_normal((5, 7, 37)).astype(np.float32), np.zeros(5, np.float32)
+        kernel(data, result)
+        np.testing.assert_allclose(result, reference(data, axis=(1, 2)), rtol=1e-5, atol=1e-5)
+
+
+def test_rfactor_errors():
+    a, b, c = chain()
+    s = te.create_schedule(c.op)
+    with pytest.raises(TEError, match="only a reduction stage"):
+        s.rfactor(c, 4)
+    _, _, c, _ = matmul()
+    s = te.create_schedule(c.op)
+    s[c].split(c.op.axis[0], 2)
+    with pytest.raises(TEError, match="before scheduling"):
+        s.rfactor(c, 4)
+    with pytest.raises(TEError, match="positive int"):
+        te.create_schedule(c.op).rfactor(c, 0)

@@ -1,0 +1,449 @@
+"""GPU schedules (WebGPU, OpenCL, CUDA): how each fused group's tensor expressions become thread-bound kernels.
+
+`schedule_group` has cpu.py's interface and reads the group as cpu.py does (the anchor reduction by its tag, the
+epilogue computed at the anchor's tile, a reduction made inside the stage it feeds). Every stage runs under
+blockIdx/threadIdx loops, which a CPU target runs serially with the same result (docs/architecture.md, "Thread loops
+per stage"), so the templates are checked on llvm. Knobs are declared on a cfg; add_filter keeps configs within
+target.device (threads per block, shared bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import partial
+
+import numpy as np
+
+import compiler.te as te
+from compiler.errors import TesselError
+from compiler.schedules import cpu
+from compiler.target import Target
+from compiler.te.schedule import ROOT, Schedule, Stage
+from compiler.te.tensor import ComputeOp, IterVar
+from compiler.tune.space import ConfigSpace, run_template
+
+# Part of every GPU tuning task's key: bump it when a template's knobs change meaning.
+SPACE_VERSION = 1
+
+# Each template's fallback config by knob name, clipped to the target's threads per block. A split's value is the
+# inner sizes its fallback is at most.
+DEFAULTS: dict[str, dict[str, object]] = {
+    # one output element per thread
+    "injective": {"num_thread": 256},
+    # threads over the outputs, or (cross_thread) one block per output whose threads share its reduction
+    "reduce": {"num_thread": 256},
+    # threads along the output positions, tile_oc output channels per thread in registers
+    "conv2d": {"num_thread": 128, "tile_oc": 4},
+    "conv1d": {"num_thread": 128, "tile_oc": 4},
+    # the seeds' schedule: a blocking_h x blocking_w output tile per block over one channel, its input tile and
+    # filter in shared memory, num_thread_y x num_thread_x threads (the fallback aims at 2 x 2 outputs per thread),
+    # vthread_y x vthread_x virtual threads interleaving each thread's outputs
+    "depthwise_conv2d": {"blocking_h": 32, "blocking_w": 32, "vthread_y": 1, "vthread_x": 1},
+    # a block of (threads x register tile) rows and columns, A's and B's tiles of tile_k along k in shared memory
+    "dense": {"tile_y": (8, 4), "tile_x": (16, 4), "tile_k": 8},
+    # one output per thread, the window's taps unrolled
+    "pool_max": {"num_thread": 128},
+    "pool_avg": {"num_thread": 128},
+}
+
+THREAD_CHOICES = (32, 64, 128, 256, 512, 1024)
+# the thread counts along one axis of a depthwise block and its virtual threads, as in the seeds' grid
+AXIS_THREADS = (1, 2, 4, 8, 16, 32)
+VTHREADS = (1, 2, 4)
+
+
+class ScheduleError(TesselError):
+    """A GPU schedule was asked for a target that is not a GPU."""
+
+
+def fallback(kind: str, target: Target) -> dict[str, object]:
+    """The template's fallback knob values, the thread counts clipped to what one block of `target` may run."""
+    values = dict(DEFAULTS[kind])
+    if "num_thread" in values:
+        values["num_thread"] = min(values["num_thread"], target.device.max_threads)
+    return values
+
+
+def schedule_group(group, target: Target | str = "webgpu", config: ConfigSpace | Mapping | None = None) -> te.Schedule:
+    """A schedule of `group` (a GroupTE) for a GPU target. `config`: a cfg for the template to declare its knobs on
+    (afterwards it holds the space), or a record's knob values, or None for the fallback (as in cpu.py)."""
+    target = Target.parse(target)
+    if not target.is_gpu:
+        raise ScheduleError(f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}")
+    if isinstance(config, ConfigSpace):
+        return _schedule_group(group, target, config)
+    return run_template(partial(_schedule_group, group, target), config)[0]
+
+
+def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
+    outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, ComputeOp)]
+    schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
+    cpu._add_unread_inputs(schedule, group.inputs)
+    anchor = cpu._anchor_reduction(schedule)
+    if anchor is not None and anchor.op.tag in cpu.POOL_TAGS and len(outputs) > 1:
+        anchor = None  # a max pool's Indices: the generic schedule, as on the CPU
+    if anchor is not None and any(getattr(t.op, "tag", "") == "dense_partial" for t in anchor.op.input_tensors):
+        anchor = None  # split-K partial sums are the CPU layout pass's; GPU graphs keep plain dense
+    kind = cpu._template_kind(anchor)
+    if kind not in TEMPLATES:
+        kind = None
+    if kind is not None and schedule[anchor].is_output:
+        anchor = schedule.cache_write(anchor.op.output(0), "local")
+    cpu._inline_injective(schedule, set())
+    readers = cpu._readers(schedule)
+    if kind is not None and len(readers[schedule[anchor]]) == 1:
+        output = readers[schedule[anchor]][0]
+        if output.attach_type == ROOT and tuple(output.op.shape) == tuple(anchor.shape):
+            cfg.template = kind
+            TEMPLATES[kind](schedule, schedule[anchor], output, target, cfg)
+            _schedule_rest(schedule, readers, target, cfg, done={schedule[anchor], output})
+            return schedule
+    _schedule_rest(schedule, readers, target, cfg, done=set())
+    return schedule
+
+
+# -- binding helpers ------------------------------------------------------------------------------------------------
+
+
+def _define_threads(cfg: ConfigSpace, kind: str, target: Target) -> int:
+    """The threads per block of a template that runs one thread per output (or per reduction lane)."""
+    choices = [count for count in THREAD_CHOICES if count <= target.device.max_threads]
+    cfg.define_knob("num_thread", choices, default=fallback(kind, target)["num_thread"])
+    return cfg["num_thread"].val
+
+
+def _bind_blocks(stage: Stage, axis: IterVar, target: Target, first: int = 0) -> IterVar:
+    """Bind `axis` to blockIdx (x, or y and z from `first`), split over the next grid axis where it is longer than
+    the grid allows; the innermost block axis."""
+    tags = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+    limit = target.device.max_grid[first]
+    if axis.extent > limit and first < 2:
+        outer, axis = stage.split(axis, limit)
+        stage.bind(outer, te.thread_axis(tags[first + 1]))
+    stage.bind(axis, te.thread_axis(tags[first]))
+    return axis
+
+
+def _bind_threads(stage: Stage, axes: list[IterVar], threads: int, target: Target) -> tuple[IterVar, IterVar]:
+    """Fuse `axes` and run them as blocks of `threads` threads (fewer when the axes are shorter); (block, thread)."""
+    fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+    blocks, thread = stage.split(fused, min(threads, fused.extent))
+    stage.bind(thread, te.thread_axis("threadIdx.x"))
+    return _bind_blocks(stage, blocks, target), thread
+
+
+def _bind_cooperative(stage: Stage, threads_y: int, threads_x: int) -> None:
+    """A shared stage filled by the whole block: its elements in row-major runs over threadIdx.x, then threadIdx.y
+    (consecutive threads read consecutive addresses), serial beyond."""
+    axes = list(stage.op.axis)
+    fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
+    rest, thread_x = stage.split(fused, threads_x)
+    stage.bind(thread_x, te.thread_axis("threadIdx.x"))
+    if threads_y > 1:
+        _, thread_y = stage.split(rest, threads_y)
+        stage.bind(thread_y, te.thread_axis("threadIdx.y"))
+
+
+def _shared_bytes(*tiles: tuple[int, str]) -> int:
+    return sum(count * np.dtype(dtype).itemsize for count, dtype in tiles)
+
+
+# -- generic templates ----------------------------------------------------------------------------------------------
+
+
+def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace, done: set) -> None:
+    """Every stage no template took: a reduction (or stash stage) read by one root stage is made inside that stage's
+    block (in shared memory, its reduction shared by the block's threads) or thread (in registers), the rest at the
+    root with one thread per output."""
+    pending = [s for s in schedule.stages if s not in done and isinstance(s.op, ComputeOp)]
+    pending = [s for s in pending if s.attach_type == ROOT and s.relations == [] and not s.bindings]
+    hosted = [s for s in pending if cpu._lives_in_host(s)]
+    attached: dict[Stage, list[Stage]] = {}
+    for stage in hosted:
+        host = cpu._host(stage, readers, schedule, set())
+        if host is not None and host not in hosted and host in pending:
+            attached.setdefault(host, []).append(stage)
+    if not cfg.template:
+        cfg.template = "reduce" if any(stage.op.reduce_axis for stage in pending) else "injective"
+    if not pending:
+        return
+    threads = _define_threads(cfg, cfg.template if cfg.template in ("injective", "reduce") else "injective", target)
+    for stage in pending:
+        if stage in attached:
+            _schedule_host(schedule, stage, attached[stage], threads, target, cfg)
+        elif any(stage in members for members in attached.values()):
+            continue
+        elif stage.op.reduce_axis:
+            _schedule_reduction(schedule, stage, threads, target, cfg)
+        elif stage.op.axis:
+            _bind_threads(stage, list(stage.op.axis), threads, target)
+
+
+def _reduce_extent(stage: Stage) -> int:
+    return math.prod(iv.extent for iv in stage.op.reduce_axis)
+
+
+def _share_reduction(schedule: Schedule, stage: Stage, threads: int, host: Stage | None, at: IterVar | None) -> None:
+    """A cross-thread reduction: `threads` partial results in shared memory (rfactor), each thread's lane bound to
+    threadIdx.x, then one combine of them; computed at `at` of `host` (or, without a host, at the kernel's root)."""
+    lanes = min(threads, _reduce_extent(stage))
+    partial_tensor = schedule.rfactor(stage.op.output(0), lanes)
+    partial_stage = schedule[partial_tensor]
+    partial_stage.set_scope("shared")
+    partial_stage.bind(partial_stage.op.axis[0], te.thread_axis("threadIdx.x"))
+    if host is not None:
+        partial_stage.compute_at(host, at)
+
+
+def _define_cross_thread(cfg: ConfigSpace, stages: list[Stage], target: Target) -> bool:
+    """Whether the reductions of `stages` are shared by a block's threads (one block per output) rather than made
+    one output per thread. The fallback shares a reduction longer than a warp that has more elements to reduce
+    than there are outputs."""
+    outputs = max(math.prod(iv.extent for iv in stage.op.axis) for stage in stages)
+    extent = max(_reduce_extent(stage) for stage in stages)
+    share = int(extent >= target.device.warp_size and extent > outputs)
+    cfg.define_knob("cross_thread", [0, 1], default=share)
+    return bool(cfg["cross_thread"].val)
+
+
+def _schedule_reduction(schedule: Schedule, stage: Stage, threads: int, target: Target, cfg: ConfigSpace) -> None:
+    """A root reduction: one thread per output, or (cross_thread) one block per output whose threads each reduce a
+    strided share of its elements into shared memory before one of them combines the shares."""
+    cross = _define_cross_thread(cfg, [stage], target)
+    if not stage.op.axis:
+        _share_reduction(schedule, stage, threads, None, None)
+    elif not cross:
+        _bind_threads(stage, list(stage.op.axis), threads, target)
+    else:
+        axes = list(stage.op.axis)
+        block = _bind_blocks(stage, stage.fuse(*axes) if len(axes) > 1 else axes[0], target)
+        _share_reduction(schedule, stage, threads, stage, block)
+
+
+def _schedule_host(
+    schedule: Schedule, host: Stage, members: list[Stage], threads: int, target: Target, cfg: ConfigSpace
+) -> None:
+    """`host` with the stages it alone reads made inside it. When they have its shape and are not shared
+    (cross_thread), each thread makes its element of them in registers. Otherwise (softmax, layer norm: a row's
+    statistics; a mean) the axes every member keeps whole are blocks, the rest (the row) threads, and the members
+    are made per block in shared memory, their reductions shared by the block's threads."""
+    axes = list(host.op.axis)
+    kept = [all(m.op.shape[d] == axes[d].extent for m in members) for d in range(len(axes))]
+    reductions = [member for member in members if member.op.reduce_axis]
+    if all(kept) and not (reductions and _define_cross_thread(cfg, reductions, target)):
+        _, thread = _bind_threads(host, axes, threads, target)
+        for member in members:
+            member.set_scope("local")
+            member.compute_at(host, thread)
+        return
+    outer_axes = [axis for axis, keep in zip(axes, kept) if keep]
+    inner_axes = [axis for axis, keep in zip(axes, kept) if not keep]
+    host.reorder(*outer_axes, *inner_axes)
+    row = None
+    if inner_axes:
+        row = host.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
+    if outer_axes:
+        block = host.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
+    else:
+        block, row = host.split(row, nparts=1)
+    block = _bind_blocks(host, block, target)
+    if row is not None:
+        _, thread = host.split(row, min(threads, row.extent))
+        host.bind(thread, te.thread_axis("threadIdx.x"))
+    for member in members:
+        member.set_scope("shared")
+        member.compute_at(host, block)
+        if member.op.reduce_axis:
+            _share_reduction(schedule, member, threads, host, block)
+        else:
+            member_axes = list(member.op.axis)
+            fused = member.fuse(*member_axes) if len(member_axes) > 1 else member_axes[0]
+            _, member_thread = member.split(fused, min(threads, fused.extent))
+            member.bind(member_thread, te.thread_axis("threadIdx.x"))
+
+
+# -- anchor templates -----------------------------------------------------------------------------------------------
+
+
+def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """Direct convolution (group 1 or grouped, 1-D or 2-D, NCHW): each thread owns one output position and tile_oc
+    output channels held in registers, consecutive threads consecutive positions (their input reads coalesce), the
+    block num_thread positions of one channel tile; the epilogue runs on the thread's tile before it is stored."""
+    kind = cfg.template
+    values = fallback(kind, target)
+    n, oc, *spatial = output.op.axis
+    threads = _define_threads(cfg, kind, target)
+    cfg.define_split("tile_oc", oc, default=values["tile_oc"])
+    oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
+    positions = output.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    blocks, thread = output.split(positions, min(threads, positions.extent))
+    output.reorder(n, oc_outer, blocks, thread, oc_inner)
+    output.bind(thread, te.thread_axis("threadIdx.x"))
+    output.unroll(oc_inner)
+    _bind_blocks(output, output.fuse(n, oc_outer, blocks), target)
+    conv.set_scope("local")
+    conv.compute_at(output, thread)
+    cn, coc, *cspatial = conv.op.axis
+    conv.reorder(cn, *cspatial, *conv.op.reduce_axis, coc)
+    conv.unroll(coc)
+
+
+def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """The seeds' depthwise schedule: a block computes a blocking_h x blocking_w tile of one channel, with the input
+    tile it reads (padding included) and the channel's filter copied into shared memory by all its threads first;
+    num_thread_y x num_thread_x threads, each computing (blocking / threads / vthreads) outputs per virtual thread
+    in registers, vthread_y x vthread_x virtual threads interleaving them so neighbouring threads read neighbouring
+    columns."""
+    values = fallback("depthwise_conv2d", target)
+    n, c, oh, ow = output.op.axis
+    cfg.define_split("blocking_h", oh, default=values["blocking_h"])
+    cfg.define_split("blocking_w", ow, default=values["blocking_w"])
+    block_h, block_w = cfg["blocking_h"].size[-1], cfg["blocking_w"].size[-1]
+    choices_y = sorted({*AXIS_THREADS, *(d for d in range(1, 33) if oh.extent % d == 0)})
+    choices_x = sorted({*AXIS_THREADS, *(d for d in range(1, 33) if ow.extent % d == 0)})
+    limit = target.device.max_threads
+    threads_x = _per_thread_default(choices_x, block_w, limit)
+    threads_y = _per_thread_default(choices_y, block_h, limit // threads_x)
+    cfg.define_knob("num_thread_y", choices_y, default=threads_y)
+    cfg.define_knob("num_thread_x", choices_x, default=threads_x)
+    cfg.define_knob("vthread_y", list(VTHREADS), default=values["vthread_y"])
+    cfg.define_knob("vthread_x", list(VTHREADS), default=values["vthread_x"])
+
+    data, filters = _depthwise_operands(conv)
+    taps = [iv.extent for iv in conv.op.reduce_axis]
+    # a column-strided conv reads a phased input (5-D, compiler/ops/nn.py), whose tile the region inference cannot
+    # tighten: it reads the input from global memory, only the filter is shared
+    tiled = len(data.shape) == 4
+    stride = _row_stride(data, oh.extent, taps[0]) if tiled else 0
+
+    def fits(config) -> bool:
+        rows, columns = config["blocking_h"].size[-1], config["blocking_w"].size[-1]
+        ty, tx = config["num_thread_y"].val, config["num_thread_x"].val
+        vy, vx = config["vthread_y"].val, config["vthread_x"].val
+        tile = ((rows - 1) * stride + taps[0]) * (columns - 1 + taps[1]) if tiled else 0
+        return (
+            ty * tx <= limit
+            and rows % (ty * vy) == 0
+            and columns % (tx * vx) == 0
+            and _shared_bytes((tile, data.dtype), (math.prod(taps), filters.dtype)) <= target.device.shared_bytes
+        )
+
+    cfg.add_filter(fits)
+    caches = [schedule.cache_read(filters, "shared", [conv.op.output(0)])]
+    if tiled:
+        caches.insert(0, schedule.cache_read(data, "shared", [conv.op.output(0)]))
+    threads_y, threads_x = cfg["num_thread_y"].val, cfg["num_thread_x"].val
+    row_blocks, rows = cfg["blocking_h"].apply(schedule, output, oh)
+    column_blocks, columns = cfg["blocking_w"].apply(schedule, output, ow)
+    virtual_y, rows = output.split(rows, nparts=cfg["vthread_y"].val)
+    thread_y, rows = output.split(rows, nparts=threads_y)
+    virtual_x, columns = output.split(columns, nparts=cfg["vthread_x"].val)
+    thread_x, columns = output.split(columns, nparts=threads_x)
+    output.reorder(n, c, row_blocks, column_blocks, virtual_y, virtual_x, thread_y, thread_x, rows, columns)
+    _bind_blocks(output, output.fuse(n, c), target, first=1)
+    tile = output.fuse(row_blocks, column_blocks)
+    output.bind(tile, te.thread_axis("blockIdx.x"))
+    output.bind(virtual_y, te.thread_axis("vthread"))
+    output.bind(virtual_x, te.thread_axis("vthread"))
+    output.bind(thread_y, te.thread_axis("threadIdx.y"))
+    output.bind(thread_x, te.thread_axis("threadIdx.x"))
+    conv.set_scope("local")
+    conv.compute_at(output, thread_x)
+    cn, cc, crows, ccolumns = conv.op.axis
+    conv.reorder(cn, cc, *conv.op.reduce_axis, crows, ccolumns)
+    for tap in conv.op.reduce_axis:
+        conv.unroll(tap)
+    for cache in caches:
+        stage = schedule[cache]
+        stage.compute_at(output, tile)
+        _bind_cooperative(stage, threads_y, threads_x)
+
+
+def _per_thread_default(choices: list[int], block: int, limit: int) -> int:
+    """The seeds' 2 x 2 outputs per thread: the most threads along an axis that divide its blocking and leave each
+    thread two outputs or more (one on blocks narrower than 16, whose threads would otherwise idle)."""
+    most = block // 2 if block >= 16 else block
+    fitting = [count for count in choices if block % count == 0 and count <= min(most, limit)]
+    return max(fitting, default=1)
+
+
+def _depthwise_operands(conv: Stage):
+    """(the padded input or the input, the filter) a depthwise conv reads: the filter has one input channel."""
+    tensors = list(conv.op.input_tensors)
+    filters = next(t for t in tensors if len(t.shape) == 4 and t.shape[1] == 1 and t is not tensors[0])
+    data = next(t for t in tensors if t is not filters)
+    return data, filters
+
+
+def _row_stride(data, rows: int, taps: int) -> int:
+    """The conv's row stride, from the padded input's rows, the output's and the filter's."""
+    return max(1, (data.shape[2] - taps) // (rows - 1)) if rows > 1 else 1
+
+
+def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """Dense / batch matmul: a block computes (threads_y x regs_y) rows by (threads_x x regs_x) columns, each thread a
+    regs_y x regs_x tile of accumulators in registers; per step of tile_k along k the block first copies the A and B
+    tiles that step reads into shared memory, all threads together, then every thread reads them from there."""
+    values = fallback("dense", target)
+    *batch, i, j = output.op.axis
+    (k,) = dense.op.reduce_axis
+    cfg.define_split("tile_y", i, num_outputs=3, default=values["tile_y"])
+    cfg.define_split("tile_x", j, num_outputs=3, default=values["tile_x"])
+    cfg.define_split("tile_k", k, default=values["tile_k"])
+    operands = [t for t in dense.op.input_tensors]
+    limit = target.device.max_threads
+
+    def fits(config) -> bool:
+        (_, ty, ry), (_, tx, rx) = config["tile_y"].size, config["tile_x"].size
+        step = config["tile_k"].size[-1]
+        tiles = [(ty * ry * step, operands[0].dtype), (tx * rx * step, operands[-1].dtype)]
+        return ty * tx <= limit and _shared_bytes(*tiles) <= target.device.shared_bytes
+
+    cfg.add_filter(fits)
+    caches = [schedule.cache_read(t, "shared", [dense.op.output(0)]) for t in dict.fromkeys(operands)]
+    i_block, i_thread, i_inner = cfg["tile_y"].apply(schedule, output, i)
+    j_block, j_thread, j_inner = cfg["tile_x"].apply(schedule, output, j)
+    output.reorder(*batch, i_block, j_block, i_thread, j_thread, i_inner, j_inner)
+    if batch:
+        _bind_blocks(output, output.fuse(*batch) if len(batch) > 1 else batch[0], target, first=2)
+    _bind_blocks(output, i_block, target, first=1)
+    output.bind(j_block, te.thread_axis("blockIdx.x"))
+    output.bind(i_thread, te.thread_axis("threadIdx.y"))
+    output.bind(j_thread, te.thread_axis("threadIdx.x"))
+    output.unroll(i_inner)
+    output.unroll(j_inner)
+    dense.set_scope("local")
+    dense.compute_at(output, j_thread)
+    *dbatch, di, dj = dense.op.axis
+    k_outer, k_inner = cfg["tile_k"].apply(schedule, dense, dense.op.reduce_axis[0])
+    dense.reorder(*dbatch, k_outer, k_inner, di, dj)
+    dense.unroll(di)
+    dense.unroll(dj)
+    threads_y, threads_x = cfg["tile_y"].size[1], cfg["tile_x"].size[1]
+    for cache in caches:
+        stage = schedule[cache]
+        stage.compute_at(dense, k_outer)
+        _bind_cooperative(stage, threads_y, threads_x)
+
+
+def _pool(schedule: Schedule, pool: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """Max or average pool (NCHW): one output per thread, its window's taps unrolled, the padding read in place."""
+    threads = _define_threads(cfg, cfg.template, target)
+    _, thread = _bind_threads(output, list(output.op.axis), threads, target)
+    pool.set_scope("local")
+    pool.compute_at(output, thread)
+    for tap in pool.op.reduce_axis:
+        pool.unroll(tap)
+
+
+TEMPLATES = {
+    "conv2d": _conv,
+    "conv1d": _conv,
+    "depthwise_conv2d": _depthwise_conv2d,
+    "dense": _dense,
+    "pool_max": _pool,
+    "pool_avg": _pool,
+}
+
+__all__ = ["DEFAULTS", "SPACE_VERSION", "TEMPLATES", "ScheduleError", "fallback", "schedule_group"]

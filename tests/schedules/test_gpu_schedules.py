@@ -1,0 +1,316 @@
+"""The GPU schedules (compiler/schedules/gpu.py) on whole fused groups, checked on the llvm target: lowering gives
+every GPU-bound stage its own thread loops, which a CPU runs serially with the GPU's result (contract point 0), so
+each template's kernels run natively against the numpy reference executor, in their fallback config and in other
+valid configs of their space, and their loop IR shows the structure the template promises (thread-bound loops,
+shared tiles, cross-thread reductions) within the target's limits."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from compiler.build import build
+from compiler.graph.ir import Graph, TensorType
+from compiler.graph.reference import run_reference
+from compiler.ops import group_to_te
+from compiler.passes.pipeline import optimize
+from compiler.schedules.gpu import ScheduleError, schedule_group
+from compiler.target import Target
+from compiler.tir.nodes import Allocate, For, ForKind, walk_stmts
+from compiler.tune.space import ConfigSpace
+
+RNG = np.random.default_rng(0)
+GPU_TARGETS = ["webgpu", "opencl", "cuda"]
+
+
+def compile_and_run(graph: Graph, feeds: dict, target: str, config=None):
+    """Fuse `graph` (ONNX layouts: GPU targets keep NCHW), schedule each group for the GPU `target` (with `config`,
+    a function of the group's space giving knob values, or the fallback), build it for llvm and run the kernels in
+    order; (outputs, [(kernel, space)])."""
+    fused = optimize(graph, target=None)
+    env = {v: feeds[v.name] for v in fused.inputs}
+    env.update(fused.params)
+    kernels = []
+    for node in fused.nodes:
+        group = group_to_te(node)
+        space = ConfigSpace()
+        schedule = schedule_group(group, target, space)
+        if config is not None:
+            schedule = schedule_group(group, target, ConfigSpace(config(space)))
+        kernel = build(schedule, group.inputs + group.outputs, target="llvm", name=group.name)
+        outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
+        kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
+        env.update(zip(node.outputs, outputs))
+        kernels.append((kernel, space))
+    return {v.name: env[v] for v in fused.outputs}, kernels
+
+
+def check(graph: Graph, feeds: dict, target: str = "webgpu", config=None):
+    expected = run_reference(graph, feeds)
+    actual, kernels = compile_and_run(graph, feeds, target, config)
+    for name, value in expected.items():
+        scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
+        np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+    for kernel, _ in kernels:
+        assert_within_limits(kernel.func, Target.parse(target))
+    return kernels
+
+
+def assert_within_limits(func, target: Target) -> None:
+    """Every store sits under a thread-bound loop, no tag's loops exceed the block's limits, and the shared buffers
+    fit the device: what lower_gpu checks, read here from the loop IR."""
+    extents: dict[str, int] = {}
+    shared = 0
+    for stmt in walk_stmts(func.body):
+        if isinstance(stmt, For) and stmt.kind == ForKind.THREAD_BINDING:
+            extents[stmt.thread_tag] = max(extents.get(stmt.thread_tag, 0), stmt.extent.value)
+        if isinstance(stmt, Allocate) and stmt.buffer.scope == "shared":
+            shared += stmt.buffer.size * np.dtype(stmt.buffer.dtype).itemsize
+    assert extents, f"kernel {func.name} has no thread-bound loop"
+    threads = math.prod(extents.get(f"threadIdx.{axis}", 1) for axis in "xyz")
+    assert threads <= target.device.max_threads, (func.name, extents)
+    for index, axis in enumerate("xyz"):
+        assert extents.get(f"threadIdx.{axis}", 1) <= target.device.max_block[index], (func.name, extents)
+        assert extents.get(f"blockIdx.{axis}", 1) <= target.device.max_grid[index], (func.name, extents)
+    assert shared <= target.device.shared_bytes, (func.name, shared)
+
+
+def some_valid_configs(count: int):
+    """A config function picking, per group, a spread of `count` valid configs of its space (by call order)."""
+    calls = iter(range(count))
+
+    def pick(space: ConfigSpace):
+        valid = list(space.valid_configs())
+        index = next(calls, 0)
+        return valid[(index * 7919) % len(valid)].to_json() if valid else {}
+
+    return pick
+
+
+def param(graph: Graph, shape, positive: bool = False):
+    array = RNG.standard_normal(shape).astype(np.float32)
+    return graph.add_param("p", np.abs(array) + 0.5 if positive else array)
+
+
+def single_input(shape):
+    graph = Graph()
+    x = graph.add_input("x", TensorType(shape, "float32"))
+    feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+    return graph, x, feeds
+
+
+def conv_graph(x_shape, w_shape, attrs, epilogue: str = "none"):
+    graph, x, feeds = single_input(x_shape)
+    (y,) = graph.add_node("Conv", [x, param(graph, w_shape), param(graph, (w_shape[0],))], attrs)
+    if epilogue == "scale_shift_relu":
+        (y,) = graph.add_node("Mul", [y, param(graph, (w_shape[0], 1, 1))])
+        (y,) = graph.add_node("Add", [y, param(graph, (w_shape[0], 1, 1))])
+        (y,) = graph.add_node("Relu", [y])
+    elif epilogue == "relu6":
+        (y,) = graph.add_node("Clip", [y], {"min": np.float32(0.0), "max": np.float32(6.0)})
+    graph.outputs = [y]
+    return graph, feeds
+
+
+def tir_of(kernels) -> str:
+    (kernel, _), *_ = kernels
+    return kernel.source("tir")
+
+
+# -- templates ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((1, 8, 10, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+        ((1, 4, 9, 9), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ((2, 8, 5, 7), (12, 4, 1, 1), {"group": 2}),
+        ((1, 6, 30), (10, 6, 5), {"pads": [2, 2]}),
+    ],
+)
+def test_conv_keeps_its_epilogue_in_the_thread_tile(target, x_shape, w_shape, attrs):
+    graph, feeds = conv_graph(x_shape, w_shape, attrs, "relu6")
+    kernels = check(graph, feeds, target)
+    tir = tir_of(kernels)
+    assert len(kernels) == 1
+    assert re.search(r"allocate conv: float32\[[^\]]*\] local", tir), tir
+    assert "thread_binding(threadIdx.x)" in tir
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+def test_conv_in_other_configs(target):
+    graph, feeds = conv_graph((1, 8, 11, 13), (12, 8, 3, 3), {"pads": [1, 0, 1, 2]}, "relu6")
+    for round_ in range(3):
+        check(graph, feeds, target, some_valid_configs(round_ + 1))
+
+
+def test_depthwise_is_the_seeds_schedule_with_its_epilogue():
+    """depthwise_conv2d -> scale_shift -> relu is one kernel; the input tile (its padding read in place) and the
+    filter sit in shared memory, filled by the block's threads between barriers, each thread computes 2 x 2
+    outputs in registers."""
+    graph, feeds = conv_graph((1, 16, 32, 32), (16, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
+    kernels = check(graph, feeds)
+    tir = tir_of(kernels)
+    assert len(kernels) == 1
+    assert re.search(r"allocate pad\.shared: float32\[1, 1, 34, 34\] shared", tir), tir
+    assert re.search(r"allocate p\w*\.shared: float32\[1, 1, 3, 3\] shared", tir), tir
+    assert re.search(r"allocate conv: float32\[1, 1, 2, 2\] local", tir), tir
+    assert tir.count("barrier") >= 2
+    (_, space), *_ = kernels
+    assert (space["num_thread_y"].val, space["num_thread_x"].val) == (16, 16)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"num_thread_y": 4, "num_thread_x": 32, "blocking_h": 32, "blocking_w": 32},
+        {"num_thread_y": 8, "num_thread_x": 8, "vthread_y": 1, "vthread_x": 2},
+        {"num_thread_y": 2, "num_thread_x": 4, "vthread_y": 2, "vthread_x": 4, "blocking_h": 16, "blocking_w": 32},
+    ],
+)
+def test_depthwise_thread_and_vthread_choices(config):
+    graph, feeds = conv_graph((1, 8, 32, 64), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, "scale_shift_relu")
+    kernels = check(graph, feeds, config=lambda space: config)
+    (_, space), *_ = kernels
+    assert space.config(config).valid
+    if config.get("vthread_x", 1) > 1:
+        assert "unrolled" in tir_of(kernels)
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("shape", [(1, 3, 7, 9), (2, 5, 33, 47)])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_depthwise_on_odd_shapes(target, shape, strides, multiplier):
+    channels = shape[1]
+    attrs = {"group": channels, "pads": [1, 2, 2, 1], "strides": strides}
+    graph, feeds = conv_graph(shape, (channels * multiplier, 1, 3, 3), attrs, "scale_shift_relu")
+    check(graph, feeds, target)
+    check(graph, feeds, target, some_valid_configs(2))
+
+
+def test_depthwise_space_is_kept_within_the_device():
+    """Configs whose threads or shared tile exceed the target are filtered out: WebGPU allows 256 threads per
+    workgroup, CUDA 1024."""
+    graph, _ = conv_graph((1, 4, 96, 96), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]})
+    (node,) = optimize(graph).nodes
+    limits = {}
+    for target in ("webgpu", "cuda"):
+        space = ConfigSpace()
+        schedule_group(group_to_te(node), target, space)
+        limits[target] = max(c["num_thread_y"].val * c["num_thread_x"].val for c in space.valid_configs())
+    assert limits == {"webgpu": 256, "cuda": 1024}
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((37, 24), (24, 40)), ((2, 3, 17, 32), (2, 3, 32, 9))])
+def test_matmul_tiles_in_shared_memory(target, a_shape, b_shape):
+    graph = Graph()
+    a = graph.add_input("a", TensorType(a_shape, "float32"))
+    b = graph.add_input("b", TensorType(b_shape, "float32"))
+    (y,) = graph.add_node("MatMul", [a, b])
+    graph.outputs = list(graph.add_node("Relu", [y]))
+    feeds = {"a": RNG.standard_normal(a_shape).astype(np.float32), "b": RNG.standard_normal(b_shape).astype(np.float32)}
+    kernels = check(graph, feeds, target)
+    tir = tir_of(kernels)
+    assert tir.count("] shared {") == 2, tir
+    assert re.search(r"allocate (dense|batch_matmul): float32\[[^\]]*\] local", tir), tir
+    check(graph, feeds, target, some_valid_configs(3))
+
+
+def test_gemm_with_transposed_b_and_bias():
+    graph, x, feeds = single_input((4, 24))
+    (y,) = graph.add_node("Gemm", [x, param(graph, (40, 24)), param(graph, (40,))], {"transB": 1})
+    graph.outputs = list(graph.add_node("Relu", [y]))
+    check(graph, feeds)
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize(
+    ("op", "attrs"),
+    [
+        ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+        ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
+        ("GlobalAveragePool", {}),
+    ],
+)
+def test_pools(target, op, attrs):
+    graph, x, feeds = single_input((1, 5, 11, 13))
+    graph.outputs = list(graph.add_node(op, [x], attrs))
+    check(graph, feeds, target)
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("shape", [(3, 77), (2, 4, 300), (1000,)])
+def test_softmax_shares_each_row_among_the_block(target, shape):
+    """Softmax's max and sum are made per block in shared memory, each as a cross-thread reduction (the threads'
+    partial results, then one combine), the row's outputs by the threads."""
+    graph, x, feeds = single_input(shape)
+    graph.outputs = list(graph.add_node("Softmax", [x], {"axis": -1}))
+    kernels = check(graph, feeds, target)
+    tir = tir_of(kernels)
+    assert len(kernels) == 1
+    assert re.search(r"allocate \S+\.rf: float32\[\d+[^\]]*\] shared", tir), tir
+    assert "blockIdx.x" in tir
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+def test_layer_norm(target):
+    graph, x, feeds = single_input((1, 7, 64))
+    graph.outputs = list(graph.add_node("LayerNormalization", [x, param(graph, (64,)), param(graph, (64,))], {}))
+    check(graph, feeds, target)
+
+
+@pytest.mark.parametrize("cross_thread", [0, 1])
+@pytest.mark.parametrize(
+    ("shape", "attrs"),
+    [((3, 5, 200), {"axes": [2]}), ((64, 33), {"axes": [1]}), ((40, 50), {"axes": [0], "keepdims": 0})],
+)
+def test_reductions_per_thread_or_across_threads(cross_thread, shape, attrs):
+    graph, x, feeds = single_input(shape)
+    graph.outputs = list(graph.add_node("ReduceMean", [x], attrs))
+    kernels = check(graph, feeds, config=lambda space: {"cross_thread": cross_thread})
+    assert (".rf" in tir_of(kernels)) == bool(cross_thread)
+
+
+def test_a_reduction_to_a_scalar_is_shared_by_one_block():
+    graph, x, feeds = single_input((6, 50))
+    graph.outputs = list(graph.add_node("ReduceSum", [x], {"keepdims": 0}))
+    assert re.search(r"allocate \S+\.rf: float32\[256\] shared", tir_of(check(graph, feeds)))
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "attrs"),
+    [
+        ("Transpose", [(2, 3, 4, 5)], {"perm": [0, 2, 3, 1]}),
+        ("Concat", [(2, 3, 4), (2, 5, 4)], {"axis": 1}),
+        ("Resize", [(1, 3, 5, 7)], {"mode": "nearest", "scales": np.array([1.0, 1.0, 2.0, 2.0], np.float32)}),
+        ("Pad", [(1, 3, 5, 7)], {"pads": np.array([0, 0, 1, 2, 0, 0, 3, 1], np.int64)}),
+        ("Tanh", [(70000,)], {}),
+    ],
+)
+def test_injective_ops(op, inputs, attrs):
+    graph = Graph()
+    values = [graph.add_input(f"x{k}", TensorType(shape, "float32")) for k, shape in enumerate(inputs)]
+    graph.outputs = list(graph.add_node(op, values, attrs))
+    feeds = {f"x{k}": RNG.standard_normal(shape).astype(np.float32) for k, shape in enumerate(inputs)}
+    check(graph, feeds)
+
+
+def test_gather_of_embeddings():
+    graph = Graph()
+    indices = graph.add_input("indices", TensorType((2, 5), "int64"))
+    graph.outputs = list(graph.add_node("Gather", [param(graph, (30, 8)), indices], {"axis": 0}))
+    check(graph, {"indices": RNG.integers(0, 30, (2, 5)).astype(np.int64)})
+
+
+def test_a_cpu_target_is_refused():
+    graph, x, _ = single_input((4, 4))
+    graph.outputs = list(graph.add_node("Relu", [x]))
+    (node,) = optimize(graph).nodes
+    with pytest.raises(ScheduleError, match="not llvm"):
+        schedule_group(group_to_te(node), "llvm")
