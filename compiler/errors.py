@@ -32,3 +32,12 @@ class TuningError(TesselError):
 
 class RunError(TesselError):
     """A model refused its inputs while running: an index out of range for the axis it reads."""
+
+
+class GpuKernelError(TesselError):
+    """A kernel a GPU target cannot run: more threads, blocks or shared memory than the device has, a dtype it lacks,
+    a barrier that only some threads reach, or no thread-bound loop at all (a CPU schedule)."""
+
+
+class PlatformError(TesselError):
+    """The runtime a target needs is not on this machine (no OpenCL platform, no WebGPU adapter, no CUDA driver)."""

@@ -118,11 +118,13 @@ class Barrier(Stmt):
 
 @dataclass(eq=False)
 class PrimFunc:
-    """One kernel: `params` are global buffers in argument order."""
+    """One kernel: `params` are global buffers in argument order. `attrs` holds what later stages add
+    (`tir/gpu.py` puts a GPU kernel's launch dimensions under "launch")."""
 
     name: str
     params: list[Buffer]
     body: Stmt
+    attrs: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)

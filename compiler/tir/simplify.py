@@ -547,7 +547,7 @@ def simplify(node, env: dict[Var, Bounds] | None = None):
     env = dict(env or {})
     if isinstance(node, PrimFunc):
         body = _stmt(node.body, env)
-        return PrimFunc(node.name, node.params, body if body is not None else Seq(()))
+        return PrimFunc(node.name, node.params, body if body is not None else Seq(()), dict(node.attrs))
     if isinstance(node, Stmt):
         body = _stmt(node, env)
         return body if body is not None else Seq(())

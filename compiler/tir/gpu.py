@@ -1,0 +1,269 @@
+"""GPU lowering: the loop IR of a thread-bound schedule (tir/lower.py) becomes a kernel a GPU codegen can print.
+
+It reads each grid axis's extent from the THREAD_BINDING loops into `func.attrs["launch"]`, makes every loop of a tag
+span that extent (a shorter one is guarded), runs work that sits outside a thread loop once (on thread 0 of that axis),
+and refuses what `target.device` cannot run. The result still means the same when every loop runs serially (CPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.errors import GpuKernelError
+from compiler.target import Target
+from compiler.te.expr import Compare, Const, Logical, Var
+from compiler.te.tensor import walk
+from compiler.tir.nodes import (
+    Allocate,
+    Barrier,
+    For,
+    ForKind,
+    IfThen,
+    LetStmt,
+    Load,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+    walk_stmts,
+)
+from compiler.tir.simplify import substitute_stmt
+
+GRID_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
+BLOCK_TAGS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def _int(value: int) -> Const:
+    return Const(value, "int32")
+
+
+def _thread_loops(stmt: Stmt) -> list[For]:
+    return [s for s in walk_stmts(stmt) if isinstance(s, For) and s.kind == ForKind.THREAD_BINDING]
+
+
+def _has_barrier(stmt: Stmt) -> bool:
+    return any(isinstance(s, Barrier) for s in walk_stmts(stmt))
+
+
+def _expressions(stmt: Stmt):
+    """Every expression a statement holds directly (not those of nested statements)."""
+    if isinstance(stmt, Store):
+        return (stmt.index, stmt.value)
+    if isinstance(stmt, For):
+        return (stmt.min, stmt.extent)
+    if isinstance(stmt, IfThen):
+        return (stmt.cond,)
+    if isinstance(stmt, LetStmt):
+        return (stmt.value,)
+    return ()
+
+
+class _GpuLowering:
+    def __init__(self, func: PrimFunc, target: Target):
+        self.func = func
+        self.target = target
+        self.where = f"kernel {func.name} for target {target}"
+        self.extents: dict[str, int] = {}
+
+    def fail(self, message: str) -> None:
+        raise GpuKernelError(f"{self.where}: {message}")
+
+    def launch_extents(self, loops: list[For]) -> None:
+        for loop in loops:
+            if loop.thread_tag not in GRID_TAGS + BLOCK_TAGS:
+                self.fail(f"loop {loop.var.name} is bound to {loop.thread_tag!r}, which is no GPU grid axis")
+            if not isinstance(loop.extent, Const) or not isinstance(loop.min, Const):
+                self.fail(f"the {loop.thread_tag} loop {loop.var.name} has no constant range; bind constant extents")
+            self.extents[loop.thread_tag] = max(self.extents.get(loop.thread_tag, 1), int(loop.extent.value))
+
+    def check_limits(self) -> None:
+        device = self.target.device
+        block = [self.extents.get(tag, 1) for tag in BLOCK_TAGS]
+        grid = [self.extents.get(tag, 1) for tag in GRID_TAGS]
+        for tags, sizes, limits in ((BLOCK_TAGS, block, device.max_block), (GRID_TAGS, grid, device.max_grid)):
+            for tag, size, limit in zip(tags, sizes, limits):
+                if size > limit:
+                    self.fail(f"{tag} has extent {size}, above the device's {limit}; split that axis further")
+        threads = int(np.prod(block))
+        if threads > device.max_threads:
+            self.fail(
+                f"a block of {' x '.join(map(str, block))} = {threads} threads is above the device's "
+                f"{device.max_threads}; bind fewer threads"
+            )
+        shared = 0
+        for stmt in walk_stmts(self.func.body):
+            if isinstance(stmt, Allocate) and stmt.buffer.scope == "shared":
+                shared += stmt.buffer.size * np.dtype(stmt.buffer.dtype).itemsize
+        if shared > device.shared_bytes:
+            self.fail(
+                f"its shared buffers take {shared} bytes, above the device's {device.shared_bytes}; use smaller tiles"
+            )
+
+    def check_dtypes(self) -> None:
+        allowed = self.target.device.dtypes
+        have = ", ".join(sorted(allowed))
+        buffers = list(self.func.params)
+        buffers += [s.buffer for s in walk_stmts(self.func.body) if isinstance(s, Allocate)]
+        for buffer in buffers:
+            if buffer.dtype not in allowed:
+                self.fail(f"buffer {buffer.name} holds {buffer.dtype}, which {self.target.kind} has not ({have})")
+        for node in _all_expressions(self.func.body):
+            # a bool value is a comparison's result, not storage: every GPU language has it
+            if node.dtype != "bool" and node.dtype not in allowed:
+                self.fail(f"an expression computes in {node.dtype}, which {self.target.kind} has not ({have})")
+
+    def check_placement(self, stmt: Stmt, dependent: frozenset[Var], branch: str | None) -> None:
+        """Every thread of a block must reach each barrier, so none may sit under a branch or loop whose test reads a
+        thread index (`dependent`: those indices and lets of them; `branch` names the innermost such test)."""
+        if isinstance(stmt, Barrier) and branch is not None:
+            self.fail(
+                f"a barrier sits under {branch}, which depends on the thread, so not every thread reaches it; place "
+                "shared stages (and their barriers) where every thread runs them (thread loops of the full extent)"
+            )
+        reads = [node for expr in _expressions(stmt) for node in walk(expr) if isinstance(node, Var)]
+        depends = any(var in dependent for var in reads)
+        if isinstance(stmt, IfThen) and depends:
+            branch = "a test of the thread index"
+        if isinstance(stmt, For) and stmt.kind != ForKind.THREAD_BINDING and depends:
+            branch = f"loop {stmt.var.name}, whose range depends on the thread index"
+        if isinstance(stmt, For) and stmt.kind == ForKind.THREAD_BINDING and stmt.thread_tag in BLOCK_TAGS:
+            dependent = dependent | {stmt.var}
+        if isinstance(stmt, LetStmt) and depends:
+            dependent = dependent | {stmt.var}
+        for child in _children(stmt):
+            self.check_placement(child, dependent, branch)
+
+    def check_buffers(self, loops: list[For]) -> None:
+        """A kernel allocates no global memory, and a local buffer is private to a thread, so no thread loop inside
+        its allocation may touch it. Loops of one tag are one hardware index, so a loop nested in another of its
+        tag must not read the outer one's variable (lowering keeps cooperative stages free of it)."""
+        for stmt in walk_stmts(self.func.body):
+            if not isinstance(stmt, Allocate):
+                continue
+            buffer = stmt.buffer
+            if buffer.scope == "global":
+                self.fail(
+                    f"it allocates the global buffer {buffer.name}, which a kernel cannot; inline that stage or "
+                    "give it shared or local scope"
+                )
+            if buffer.scope != "local":
+                continue
+            for loop in _thread_loops(stmt.body):
+                if loop.thread_tag in BLOCK_TAGS and _touches(loop.body, buffer):
+                    self.fail(
+                        f"local buffer {buffer.name} is private to one thread, but the {loop.thread_tag} loop "
+                        f"{loop.var.name} inside its allocation spreads it over threads; compute it inside the thread "
+                        "loops, or give it shared scope"
+                    )
+        for loop in loops:
+            for inner in _thread_loops(loop.body):
+                if inner.thread_tag == loop.thread_tag and _reads_var(inner.body, loop.var):
+                    self.fail(
+                        f"loop {inner.var.name} is bound to {loop.thread_tag} inside loop {loop.var.name} of the same "
+                        f"tag and reads {loop.var.name}; on a GPU both are one index"
+                    )
+
+    def widen(self, stmt: Stmt) -> Stmt:
+        """Every loop of a tag spans the launch extent; one that is shorter tests its variable."""
+
+        def visit(node: Stmt) -> Stmt:
+            node = _rebuild(node, visit)
+            if not isinstance(node, For) or node.kind != ForKind.THREAD_BINDING:
+                return node
+            launch, low, extent = self.extents[node.thread_tag], int(node.min.value), int(node.extent.value)
+            body = node.body if low == 0 else substitute_stmt(node.body, {node.var: node.var + _int(low)})
+            if extent < launch:
+                body = IfThen(Compare("lt", node.var, _int(extent)), body)
+            return For(node.var, _int(0), _int(launch), ForKind.THREAD_BINDING, body, node.thread_tag)
+
+        return visit(stmt)
+
+    def once(self, stmt: Stmt, bound: frozenset[str]) -> Stmt:
+        """Work outside the loops of some grid axes runs on index 0 of each of them, as it runs once on a CPU; a
+        subtree with a barrier, or with a loop of such an axis, is split further so barriers stay where they were."""
+        missing = [tag for tag in GRID_TAGS + BLOCK_TAGS if tag in self.extents and tag not in bound]
+        if not missing:
+            return stmt
+        inner_tags = {loop.thread_tag for loop in _thread_loops(stmt)}
+        if not _has_barrier(stmt) and not inner_tags.intersection(missing):
+            return self.on_first(stmt, missing)
+        if isinstance(stmt, For) and stmt.kind == ForKind.THREAD_BINDING:
+            bound = bound | {stmt.thread_tag}
+        return _rebuild(stmt, lambda child: self.once(child, bound))
+
+    def on_first(self, stmt: Stmt, tags: list[str]) -> Stmt:
+        indices = [Var(f"{tag}.once", "int32") for tag in tags]
+        tests = [Compare("eq", index, _int(0)) for index in indices]
+        body: Stmt = IfThen(tests[0] if len(tests) == 1 else Logical("and", tuple(tests)), stmt)
+        for tag, index in zip(reversed(tags), reversed(indices)):
+            body = For(index, _int(0), _int(self.extents[tag]), ForKind.THREAD_BINDING, body, tag)
+        return body
+
+    def run(self) -> PrimFunc:
+        loops = _thread_loops(self.func.body)
+        if not loops:
+            self.fail(
+                "it has no thread-bound loop (a CPU schedule); GPU kernels come from compiler/schedules/gpu.py, "
+                "or bind axes with te.thread_axis"
+            )
+        self.launch_extents(loops)
+        self.check_limits()
+        self.check_dtypes()
+        self.check_buffers(loops)
+        widened = self.widen(self.func.body)
+        self.check_placement(widened, frozenset(), None)
+        body = self.once(widened, frozenset())
+        launch = {
+            "grid": [self.extents.get(tag, 1) for tag in GRID_TAGS],
+            "block": [self.extents.get(tag, 1) for tag in BLOCK_TAGS],
+        }
+        return PrimFunc(self.func.name, self.func.params, body, {**self.func.attrs, "launch": launch})
+
+
+def _all_expressions(stmt: Stmt):
+    for child in walk_stmts(stmt):
+        for expr in _expressions(child):
+            yield from walk(expr)
+
+
+def _touches(stmt: Stmt, buffer) -> bool:
+    stores = any(isinstance(child, Store) and child.buffer is buffer for child in walk_stmts(stmt))
+    return stores or any(isinstance(node, Load) and node.buffer is buffer for node in _all_expressions(stmt))
+
+
+def _reads_var(stmt: Stmt, var: Var) -> bool:
+    return any(node is var for node in _all_expressions(stmt))
+
+
+def _children(stmt: Stmt) -> tuple[Stmt, ...]:
+    if isinstance(stmt, Seq):
+        return stmt.stmts
+    if isinstance(stmt, For | Allocate | LetStmt):
+        return (stmt.body,)
+    if isinstance(stmt, IfThen):
+        return (stmt.then_body,) if stmt.else_body is None else (stmt.then_body, stmt.else_body)
+    return ()
+
+
+def _rebuild(stmt: Stmt, visit) -> Stmt:
+    """`stmt` with `visit` applied to each child statement (the caller recurses through `visit`)."""
+    if isinstance(stmt, Seq):
+        return Seq(tuple(visit(child) for child in stmt.stmts))
+    if isinstance(stmt, For):
+        return For(stmt.var, stmt.min, stmt.extent, stmt.kind, visit(stmt.body), stmt.thread_tag)
+    if isinstance(stmt, Allocate):
+        return Allocate(stmt.buffer, visit(stmt.body))
+    if isinstance(stmt, LetStmt):
+        return LetStmt(stmt.var, stmt.value, visit(stmt.body))
+    if isinstance(stmt, IfThen):
+        return IfThen(stmt.cond, visit(stmt.then_body), None if stmt.else_body is None else visit(stmt.else_body))
+    return stmt
+
+
+def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
+    """`func` (from tir/lower.py, thread-bound) as a kernel for the GPU `target`, with attrs["launch"] =
+    {"grid": [x, y, z], "block": [x, y, z]}; raises GpuKernelError for what the target's device cannot run."""
+    target = Target.parse(target)
+    if not target.is_gpu:
+        raise GpuKernelError(f"kernel {func.name}: lower_gpu needs a GPU target (webgpu, opencl, cuda), not {target}")
+    return _GpuLowering(func, target).run()

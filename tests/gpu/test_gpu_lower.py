@@ -1,0 +1,197 @@
+"""tir/gpu.py: launch dimensions, guards and refusals on hand-written thread-bound schedules. Each lowered kernel
+also runs serially on the llvm target against numpy, the semantics GPU lowering must keep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_schedules import injective, matmul_shared, random_inputs, serial_shared_copy, two_extents
+
+import compiler.te as te
+from compiler.build import build_func
+from compiler.errors import GpuKernelError
+from compiler.te.expr import Const, Var
+from compiler.tir.gpu import lower_gpu
+from compiler.tir.lower import lower
+from compiler.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThen, Load, PrimFunc, Seq, Store, walk_stmts
+from compiler.tir.printer import format_func
+
+RNG = np.random.default_rng(5)
+
+
+def gpu_func(case, target="opencl"):
+    schedule, args, reference = case
+    return lower_gpu(lower(schedule, args, "f"), target), args, reference
+
+
+def check_serially(func, args, reference):
+    arrays = random_inputs(args, RNG)
+    build_func(func, "llvm")(*arrays)
+    np.testing.assert_allclose(arrays[-1], reference(*arrays[:-1]), rtol=1e-5, atol=1e-5)
+
+
+def test_injective_launch_and_guard():
+    func, args, reference = gpu_func(injective(1000, 64))
+    assert func.attrs["launch"] == {"grid": [16, 1, 1], "block": [64, 1, 1]}
+    assert "if (((i.outer*64) + i.inner) < 1000)" in format_func(func)
+    check_serially(func, args, reference)
+
+
+def test_matmul_shared_tiles():
+    func, args, reference = gpu_func(matmul_shared(32, tile=16, threads=8))
+    assert func.attrs["launch"] == {"grid": [2, 2, 1], "block": [8, 8, 1]}
+    stmts = list(walk_stmts(func.body))
+    assert sum(isinstance(s, Barrier) for s in stmts) == 3
+    assert {s.buffer.name: s.buffer.scope for s in stmts if isinstance(s, Allocate)} == {
+        "C.local": "local",
+        "A.shared": "shared",
+        "B.shared": "shared",
+    }
+    # every loop spans its tag's launch extent, so no guard was needed
+    assert not any(isinstance(s, IfThen) for s in stmts)
+    check_serially(func, args, reference)
+
+
+def test_two_stages_with_different_thread_extents():
+    func, args, reference = gpu_func(two_extents(256))
+    assert func.attrs["launch"] == {"grid": [4, 1, 1], "block": [64, 1, 1]}
+    expected = """
+func f(A: float32[256], C: float32[128]) {
+  for (i.outer: int32, 0, 4) thread_binding(blockIdx.x) {
+    allocate B: float32[64] shared {
+      barrier(shared)
+      for (i: int32, 0, 64) thread_binding(threadIdx.x) {
+        B[i] = A[(i.outer*64) + i]*2.0f
+      }
+      barrier(shared)
+      for (i.inner: int32, 0, 64) thread_binding(threadIdx.x) {
+        if (i.inner < 32) {
+          C[(i.outer*32) + i.inner] = B[i.inner*2] + B[(i.inner*2) + 1]
+        }
+      }
+    }
+  }
+}
+"""
+    assert format_func(func) == expected.strip()
+    check_serially(func, args, reference)
+
+
+def test_work_outside_thread_loops_runs_on_thread_zero():
+    func, args, reference = gpu_func(serial_shared_copy(8))
+    expected = """
+func f(A: float32[8, 8], B: float32[8, 8], C: float32[8, 8]) {
+  for (i.outer: int32, 0, 2) thread_binding(blockIdx.x) {
+    for (j: int32, 0, 8) {
+      allocate A.shared: float32[4, 8] shared {
+        barrier(shared)
+        for (threadIdx.x.once: int32, 0, 4) thread_binding(threadIdx.x) {
+          if (threadIdx.x.once == 0) {
+            for (ax0: int32, 0, 4) {
+              for (ax1: int32, 0, 8) {
+                A.shared[(ax0*8) + ax1] = A[(i.outer*32) + (ax0*8) + ax1]
+              }
+            }
+          }
+        }
+        barrier(shared)
+        for (i.inner: int32, 0, 4) thread_binding(threadIdx.x) {
+          C[(i.outer*32) + (i.inner*8) + j] = 0.0f
+          for (k: int32, 0, 8) {
+            C[(i.outer*32) + (i.inner*8) + j] = C[(i.outer*32) + (i.inner*8) + j] + (A.shared[(i.inner*8) + k]*B[(k*8) + j])
+          }
+        }
+      }
+    }
+  }
+}
+"""
+    assert format_func(func) == expected.strip()
+    assert func.attrs["launch"] == {"grid": [2, 1, 1], "block": [4, 1, 1]}
+    check_serially(func, args, reference)
+
+
+def test_store_outside_one_grid_axis_runs_once():
+    """Stage B is bound to threadIdx.x only, C to threadIdx.x and .y: B's stores run where threadIdx.y == 0."""
+    a = te.placeholder((8,), name="A")
+    b = te.compute((8,), lambda i: a[i] + 1.0, name="B")
+    c = te.compute((4, 8), lambda i, j: b[j] * i, name="C")
+    s = te.create_schedule(c.op)
+    s[b].set_scope("shared")
+    block = te.thread_axis("blockIdx.x")
+    outer, _ = s[c].split(c.op.axis[0], nparts=1)
+    s[c].bind(outer, block)
+    s[c].bind(s[c].leaf_iter_vars[1], te.thread_axis("threadIdx.y"))
+    s[c].bind(c.op.axis[1], te.thread_axis("threadIdx.x"))
+    s[b].compute_at(s[c], outer)
+    s[b].bind(b.op.axis[0], te.thread_axis("threadIdx.x"))
+    func = lower_gpu(lower(s, [a, c], "f"), "cuda")
+    assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [8, 4, 1]}
+    assert "if (threadIdx.y.once == 0)" in format_func(func)
+    check_serially(func, [a, c], lambda x: np.arange(4, dtype="float32")[:, None] * (x + 1)[None, :])
+
+
+def cpu_schedule():
+    a = te.placeholder((16,), name="A")
+    b = te.compute((16,), lambda i: a[i] * 2.0, name="B")
+    return te.create_schedule(b.op), [a, b]
+
+
+@pytest.mark.parametrize(
+    "case, target, words",
+    [
+        (lambda: (*cpu_schedule(), None), "opencl", ["kernel f", "no thread-bound loop", "schedules/gpu.py"]),
+        (lambda: injective(4096, 1024), "opencl", ["threadIdx.x has extent 1024", "device's 256"]),
+        (lambda: injective(4096, 1024), "webgpu", ["threadIdx.x has extent 1024", "device's 256"]),
+        (lambda: matmul_shared(64, tile=32, threads=32), "opencl", ["32 x 32 x 1 = 1024 threads", "device's 256"]),
+        (lambda: matmul_shared(256, tile=128, threads=8, k_tile=32), "webgpu", ["32768 bytes", "16384"]),
+        (lambda: matmul_shared(32, threads=8, copy_threads=16), "cuda", ["barrier", "depends on the thread"]),
+    ],
+)
+def test_refusals(case, target, words):
+    schedule, args, _ = case()
+    with pytest.raises(GpuKernelError) as error:
+        lower_gpu(lower(schedule, args, "f"), target)
+    for word in words:
+        assert word in str(error.value)
+    assert str(target) in str(error.value)
+
+
+def test_dtype_the_device_lacks():
+    a = te.placeholder((64,), dtype="float64", name="A")
+    b = te.compute((64,), lambda i: a[i] * 2.0, name="B")
+    s = te.create_schedule(b.op)
+    s[b].bind(s[b].split(b.op.axis[0], 32)[1], te.thread_axis("threadIdx.x"))
+    func = lower(s, [a, b], "f")
+    with pytest.raises(GpuKernelError, match="buffer A holds float64, which webgpu has not"):
+        lower_gpu(func, "webgpu")
+    assert lower_gpu(func, "opencl").attrs["launch"]["block"] == [32, 1, 1]
+
+
+def test_global_intermediate_refused():
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i] * 2.0, name="B")
+    c = te.compute((64,), lambda i: b[i] + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    for stage in (s[b], s[c]):
+        stage.bind(stage.op.axis[0], te.thread_axis("threadIdx.x"))
+    with pytest.raises(GpuKernelError, match="allocates the global buffer B"):
+        lower_gpu(lower(s, [a, c], "f"), "opencl")
+
+
+def test_local_buffer_spread_over_threads_refused():
+    out = Buffer("out", (32,), "float32")
+    scratch = Buffer("scratch", (32,), "float32", "local")
+    i, j = Var("i"), Var("j")
+    one = Const(1.0, "float32")
+    fill = For(i, Const(0, "int32"), Const(32, "int32"), ForKind.THREAD_BINDING, Store(scratch, i, one), "threadIdx.x")
+    use = For(j, Const(0, "int32"), Const(32, "int32"), ForKind.SERIAL, Store(out, j, Load(scratch, j)))
+    func = PrimFunc("f", [out], Allocate(scratch, Seq((fill, use))))
+    with pytest.raises(GpuKernelError, match="local buffer scratch is private to one thread"):
+        lower_gpu(func, "cuda")
+
+
+def test_cpu_target_refused():
+    schedule, args, _ = injective(64, 32)
+    with pytest.raises(GpuKernelError, match="needs a GPU target"):
+        lower_gpu(lower(schedule, args, "f"), "llvm")
