@@ -4,19 +4,26 @@ checks, the CLI and the server read BACKENDS, so a new backend registers here an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-from compiler.bundle import BINDING_SYMBOL, binding_digest
+from compiler.bundle import BINDING_SYMBOL, BundleError, binding_digest, unsealed
+from compiler.codegen.cuda import generate_cuda
 from compiler.codegen.llvm import compile_funcs
+from compiler.codegen.opencl import generate_opencl
 from compiler.errors import TargetError
 from compiler.link import link_shared, link_wasm
 from compiler.runtime import ArgSpec
+from compiler.runtime.cuda import CudaModel, CudaProgram
 from compiler.runtime.native import NativeLibrary, NativeModel
+from compiler.runtime.opencl import OpenCLModel, OpenCLProgram
 from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
 from compiler.target import Target
+from compiler.tir.gpu import dispatch_list, lower_gpu
 from compiler.tir.nodes import PrimFunc
+from compiler.tir.printer import format_func
 
 
 @dataclass(frozen=True)
@@ -187,4 +194,100 @@ register(
         model_runtime=_native_model_runtime,
         label="Native library (.so) for this server's CPU",
     )
+)
+
+
+# ---- opencl and cuda: C-dialect kernels (codegen/c_source.py), one source per bundle, run from a dispatch list ---
+
+# A GPU source names the binding digest of its manifest on its first line, as the CPU code embeds it in a symbol.
+_DIGEST_LINE = "// " + BINDING_SYMBOL + " "
+
+
+@dataclass(frozen=True)
+class _CDialect:
+    """What differs between the C-dialect GPU backends: the printer, the source kind and the runtime classes."""
+
+    generate: Callable[[list[PrimFunc]], str]
+    source_kind: str
+    program: Callable[[str, dict, Target], object]
+    model: Callable[[str, ModelImage, Target], object]
+
+
+def _gpu_kernel(dialect: _CDialect, func: PrimFunc, target: Target) -> KernelCode:
+    """A lone kernel: its library is JSON of its source and launch dimensions, what the kernel runtime needs."""
+    lowered = func if "launch" in func.attrs else lower_gpu(func, target)
+    source = dialect.generate([lowered])
+    library = json.dumps({"source": source, "launches": {lowered.name: lowered.attrs["launch"]}}).encode()
+    return KernelCode(library, {dialect.source_kind: source, "gpu": format_func(lowered)}, lowered)
+
+
+def _gpu_kernel_runtime(dialect: _CDialect, library: bytes, target: Target, num_threads: int | None):
+    code = json.loads(library)
+    return dialect.program(code["source"], code["launches"], target)
+
+
+def _gpu_model(dialect: _CDialect, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
+    """Every kernel lowered for the device in one source; the run entry becomes the manifest's dispatch list."""
+    lowered = [lower_gpu(func, target) for func in kernels]
+    dispatches = dispatch_list(run, lowered)
+    digest = binding_digest({**manifest, "dispatches": dispatches})
+    source = f"{_DIGEST_LINE}{digest}\n" + dialect.generate(lowered)
+    return ModelCode(source.encode(), {"dispatches": dispatches}, {dialect.source_kind: source}, lowered)
+
+
+def _gpu_source(image: ModelImage) -> str:
+    """The source of a bundle's code file, after checking that it was generated for this manifest."""
+    source = unsealed("text", image.code).decode()
+    first = source.split("\n", 1)[0]
+    if image.binding is not None and first != _DIGEST_LINE + image.binding:
+        raise BundleError(
+            f"{image.manifest['code']} was not generated for this manifest.json (its binding digest differs: the "
+            "manifest or the code was edited or swapped); export the model again"
+        )
+    return source
+
+
+def _gpu_model_runtime(dialect: _CDialect, image: ModelImage, target: Target, num_threads: int | None):
+    return dialect.model(_gpu_source(image), image, target)
+
+
+def _register_c_gpu(kind: str, code_file: str, dialect: _CDialect, label: str) -> None:
+    register(
+        Backend(
+            kind=kind,
+            code_file=code_file,
+            seal="text",
+            build_kernel=partial(_gpu_kernel, dialect),
+            kernel_runtime=partial(_gpu_kernel_runtime, dialect),
+            build_model=partial(_gpu_model, dialect),
+            model_runtime=partial(_gpu_model_runtime, dialect),
+            label=label,
+        )
+    )
+
+
+def _opencl_model(source: str, image: ModelImage, target: Target) -> OpenCLModel:
+    arena = image.manifest["memory"]["arena_bytes"]
+    return OpenCLModel(source, image.manifest["dispatches"], image.params, arena, image.inputs, image.outputs)
+
+
+def _cuda_model(source: str, image: ModelImage, target: Target) -> CudaModel:
+    arena = image.manifest["memory"]["arena_bytes"]
+    dispatches = image.manifest["dispatches"]
+    return CudaModel(source, dispatches, image.params, arena, image.inputs, image.outputs, target.cpu)
+
+
+_register_c_gpu(
+    "opencl",
+    "kernels.cl",
+    _CDialect(generate_opencl, "cl", lambda source, launches, target: OpenCLProgram(source, launches), _opencl_model),
+    "OpenCL C 1.2 (kernels.cl) for this server's OpenCL device",
+)
+_register_c_gpu(
+    "cuda",
+    "kernels.cu",
+    _CDialect(
+        generate_cuda, "cu", lambda source, launches, target: CudaProgram(source, launches, target.cpu), _cuda_model
+    ),
+    "CUDA C++ (kernels.cu, compiled by NVRTC) for an NVIDIA GPU",
 )

@@ -48,6 +48,8 @@ _SEAL_NAME = b"tessel.sha256"
 
 
 def _seal_bytes(style: str, digest: bytes) -> bytes:
+    if style == "text":  # a comment line, so GPU source (kernels.cl, kernels.cu, kernels.wgsl) stays valid text
+        return b"\n// " + _SEAL_NAME + b" " + digest.hex().encode() + b"\n"
     if style == "wasm":  # section id 0 (custom), then sizes that fit one LEB128 byte each
         payload = bytes([len(_SEAL_NAME)]) + _SEAL_NAME + digest
         return b"\x00" + bytes([len(payload)]) + payload
@@ -55,9 +57,14 @@ def _seal_bytes(style: str, digest: bytes) -> bytes:
 
 
 def seal_code(style: str, code: bytes) -> bytes:
-    """`code` (a linked model.so or model.wasm) with its seal appended; `style` is the backend's: "wasm" for a custom
-    section, any other for bytes after the end."""
+    """`code` (a linked model.so or model.wasm, or GPU source) with its seal appended; `style` is the backend's: "wasm"
+    for a custom section, "text" for a last comment line, any other for bytes after the end."""
     return code + _seal_bytes(style, hashlib.sha256(code).digest())
+
+
+def unsealed(style: str, code: bytes) -> bytes:
+    """`code` without the seal `seal_code` appended (checked by check_seal before)."""
+    return code[: len(code) - len(_seal_bytes(style, bytes(32)))]
 
 
 def check_seal(style: str, code: bytes, name: str) -> None:
@@ -174,6 +181,23 @@ MANIFEST_SCHEMA = {
     },
     "options": _any,
     "files": _dict_of_text,
+    # GPU bundles: the kernels in order, each parameter bound to a region (tir/gpu.py dispatch_list)
+    "dispatches?": _list_of(
+        {
+            "kernel": _text,
+            "bindings": _list_of(
+                {
+                    "region": _one_of("input", "output", "params", "arena"),
+                    "index": _count,
+                    "offset": _count,
+                    "bytes": _count,
+                    "dtype": _one_of(*ITEMSIZE),
+                }
+            ),
+            "grid": _list_of(_count),
+            "block": _list_of(_count),
+        }
+    ),
 }
 
 
@@ -222,6 +246,7 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
             raise BundleError(
                 f"{MANIFEST_FILE}: call {position} names unknown kernel {call['kernel']!r}; export the model again"
             )
+    _check_dispatches(manifest)
     for position, spec in enumerate(manifest["outputs"]):
         source = spec["source"]
         if source is None:
@@ -238,6 +263,28 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
             _count(f"manifest.outputs[{position}].source.index", index, len(among) - 1)
             if among[index]["shape"] != spec["shape"] or among[index]["dtype"] != spec["dtype"]:
                 raise BundleError(f"{MANIFEST_FILE}: output {spec['name']!r} is copied from a tensor of another shape")
+
+
+def _check_dispatches(manifest: dict) -> None:
+    """Every binding of a GPU dispatch lies inside its region, so no kernel can be pointed outside the memory the
+    runtime made for it, and each kernel is one of the manifest's."""
+    sizes = {("params", 0): manifest["params"]["bytes"], ("arena", 0): manifest["memory"]["arena_bytes"]}
+    for kind, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
+        sizes.update({(kind, index): tensor_bytes(spec) for index, spec in enumerate(specs)})
+    kernels = {kernel["name"] for kernel in manifest["kernels"]}
+    for position, dispatch in enumerate(manifest.get("dispatches", [])):
+        where = f"{MANIFEST_FILE}: dispatch {position} ({dispatch['kernel']!r})"
+        if dispatch["kernel"] not in kernels:
+            raise BundleError(f"{where} names an unknown kernel; export the model again")
+        if len(dispatch["grid"]) != 3 or len(dispatch["block"]) != 3:
+            raise BundleError(f"{where} needs three grid and three block sizes; export the model again")
+        for binding in dispatch["bindings"]:
+            region = (binding["region"], binding["index"])
+            if region not in sizes or binding["offset"] + binding["bytes"] > sizes[region]:
+                raise BundleError(
+                    f"{where} binds {binding['bytes']} bytes at {binding['offset']} of {binding['region']} "
+                    f"{binding['index']}, outside it; export the model again"
+                )
 
 
 def write_bundle(directory: str | Path, manifest: dict, files: dict[str, bytes]) -> Path:

@@ -193,18 +193,21 @@ class CudaProgram:
         del values
 
     def function(self, name: str, specs: list[ArgSpec]):
-        from cuda.bindings import driver
-
-        kernel = self.kernel(name)
+        """A callable on numpy arrays; the driver is first asked for at its first call."""
+        kernels = []
 
         def call(*arrays):
+            from cuda.bindings import driver
+
             check_args(name, specs, arrays)
+            if not kernels:
+                kernels.append(self.kernel(name))
             pointers = [allocate(array.nbytes) for array in arrays]
             try:
                 for array, pointer in zip(arrays, pointers):
                     if array.nbytes:
                         _check(driver.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
-                self.launch(name, kernel, pointers)
+                self.launch(name, kernels[0], pointers)
                 for array, pointer in zip(arrays, pointers):
                     if array.nbytes:
                         _check(driver.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
@@ -213,3 +216,97 @@ class CudaProgram:
                     driver.cuMemFree(pointer)
 
         return call
+
+
+class CudaModel:
+    """A whole model from its bundle: kernels.cu compiled for the device, the manifest's dispatch list, params.bin and
+    the arena size. Device memory for every region (params copied once), the module and each dispatch's kernel and
+    argument pointers are made at load; a run copies the inputs in, launches every dispatch on one stream and copies
+    the outputs out, with one synchronisation at the end."""
+
+    def __init__(
+        self,
+        source: str,
+        dispatches: list[dict],
+        params: bytes,
+        arena_bytes: int,
+        inputs: list[ArgSpec],
+        outputs: list[ArgSpec],
+        arch: str,
+    ):
+        from cuda.bindings import driver
+
+        self.program = CudaProgram(source, {dispatch["kernel"]: dispatch for dispatch in dispatches}, arch)
+        self.inputs, self.outputs = inputs, outputs
+        self.regions = {("params", 0): allocate(len(params)), ("arena", 0): allocate(arena_bytes)}
+        for kind, specs in (("input", inputs), ("output", outputs)):
+            for index, spec in enumerate(specs):
+                self.regions[(kind, index)] = allocate(np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape)))
+        if params:
+            host = np.frombuffer(params, np.uint8)
+            _check(driver.cuMemcpyHtoD(self.regions[("params", 0)], host.ctypes.data, len(params)), "copy params")
+        kernels = {name: self.program.kernel(name) for name in {dispatch["kernel"] for dispatch in dispatches}}
+        self.dispatches = []
+        for dispatch in dispatches:
+            pointers = [self.regions[(item["region"], item["index"])] + item["offset"] for item in dispatch["bindings"]]
+            values, arguments = pointer_arguments(pointers)
+            self.dispatches.append((dispatch, kernels[dispatch["kernel"]], values, arguments))
+
+    def launch(self, position: int) -> None:
+        from cuda.bindings import driver
+
+        dispatch, kernel, _, arguments = self.dispatches[position]
+        launched = driver.cuLaunchKernel(kernel, *dispatch["grid"], *dispatch["block"], 0, 0, arguments.ctypes.data, 0)
+        _check(launched, f"launch kernel {dispatch['kernel']}")
+
+    def write_inputs(self, inputs: list[np.ndarray]) -> None:
+        from cuda.bindings import driver
+
+        for index, array in enumerate(inputs):
+            if array.nbytes:
+                _check(driver.cuMemcpyHtoD(self.regions[("input", index)], array.ctypes.data, array.nbytes), "copy in")
+
+    def read_outputs(self) -> list[np.ndarray]:
+        from cuda.bindings import driver
+
+        results = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
+        for index, array in enumerate(results):
+            if array.nbytes:
+                pointer = self.regions[("output", index)]
+                _check(driver.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
+        return results
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        self.write_inputs(inputs)
+        for position in range(len(self.dispatches)):
+            self.launch(position)
+        return self.read_outputs()
+
+    def replay(self, inputs: list[np.ndarray]) -> CudaReplay:
+        return CudaReplay(self, inputs)
+
+
+class CudaReplay:
+    """One dispatch at a time (Module.replay), each followed by a synchronisation so it can be timed."""
+
+    def __init__(self, model: CudaModel, inputs: list[np.ndarray]):
+        self.model = model
+        model.write_inputs(inputs)
+        self.position = 0
+
+    def kernel(self, name: str, args: list):
+        from cuda.bindings import driver
+
+        position = self.position
+        self.position += 1
+        if self.model.dispatches[position][0]["kernel"] != name:
+            raise TargetError(f"call {position} of the manifest is {name}, but its dispatch runs another kernel")
+
+        def call() -> None:
+            self.model.launch(position)
+            _check(driver.cuCtxSynchronize(), "wait for the kernel")
+
+        return call
+
+    def outputs(self) -> list[np.ndarray]:
+        return self.model.read_outputs()

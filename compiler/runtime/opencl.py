@@ -86,20 +86,22 @@ class OpenCLProgram:
         return getattr(self.program, name)
 
     def function(self, name: str, specs: list[ArgSpec]):
+        """A callable on numpy arrays; the device is first asked for at its first call."""
         cl = _opencl()
-        _, queue = opencl_queue()
-        kernel = self.kernel(name)
-        launch = self.launches[name]
-        local, total = launch_sizes(launch)
+        kernels = []
 
         def call(*arrays):
             check_args(name, specs, arrays)
+            _, queue = opencl_queue()
+            if not kernels:
+                kernels.append(self.kernel(name))
+            local, total = launch_sizes(self.launches[name])
             buffers = [buffer(array.nbytes) for array in arrays]
             for array, device_buffer in zip(arrays, buffers):
                 if array.nbytes:
                     cl.enqueue_copy(queue, device_buffer, array, is_blocking=False)
-            kernel.set_args(*[item for device_buffer in buffers for item in (device_buffer, np.int32(0))])
-            cl.enqueue_nd_range_kernel(queue, kernel, total, local)
+            kernels[0].set_args(*[item for device_buffer in buffers for item in (device_buffer, np.int32(0))])
+            cl.enqueue_nd_range_kernel(queue, kernels[0], total, local)
             for array, device_buffer in zip(arrays, buffers):
                 if array.nbytes:
                     cl.enqueue_copy(queue, array, device_buffer, is_blocking=False)
@@ -112,3 +114,107 @@ def launch_sizes(launch: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """OpenCL's (local, global) work sizes of a launch: the global size counts work items, not groups."""
     block, grid = launch["block"], launch["grid"]
     return tuple(block), tuple(count * size for count, size in zip(grid, block))
+
+
+def element_offset(binding: dict, dtype: str, kernel: str) -> np.int32:
+    """A binding's byte offset as the element offset the kernel takes."""
+    itemsize = np.dtype(dtype).itemsize
+    if binding["offset"] % itemsize:
+        raise TargetError(
+            f"kernel {kernel} binds {binding['region']} at byte {binding['offset']}, not a whole {dtype} element"
+        )
+    return np.int32(binding["offset"] // itemsize)
+
+
+class OpenCLModel:
+    """A whole model from its bundle: kernels.cl, the manifest's dispatch list (each binding a region, index, byte
+    offset and dtype), params.bin and the arena size. The program, the
+    region buffers (params written once) and one kernel object per dispatch, its arguments set, are made at load;
+    a run copies the inputs in, enqueues every dispatch and copies the outputs out, with one wait at the end."""
+
+    def __init__(
+        self,
+        source: str,
+        dispatches: list[dict],
+        params: bytes,
+        arena_bytes: int,
+        inputs: list[ArgSpec],
+        outputs: list[ArgSpec],
+    ):
+        cl = _opencl()
+        _, self.queue = opencl_queue()
+        self.program = OpenCLProgram(source, {})
+        self.inputs, self.outputs = inputs, outputs
+        self.regions = {("params", 0): buffer(len(params)), ("arena", 0): buffer(arena_bytes)}
+        for kind, specs in (("input", inputs), ("output", outputs)):
+            for index, spec in enumerate(specs):
+                self.regions[(kind, index)] = buffer(np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape)))
+        if params:
+            cl.enqueue_copy(self.queue, self.regions[("params", 0)], np.frombuffer(params, np.uint8))
+        self.dispatches = []
+        for dispatch in dispatches:
+            name = dispatch["kernel"]
+            self.program.kernel(name)  # builds the program once
+            kernel = cl.Kernel(self.program.program, name)
+            arguments = []
+            for binding in dispatch["bindings"]:
+                region = self.regions[(binding["region"], binding["index"])]
+                arguments += [region, element_offset(binding, binding["dtype"], name)]
+            kernel.set_args(*arguments)
+            self.dispatches.append((name, kernel, *launch_sizes(dispatch)))
+        self.queue.finish()
+
+    def enqueue(self, position: int) -> None:
+        _, kernel, local, total = self.dispatches[position]
+        _opencl().enqueue_nd_range_kernel(self.queue, kernel, total, local)
+
+    def write_inputs(self, inputs: list[np.ndarray]) -> None:
+        cl = _opencl()
+        for index, array in enumerate(inputs):
+            if array.nbytes:
+                cl.enqueue_copy(self.queue, self.regions[("input", index)], array, is_blocking=False)
+
+    def read_outputs(self) -> list[np.ndarray]:
+        cl = _opencl()
+        results = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
+        for index, array in enumerate(results):
+            if array.nbytes:
+                cl.enqueue_copy(self.queue, array, self.regions[("output", index)], is_blocking=False)
+        self.queue.finish()
+        return results
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        self.write_inputs(inputs)
+        for position in range(len(self.dispatches)):
+            self.enqueue(position)
+        return self.read_outputs()
+
+    def replay(self, inputs: list[np.ndarray]) -> OpenCLReplay:
+        return OpenCLReplay(self, inputs)
+
+
+class OpenCLReplay:
+    """One dispatch at a time (Module.replay): the inputs are written once, each call enqueues its dispatch and
+    waits for it."""
+
+    def __init__(self, model: OpenCLModel, inputs: list[np.ndarray]):
+        self.model = model
+        model.write_inputs(inputs)
+        model.queue.finish()
+        self.position = 0
+
+    def kernel(self, name: str, args: list) -> callable:
+        """The next dispatch, which must be of kernel `name` (calls come in the dispatch list's order)."""
+        position = self.position
+        self.position += 1
+        if self.model.dispatches[position][0] != name:
+            raise TargetError(f"call {position} of the manifest is {name}, but its dispatch runs another kernel")
+
+        def call() -> None:
+            self.model.enqueue(position)
+            self.model.queue.finish()
+
+        return call
+
+    def outputs(self) -> list[np.ndarray]:
+        return self.model.read_outputs()

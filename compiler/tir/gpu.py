@@ -19,6 +19,7 @@ from compiler.tir.nodes import (
     For,
     ForKind,
     IfThen,
+    KernelCall,
     LetStmt,
     Load,
     PrimFunc,
@@ -267,3 +268,45 @@ def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
     if not target.is_gpu:
         raise GpuKernelError(f"kernel {func.name}: lower_gpu needs a GPU target (webgpu, opencl, cuda), not {target}")
     return _GpuLowering(func, target).run()
+
+
+def _region(buffer) -> tuple[str, int]:
+    """The region a `run` parameter is (build.py names them input_i, output_i, params and arena)."""
+    kind, _, index = buffer.name.rpartition("_")
+    if kind in ("input", "output") and index.isdigit():
+        return kind, int(index)
+    if buffer.name in ("params", "arena"):
+        return buffer.name, 0
+    raise GpuKernelError(f"the run entry's parameter {buffer.name} is no region (input_i, output_i, params, arena)")
+
+
+def dispatch_list(run: PrimFunc, kernels: list[PrimFunc]) -> list[dict]:
+    """The manifest's dispatch list of a whole model, shared by every GPU backend: for each KernelCall of `run`
+    (build.py's entry), its kernel, one binding per kernel parameter (region, index, byte offset, bytes, dtype) and the
+    kernel's launch dimensions from `lower_gpu`, in the order the calls run."""
+    by_name = {func.name: func for func in kernels}
+    calls = run.body.stmts if isinstance(run.body, Seq) else (run.body,)
+    dispatches = []
+    for call in calls:
+        if not isinstance(call, KernelCall):
+            raise GpuKernelError(f"the run entry holds a {type(call).__name__}; a GPU model runs kernel calls only")
+        func = by_name[call.func]
+        if "launch" not in func.attrs:
+            raise GpuKernelError(f"kernel {func.name} has no launch dimensions; lower it with lower_gpu first")
+        bindings = []
+        for (buffer, offset), param in zip(call.args, func.params, strict=True):
+            region, index = _region(buffer)
+            size = param.size * np.dtype(param.dtype).itemsize
+            binding = {
+                "region": region,
+                "index": index,
+                "offset": int(offset),
+                "bytes": int(size),
+                "dtype": param.dtype,
+            }
+            bindings.append(binding)
+        launch = func.attrs["launch"]
+        dispatches.append(
+            {"kernel": func.name, "bindings": bindings, "grid": list(launch["grid"]), "block": list(launch["block"])}
+        )
+    return dispatches

@@ -46,7 +46,7 @@ def test_schedules_on_opencl(case):
 def test_schedules_compile_with_nvrtc(case, arch):
     schedule, args, _ = CASES[case]()
     kernel = compiler.build(schedule, args, target=f"cuda -arch={arch}", name=case)
-    assert kernel.program.cubin[:4] == b"\x7fELF"
+    assert kernel.runtime.cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.skipif(cuda_runtime.nvcc_path() is None, reason="nvcc is not installed")
@@ -164,7 +164,7 @@ def test_expressions_on_opencl(name):
 @pytest.mark.parametrize("name", EXPRESSIONS)
 def test_expressions_compile_with_nvrtc(name):
     kernel = expression_kernel(name, "cuda -arch=sm_90")[0]
-    assert kernel.program.cubin[:4] == b"\x7fELF"
+    assert kernel.runtime.cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.skipif(cuda_device_reason() is None, reason="a CUDA driver is present")
