@@ -219,10 +219,10 @@ class CudaProgram:
 
 
 class CudaModel:
-    """A whole model from its bundle: kernels.cu compiled for the device, the manifest's dispatch list, params.bin and
-    the arena size. Device memory for every region (params copied once), the module and each dispatch's kernel and
-    argument pointers are made at load; a run copies the inputs in, launches every dispatch on one stream and copies
-    the outputs out, with one synchronisation at the end."""
+    """A whole model from its bundle: kernels.cu compiled for `arch` when made (no GPU needed), the manifest's dispatch
+    list, params.bin and the arena size. At the first run, device memory for every region (params copied once), the
+    module and each dispatch's kernel and argument pointers are made; a run copies the inputs in, launches every
+    dispatch on one stream and copies the outputs out."""
 
     def __init__(
         self,
@@ -234,20 +234,27 @@ class CudaModel:
         outputs: list[ArgSpec],
         arch: str,
     ):
+        self.program = CudaProgram(source, {dispatch["kernel"]: dispatch for dispatch in dispatches}, arch)
+        self.plan = dispatches
+        self.params, self.arena_bytes = params, arena_bytes
+        self.inputs, self.outputs = inputs, outputs
+        self.regions: dict[tuple[str, int], int] = {}
+        self.dispatches: list[tuple] = []
+
+    def load(self) -> None:
         from cuda.bindings import driver
 
-        self.program = CudaProgram(source, {dispatch["kernel"]: dispatch for dispatch in dispatches}, arch)
-        self.inputs, self.outputs = inputs, outputs
-        self.regions = {("params", 0): allocate(len(params)), ("arena", 0): allocate(arena_bytes)}
-        for kind, specs in (("input", inputs), ("output", outputs)):
+        if self.regions:
+            return
+        kernels = {name: self.program.kernel(name) for name in {dispatch["kernel"] for dispatch in self.plan}}
+        self.regions = {("params", 0): allocate(len(self.params)), ("arena", 0): allocate(self.arena_bytes)}
+        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
             for index, spec in enumerate(specs):
                 self.regions[(kind, index)] = allocate(np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape)))
-        if params:
-            host = np.frombuffer(params, np.uint8)
-            _check(driver.cuMemcpyHtoD(self.regions[("params", 0)], host.ctypes.data, len(params)), "copy params")
-        kernels = {name: self.program.kernel(name) for name in {dispatch["kernel"] for dispatch in dispatches}}
-        self.dispatches = []
-        for dispatch in dispatches:
+        if self.params:
+            host = np.frombuffer(self.params, np.uint8)
+            _check(driver.cuMemcpyHtoD(self.regions[("params", 0)], host.ctypes.data, len(self.params)), "copy params")
+        for dispatch in self.plan:
             pointers = [self.regions[(item["region"], item["index"])] + item["offset"] for item in dispatch["bindings"]]
             values, arguments = pointer_arguments(pointers)
             self.dispatches.append((dispatch, kernels[dispatch["kernel"]], values, arguments))
@@ -262,6 +269,7 @@ class CudaModel:
     def write_inputs(self, inputs: list[np.ndarray]) -> None:
         from cuda.bindings import driver
 
+        self.load()
         for index, array in enumerate(inputs):
             if array.nbytes:
                 _check(driver.cuMemcpyHtoD(self.regions[("input", index)], array.ctypes.data, array.nbytes), "copy in")

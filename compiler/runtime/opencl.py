@@ -80,10 +80,11 @@ class OpenCLProgram:
         self.program = None
 
     def kernel(self, name: str):
-        """Kernel `name`; the program is built for the device at the first kernel asked for."""
+        """A new kernel object of `name` (each holds its own arguments); the program is built for the device at the
+        first kernel asked for."""
         if self.program is None:
             self.program = _build(self.source)
-        return getattr(self.program, name)
+        return _opencl().Kernel(self.program, name)
 
     def function(self, name: str, specs: list[ArgSpec]):
         """A callable on numpy arrays; the device is first asked for at its first call."""
@@ -128,9 +129,9 @@ def element_offset(binding: dict, dtype: str, kernel: str) -> np.int32:
 
 class OpenCLModel:
     """A whole model from its bundle: kernels.cl, the manifest's dispatch list (each binding a region, index, byte
-    offset and dtype), params.bin and the arena size. The program, the
-    region buffers (params written once) and one kernel object per dispatch, its arguments set, are made at load;
-    a run copies the inputs in, enqueues every dispatch and copies the outputs out, with one wait at the end."""
+    offset and dtype), params.bin and the arena size. At the first run, the program, the region buffers (params
+    written once) and one kernel object per dispatch, its arguments set, are made; a run copies the inputs in,
+    enqueues every dispatch and copies the outputs out, with one wait at the end."""
 
     def __init__(
         self,
@@ -141,28 +142,36 @@ class OpenCLModel:
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
     ):
-        cl = _opencl()
-        _, self.queue = opencl_queue()
         self.program = OpenCLProgram(source, {})
+        self.plan = dispatches
+        self.params, self.arena_bytes = params, arena_bytes
         self.inputs, self.outputs = inputs, outputs
-        self.regions = {("params", 0): buffer(len(params)), ("arena", 0): buffer(arena_bytes)}
-        for kind, specs in (("input", inputs), ("output", outputs)):
+        self.queue = None
+        self.regions: dict[tuple[str, int], object] = {}
+        self.dispatches: list[tuple] = []
+
+    def load(self) -> None:
+        if self.queue is not None:
+            return
+        cl = _opencl()
+        _, queue = opencl_queue()
+        self.regions = {("params", 0): buffer(len(self.params)), ("arena", 0): buffer(self.arena_bytes)}
+        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
             for index, spec in enumerate(specs):
                 self.regions[(kind, index)] = buffer(np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape)))
-        if params:
-            cl.enqueue_copy(self.queue, self.regions[("params", 0)], np.frombuffer(params, np.uint8))
-        self.dispatches = []
-        for dispatch in dispatches:
+        if self.params:
+            cl.enqueue_copy(queue, self.regions[("params", 0)], np.frombuffer(self.params, np.uint8))
+        for dispatch in self.plan:
             name = dispatch["kernel"]
-            self.program.kernel(name)  # builds the program once
-            kernel = cl.Kernel(self.program.program, name)
+            kernel = self.program.kernel(name)
             arguments = []
             for binding in dispatch["bindings"]:
                 region = self.regions[(binding["region"], binding["index"])]
                 arguments += [region, element_offset(binding, binding["dtype"], name)]
             kernel.set_args(*arguments)
             self.dispatches.append((name, kernel, *launch_sizes(dispatch)))
-        self.queue.finish()
+        queue.finish()
+        self.queue = queue
 
     def enqueue(self, position: int) -> None:
         _, kernel, local, total = self.dispatches[position]
@@ -170,6 +179,7 @@ class OpenCLModel:
 
     def write_inputs(self, inputs: list[np.ndarray]) -> None:
         cl = _opencl()
+        self.load()
         for index, array in enumerate(inputs):
             if array.nbytes:
                 cl.enqueue_copy(self.queue, self.regions[("input", index)], array, is_blocking=False)
