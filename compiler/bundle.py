@@ -48,6 +48,8 @@ _SEAL_NAME = b"tessel.sha256"
 
 
 def _seal_bytes(style: str, digest: bytes) -> bytes:
+    if style == "text":  # a comment line, so generated source (kernels.wgsl) stays source a GPU compiler reads
+        return b"\n// " + _SEAL_NAME + b" " + digest.hex().encode() + b"\n"
     if style == "wasm":  # section id 0 (custom), then sizes that fit one LEB128 byte each
         payload = bytes([len(_SEAL_NAME)]) + _SEAL_NAME + digest
         return b"\x00" + bytes([len(payload)]) + payload
