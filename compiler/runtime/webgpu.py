@@ -11,6 +11,7 @@ import tempfile
 
 import numpy as np
 
+from compiler.bundle import BINDING_SYMBOL, BundleError
 from compiler.errors import TargetError
 from compiler.runtime import ArgSpec, check_args
 
@@ -192,9 +193,15 @@ class WebGPUModel:
         arena_bytes: int,
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
+        binding: str | None = None,
     ):
         import wgpu
 
+        if binding is not None and not code.startswith(f"// {BINDING_SYMBOL} {binding}\n"):
+            raise BundleError(
+                "kernels.wgsl was not generated for this manifest.json (its binding digest differs: the manifest or "
+                "the code was edited or swapped); export the model again"
+            )
         gpu = device()
         self.pipelines = _Pipelines(code, entries)
         self.inputs, self.outputs = inputs, outputs
@@ -208,7 +215,9 @@ class WebGPUModel:
         if params:
             gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
         uniform_bytes = max([dispatch["uniform_offset"] for dispatch in dispatches], default=0) + 256
-        uniform = _buffer(uniform_bytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        uniform = _buffer(
+            uniform_bytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        )
         data = bytearray(uniform_bytes)
         self.steps = []
         for dispatch in dispatches:
@@ -228,15 +237,17 @@ class WebGPUModel:
             total += math.ceil(max(size, 4) / 256) * 256
         self.readback = _buffer(total or 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def write_inputs(self, inputs: list[np.ndarray]) -> None:
+        for position, array in enumerate(inputs):
+            if array.nbytes:
+                device().queue.write_buffer(self.buffers["input", position], 0, _padded(array.tobytes()))
+
+    def read_outputs(self, encoder=None) -> list[np.ndarray]:
+        """Copy every output into the readback buffer (after what `encoder` holds), submit, map once, read."""
         import wgpu
 
         gpu = device()
-        for position, array in enumerate(inputs):
-            if array.nbytes:
-                gpu.queue.write_buffer(self.buffers["input", position], 0, _padded(array.tobytes()))
-        encoder = gpu.create_command_encoder()
-        self.pipelines.encode(encoder, self.steps)
+        encoder = encoder or gpu.create_command_encoder()
         for position, offset in enumerate(self.readback_offsets):
             size = max(4, math.ceil(self.sizes["output", position] / 4) * 4)
             encoder.copy_buffer_to_buffer(self.buffers["output", position], 0, self.readback, offset, size)
@@ -251,3 +262,39 @@ class WebGPUModel:
         finally:
             self.readback.unmap()
         return results
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        self.write_inputs(inputs)
+        encoder = device().create_command_encoder()
+        self.pipelines.encode(encoder, self.steps)
+        return self.read_outputs(encoder)
+
+    def replay(self, inputs: list[np.ndarray]) -> WebGPUReplay:
+        return WebGPUReplay(self, inputs)
+
+
+class WebGPUReplay:
+    """Module.replay's kernel-at-a-time calls: the i-th kernel asked for is the i-th dispatch (the manifest's calls
+    and dispatches are in the same order), submitted alone and waited for, so a call's time is its dispatch's."""
+
+    def __init__(self, runtime: WebGPUModel, inputs: list[np.ndarray]):
+        self.runtime = runtime
+        self.position = 0
+        runtime.write_inputs(inputs)
+
+    def kernel(self, name: str, args: list):
+        step = self.runtime.steps[self.position]
+        self.position += 1
+        gpu = device()
+
+        def call() -> None:
+            encoder = gpu.create_command_encoder()
+            self.runtime.pipelines.encode(encoder, [step])
+            gpu.queue.submit([encoder.finish()])
+            # reading a buffer back waits for the dispatch (this wgpu's on_submitted_work_done_sync does not run)
+            gpu.queue.read_buffer(self.runtime.uniform, 0, 4)
+
+        return call
+
+    def outputs(self) -> list[np.ndarray]:
+        return self.runtime.read_outputs()
