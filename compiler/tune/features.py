@@ -12,7 +12,7 @@ import numpy as np
 
 from compiler.graph.ir import ITEMSIZE
 from compiler.ops import group_to_te
-from compiler.schedules.cpu import schedule_group
+from compiler.schedules import schedule_group
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Logical, Select, Var, is_float
 from compiler.te.tensor import walk
 from compiler.tir.lower import lower
