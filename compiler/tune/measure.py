@@ -24,6 +24,7 @@ from compiler.errors import TuningError
 from compiler.runtime import ArgSpec
 from compiler.runtime.native import aligned_buffer, default_num_threads
 from compiler.target import Target
+from compiler.tune.records import RecordLog, config_key
 from compiler.tune.space import Config, ConfigSpace
 from compiler.tune.task import Task
 
@@ -422,7 +423,9 @@ def flops(task: Task) -> int:
 class Measurer:
     """Measures configs of one task on one target; built once per task and reused for every batch. Builder and
     runner are shared between measurers when given (the caller closes them), else made here and closed by close().
-    Each result is handed to every callback (task, result) as it is known: records and progress are written there."""
+    With `records` (a RecordLog), configs the log already holds for the task are answered from it (a resumed run
+    replays them at once) and every new measurement is appended to it. Each result is handed to every callback
+    (task, result) as it is known. The fallback config is measured first, once: the report's "default"."""
 
     def __init__(
         self,
@@ -434,12 +437,14 @@ class Measurer:
         timeout: float = 10.0,
         workers: int | None = None,
         builder: Builder | None = None,
+        records: RecordLog | None = None,
         callbacks: Sequence[Callable[[Task, MeasureResult], None]] = (),
         seed: int = 0,
     ):
         self.task = task
         self.target = Target.parse(target if target is not None else task.target)
         self.timing = Timing(repeat, number, timeout)
+        self.records = records
         self.seed = seed
         self.callbacks = list(callbacks)
         self._owned = []
@@ -451,6 +456,8 @@ class Measurer:
             self._owned.append(runner)
         self.builder, self.runner = builder, runner
         self._reference: list[np.ndarray] | None = None
+        self.default: MeasureResult | None = None
+        self.flops = flops(task)
 
     def _jobs(self, configs: list[Config]) -> list[BuildJob]:
         return [BuildJob(self.task.node, self.target, config.to_json()) for config in configs]
@@ -462,29 +469,58 @@ class Measurer:
             if built.error is not None:
                 raise TuningError(f"the fallback config of task {self.task.template!r} does not build ({built.error})")
             built.timing, built.seed = self.timing, self.seed
-            runner = self.runner if hasattr(self.runner, "outputs") else None
-            if runner is None:
-                runner = LocalRunner()
-                try:
-                    self._reference = runner.outputs(built)
-                finally:
-                    runner.close()
-            else:
+            runner = self.runner if hasattr(self.runner, "outputs") else LocalRunner()
+            try:
                 self._reference = runner.outputs(built)
+            finally:
+                if runner is not self.runner:
+                    runner.close()
         return self._reference
+
+    def _recorded(self, config: Config) -> MeasureResult | None:
+        if self.records is None:
+            return None
+        record = self.records.done.get(self.task.key, {}).get(config_key(config.to_json()))
+        if record is None:
+            return None
+        return MeasureResult(config, record["seconds"], record.get("error"), record.get("build_seconds", 0.0))
 
     def measure(self, configs: list[Config]) -> list[MeasureResult]:
         """Build every config (in parallel), then time the ones that built, one after another."""
+        if self.default is None:
+            fallback = self.task.space.fallback
+            self.default = self._recorded(fallback) or self._measure([fallback])[0]
+        results = {index: self._recorded(config) for index, config in enumerate(configs)}
+        fresh = [index for index, result in results.items() if result is None]
+        results.update(zip(fresh, self._measure([configs[index] for index in fresh])))
+        for index in range(len(configs)):
+            if index not in fresh:
+                for callback in self.callbacks:
+                    callback(self.task, results[index])
+        return [results[index] for index in range(len(configs))]
+
+    def _measure(self, configs: list[Config]) -> list[MeasureResult]:
         reference = self.reference()
-        built = self.builder.build(self._jobs(configs))
+        built = self.builder.build(self._jobs(configs)) if configs else []
         ready = [candidate for candidate in built if candidate.error is None]
         for candidate in ready:
             candidate.timing, candidate.seed, candidate.reference = self.timing, self.seed, reference
         times = iter(self.runner.run(ready) if ready else [])
         results = []
+        fallback = self.task.space.fallback
         for config, candidate in zip(configs, built):
             seconds, error = (None, candidate.error) if candidate.error is not None else next(times)
             result = MeasureResult(config, seconds, error, candidate.build_seconds)
+            if self.records is not None:
+                self.records.write(
+                    self.task.to_json(),
+                    config.to_json(),
+                    seconds,
+                    error,
+                    build_seconds=round(candidate.build_seconds, 4),
+                    fallback=config == fallback,
+                    flops=self.flops,
+                )
             for callback in self.callbacks:
                 callback(self.task, result)
             results.append(result)
