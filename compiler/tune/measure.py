@@ -502,29 +502,38 @@ class Measurer:
     def _measure(self, configs: list[Config]) -> list[MeasureResult]:
         reference = self.reference()
         built = self.builder.build(self._jobs(configs)) if configs else []
-        ready = [candidate for candidate in built if candidate.error is None]
-        for candidate in ready:
+        for candidate in built:
             candidate.timing, candidate.seed, candidate.reference = self.timing, self.seed, reference
-        times = iter(self.runner.run(ready) if ready else [])
+        # the runner gets as many candidates at a time as it has devices, so each is recorded as soon as it is timed
+        # (a stopped run loses at most those) while every device stays busy
+        devices = max(1, getattr(self.runner, "devices", 1))
         results = []
         fallback = self.task.space.fallback
-        for config, candidate in zip(configs, built):
-            seconds, error = (None, candidate.error) if candidate.error is not None else next(times)
-            result = MeasureResult(config, seconds, error, candidate.build_seconds)
-            if self.records is not None:
-                self.records.write(
-                    self.task.to_json(),
-                    config.to_json(),
-                    seconds,
-                    error,
-                    build_seconds=round(candidate.build_seconds, 4),
-                    fallback=config == fallback,
-                    flops=self.flops,
-                )
-            for callback in self.callbacks:
-                callback(self.task, result)
-            results.append(result)
+        for start in range(0, len(built), devices):
+            chunk = built[start : start + devices]
+            ready = [candidate for candidate in chunk if candidate.error is None]
+            times = iter(self.runner.run(ready) if ready else [])
+            results += [
+                self._finish(config, candidate, fallback, times) for config, candidate in zip(configs[start:], chunk)
+            ]
         return results
+
+    def _finish(self, config: Config, candidate: Built, fallback: Config, times) -> MeasureResult:
+        seconds, error = (None, candidate.error) if candidate.error is not None else next(times)
+        result = MeasureResult(config, seconds, error, candidate.build_seconds)
+        if self.records is not None:
+            self.records.write(
+                self.task.to_json(),
+                config.to_json(),
+                seconds,
+                error,
+                build_seconds=round(candidate.build_seconds, 4),
+                fallback=config == fallback,
+                flops=self.flops,
+            )
+        for callback in self.callbacks:
+            callback(self.task, result)
+        return result
 
     def close(self) -> None:
         for part in self._owned:
