@@ -98,11 +98,11 @@ class Runner(Protocol):
 
 
 def build_candidate(job: BuildJob) -> Built:
-    """Schedule the task's group with the job's config, lower and compile it, and link it as compile_model does."""
-    from compiler.build import link
-    from compiler.codegen.llvm import compile_funcs
+    """Schedule the task's group with the job's config by its target family's templates, lower it, and compile it
+    with its backend's kernel builder (backends.py), as compile_model does."""
+    from compiler.backends import backend_for
     from compiler.ops import group_to_te
-    from compiler.schedules.cpu import schedule_group
+    from compiler.schedules import schedule_group
     from compiler.tir.lower import lower
 
     started = time.perf_counter()
@@ -113,7 +113,7 @@ def build_candidate(job: BuildJob) -> Built:
         if cfg.misfits():
             raise TuningError(f"the config does not fit template {cfg.template!r}: {'; '.join(cfg.misfits())}")
         func = lower(schedule, [*group.inputs, *group.outputs], job.name)
-        library = link(compile_funcs([func], job.target), [job.name])
+        library = backend_for(job.target).build_kernel(func, job.target).library
     except Exception as error:  # noqa: BLE001 - any failure of one candidate is recorded and the search goes on
         return Built(job.config, job.target, job.name, None, error=f"build: {type(error).__name__}: {error}")
     specs = tuple(ArgSpec(buffer.name, tuple(buffer.shape), buffer.dtype) for buffer in func.params)
@@ -193,17 +193,36 @@ def _bind_wasm(built: Built, arrays: list[np.ndarray]):
     return call, read
 
 
-# How a runner process calls a built candidate, per target kind: (built, arrays) -> (call(), read() -> outputs).
-# The GPU runtimes (runtime/webgpu.py, opencl.py, cuda.py) add their entry here when they land.
+def _bind_runtime(built: Built, arrays: list[np.ndarray]):
+    """Any other kind through its backend's kernel runtime (backends.py): a call on numpy arrays, which copies them in
+    and out each time, so its times include the transfers until the kind gets a binder of its own."""
+    from compiler.backends import backend_for
+
+    runtime = backend_for(built.target).kernel_runtime(built.library, built.target, None)
+    if runtime is None:
+        raise TuningError(f"candidates for {built.target} cannot run on this machine; tune on such a device")
+    function = runtime.function(built.name, list(built.specs))
+
+    def call() -> None:
+        function(*arrays)
+
+    def read() -> list[np.ndarray]:
+        return [array.copy() for array in arrays[len(arrays) - built.outputs :]]
+
+    call.runtime = runtime
+    return call, read
+
+
+# How a runner process calls a built candidate over arrays placed once, per target kind: (built, arrays) -> (call(),
+# read() -> outputs). The GPU kinds (webgpu, opencl, cuda) go through _bind_runtime until they get a binder that keeps
+# the arrays on the device between calls.
 BINDERS: dict[str, Callable] = {"llvm": _bind_native, "wasm": _bind_wasm}
 
 
 def _bound(built: Built):
-    binder = BINDERS.get(built.target.kind)
-    if binder is None:
-        raise TuningError(f"no runner can time {built.target.kind} candidates yet; measure on {', '.join(BINDERS)}")
-    if built.target.kind != "wasm" and not built.target.can_run_here:
+    if built.target.kind == "llvm" and not built.target.can_run_here:
         raise TuningError(f"candidates for {built.target.triple} cannot run on this machine; tune on such a device")
+    binder = BINDERS.get(built.target.kind, _bind_runtime)
     return binder(built, probe_arrays(built.specs, built.outputs, built.seed))
 
 
