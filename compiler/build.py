@@ -218,7 +218,7 @@ def compile_model(
     run = _run_func(fused, kernel_of, places)
     options = {
         "input_shapes": {name: list(shape) for name, shape in sorted((input_shapes or {}).items())},
-        "tuning_records": hashlib.sha256(Path(tuning_records).read_bytes()).hexdigest() if tuning_records else None,
+        "tuning_records": _records_digest(kernel_entries),
     }
     identity = hashlib.sha256()
     for part in (
@@ -262,6 +262,13 @@ def compile_model(
     return Module(
         manifest, seal_code(backend.seal, code.code), params, num_threads, code, [*kernels.values(), run], target=target
     )
+
+
+def _records_digest(kernel_entries: dict[str, dict]) -> str | None:
+    """What the bundle's identity takes of the tuning records: the configs they gave its kernels (group key -> knob
+    values), so records of other models or other configs of a task do not change it; None when none applied."""
+    applied = {key: entry["config"] for key, entry in kernel_entries.items() if entry["config"] is not None}
+    return hashlib.sha256(json.dumps(applied, sort_keys=True).encode()).hexdigest() if applied else None
 
 
 # Loop variables and buffer offsets in generated kernels are 32-bit integers on every target.

@@ -219,7 +219,9 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-o", "--output", type=Path, help="the bundle directory to write (default MODEL.bundle)")
     _add_input_shape(parser)
-    parser.add_argument("--records", type=Path, help="tuning records (JSON lines) whose best configs to apply")
+    parser.add_argument(
+        "--records", "--tuning-records", type=Path, help="a tuning log (tessel tune) whose best configs to apply"
+    )
     _add_threads(parser)
     parser.add_argument("--verbose", action="store_true", help="print the kernels and the memory plan")
 
@@ -329,6 +331,52 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_tune(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, nargs="?", help="an .onnx file (not with --report)")
+    parser.add_argument("--target", default="llvm", help='"llvm" (default, this machine) or "wasm"')
+    parser.add_argument("--trials", type=int, default=200, help="measurements for the whole model (default 200)")
+    parser.add_argument("-o", "--output", type=Path, help="the tuning log to write or resume (default MODEL.jsonl)")
+    parser.add_argument("--tuner", default="xgb", choices=["xgb", "ga", "random", "grid"], help="default xgb")
+    parser.add_argument("--early-stopping", type=int, help="stop a task after this many trials without progress")
+    parser.add_argument("--ray", metavar="auto|ADDRESS", help="build and measure on a Ray cluster (pip tessel[ray])")
+    parser.add_argument("--workers", type=int, help="builder processes (default: one per core)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds one candidate may run (default 10)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate, the fastest counts")
+    parser.add_argument("--report", type=Path, metavar="LOG", help="print each task's default and best in LOG")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="with --report: plot the search curves")
+    _add_input_shape(parser)
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    from compiler.tune import report
+
+    if args.report is not None:
+        summaries = report.summarize(args.report)
+        print("\n".join(report.report_lines(summaries)))
+        if args.plot is not None:
+            print(f"wrote {report.plot_curves(summaries, args.plot)}")
+        return 0
+    if args.model is None:
+        raise TesselError("name the .onnx model to tune (or --report LOG to read a finished log)")
+    if not args.model.is_file():
+        raise ModelError(f"cannot read {args.model}: no such file; give the path of an .onnx model")
+    from compiler.tune.session import tune_file
+
+    return tune_file(
+        args.model,
+        args.target,
+        args.output or args.model.with_suffix(".jsonl"),
+        trials=args.trials,
+        tuner=args.tuner,
+        input_shapes=parse_input_shapes(args.input_shape),
+        early_stopping=args.early_stopping,
+        ray=args.ray,
+        workers=args.workers,
+        timeout=args.timeout,
+        repeat=args.repeat,
+    )
+
+
 def _configure_serve(parser: argparse.ArgumentParser) -> None:
     # The service is a driver of its own; the CLI only hands it the command line.
     from server.app import add_arguments
@@ -357,6 +405,11 @@ COMMANDS: dict[str, Command] = {
     "compile": Command("compile an .onnx model ahead of time into a bundle", _configure_compile, _run_compile),
     "run": Command("run a bundle on .npy inputs (random when none are given)", _configure_run, _run_run),
     "bench": Command("time a bundle's run: median, min and max milliseconds", _configure_bench, _run_bench),
+    "tune": Command(
+        "search each kernel's schedule space by measuring it, into a log that compile --records applies",
+        _configure_tune,
+        _run_tune,
+    ),
     "serve": Command("serve the upload-and-compile page, the compile API and the demos", _configure_serve, _run_serve),
 }
 

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from compiler.backends import BACKENDS
 from compiler.errors import TargetError, TesselError
 from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
+from compiler.tune.records import read_records
 from server.jobs import (
     FINISHED,
     ImportRefused,
@@ -221,11 +222,15 @@ async def compile_model_route(request: Request) -> Response:
             return error(
                 400, "attach the ONNX model, or a zip of it and its data files, or all those files, as the field 'file'"
             )
-        if sum(upload.size or 0 for upload in uploads) > limit:
+        records_uploads = [value for value in form.getlist("records") if isinstance(value, UploadFile)]
+        if len(records_uploads) > 1:
+            return error(400, "attach at most one tuning log (tessel tune's JSON lines) as the field 'records'")
+        if sum(upload.size or 0 for upload in [*uploads, *records_uploads]) > limit:
             return _too_large(limit)
         try:
             names = parse_targets([value for value in form.getlist("targets") if isinstance(value, str)])
             shapes = parse_input_shapes([value for value in form.getlist("input_shapes") if isinstance(value, str)])
+            records = await _save_records(records_uploads, state.store.records_path(job_id))
         except TesselError as exception:
             return error(400, str(exception))
         if len(uploads) == 1:
@@ -237,12 +242,29 @@ async def compile_model_route(request: Request) -> Response:
                 return error(400, str(exception))
         filename = uploads[0].filename if len(uploads) == 1 else f"{len(uploads)} files"
         model = {"filename": filename or "model.onnx", "bytes": size, "sha256": digest}
-        job = Job(job_id, {name: bundle_key(digest, name, shapes) for name in names}, shapes, model)
+        records_digest = records["sha256"] if records else None
+        builds = {name: bundle_key(digest, name, shapes, records_digest) for name in names}
+        job = Job(job_id, builds, shapes, model, records)
         return await _submit(state.queue, job)
     finally:
         await form.close()
         if job_id not in state.queue.jobs:
             upload_path.unlink(missing_ok=True)
+            state.store.records_path(job_id).unlink(missing_ok=True)
+
+
+async def _save_records(uploads: list[UploadFile], destination: Path) -> dict | None:
+    """An upload's tuning log, saved beside its model and read once now, so that a corrupted one is refused (400)
+    before the job queues; its bytes and sha256, or None without one."""
+    if not uploads:
+        return None
+    filename = uploads[0].filename or "records.jsonl"
+    digest, size = await asyncio.to_thread(_save_upload, uploads[0].file, destination)
+    try:
+        await asyncio.to_thread(read_records, destination)
+    except TesselError as exception:
+        raise TesselError(str(exception).replace(str(destination), repr(filename))) from None
+    return {"filename": filename, "bytes": size, "sha256": digest}
 
 
 async def _submit(queue: JobQueue, job: Job) -> Response:

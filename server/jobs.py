@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.build import COMPILER_VERSION
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
+from compiler.tune.space import TuningWarning
 from server.store import Store
 from server.uploads import opened_model
 
@@ -46,15 +48,19 @@ def error_body(error: TesselError) -> dict:
     return body
 
 
-def bundle_key(model_sha256: str, target: str, input_shapes: dict[str, list[int]]) -> str:
-    """The content address of a bundle: what decides its bytes (the model, the target, the options, the
-    compiler's version), so an identical upload finds the bundle already stored."""
+def bundle_key(
+    model_sha256: str, target: str, input_shapes: dict[str, list[int]], records_sha256: str | None = None
+) -> str:
+    """The content address of a bundle: what decides its bytes (the model, the target, the options, the tuning log
+    uploaded with it, the compiler's version), so an identical upload finds the bundle already stored."""
     identity = {
         "model": model_sha256,
         "target": target,
         "input_shapes": dict(sorted(input_shapes.items())),
         "compiler": COMPILER_VERSION,
     }
+    if records_sha256 is not None:
+        identity["tuning_records"] = records_sha256
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
@@ -72,6 +78,7 @@ class Job:
     builds: dict[str, str]
     input_shapes: dict[str, list[int]]
     model: dict
+    records: dict | None = None  # the uploaded tuning log's bytes and sha256, when there is one
     state: str = QUEUED
     progress: float = 0.0
     step: str = ""
@@ -95,6 +102,7 @@ class Job:
             "builds": self.builds,
             "input_shapes": self.input_shapes,
             "model": self.model,
+            "records": self.records,
             "progress": self.progress,
             "step": self.step,
             "log": self.log,
@@ -108,8 +116,8 @@ class Job:
     @classmethod
     def from_record(cls, record: dict) -> Job:
         names = ("id", "builds", "input_shapes", "model", "state", "progress", "step", "log", "error", "result")
-        times = ("created", "started", "finished")
-        return cls(**{name: record[name] for name in names}, **{name: record.get(name) for name in times})
+        optional = ("records", "created", "started", "finished")
+        return cls(**{name: record[name] for name in names}, **{name: record.get(name) for name in optional})
 
 
 class QueueFull(Exception):
@@ -126,6 +134,7 @@ class CompileTask:
     builds: tuple[tuple[str, str], ...]
     input_shapes: dict[str, list[int]]
     max_extracted_bytes: int
+    records_path: str | None = None
 
 
 def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
@@ -161,7 +170,13 @@ def _compile(task: CompileTask, send) -> dict:
                 send(("progress", (position + fraction) / len(task.builds), f"{target}: {step}"))
 
             started = time.perf_counter()
-            module = compile_model(model, target=target, input_shapes=shapes, progress=progress)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", TuningWarning)
+                module = compile_model(
+                    model, target=target, input_shapes=shapes, tuning_records=task.records_path, progress=progress
+                )
+            for warning in caught:
+                send(("log", f"{target}: warning: {warning.message}"))
             seconds = time.perf_counter() - started
             staging = store.new_staging_dir()
             module.export(staging / "bundle")
@@ -441,6 +456,7 @@ class JobQueue:
 
     def _discard_upload(self, job: Job) -> None:
         self.store.upload_path(job.id).unlink(missing_ok=True)
+        self.store.records_path(job.id).unlink(missing_ok=True)
 
     def _pump(self) -> None:
         while self.waiting and len(self.running) < self.max_workers:
@@ -486,6 +502,7 @@ class JobQueue:
             tuple(job.builds.items()),
             job.input_shapes,
             self.import_memory_bytes,
+            str(self.store.records_path(job.id)) if job.records else None,
         )
         started = time.perf_counter()
         worker: Worker | None = None

@@ -141,3 +141,7 @@ class Store:
 
     def upload_path(self, job_id: str) -> Path:
         return self.uploads / f"{job_id}.onnx"
+
+    def records_path(self, job_id: str) -> Path:
+        """Where an upload's tuning log (tessel tune) waits for its compile."""
+        return self.uploads / f"{job_id}.records.jsonl"

@@ -1,9 +1,11 @@
-"""Tuning records: JSON lines, one measurement each ({"task", "config", "seconds", ...}, docs/modules.md). This reads
-the best config per task key (tune/task.py) out of a file; compile_model builds each group with it."""
+"""Tuning records: JSON lines, one measurement each ({"task", "config", "seconds", "error", ...}, docs/modules.md).
+This reads the best config per task key (tune/task.py) out of a file, which compile_model builds each group with, and
+writes the log a tuning run appends to (and resumes from)."""
 
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from pathlib import Path
 
@@ -20,44 +22,59 @@ def _space_version(target) -> int | None:
     return space_version(target.get("kind", "")) if isinstance(target, dict) else None
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """Every record of a file, each {"task", "config", "seconds" (None for a failed measurement), ...}, in order."""
+def read_records(path: str | Path, truncated_tail: bool = False) -> list[dict]:
+    """Every record of a file, each {"task", "config", "seconds" (None for a failed measurement), ...}, in order; a
+    line that is not a record is a TuningError naming the file and line.
+    With `truncated_tail`, a last line without its newline that does not parse (a run killed while writing it) is
+    left out instead."""
     path = Path(path)
     if not path.is_file():
         raise TuningError(f"cannot read tuning records {path}: no such file")
+    text = path.read_text()
+    lines = text.splitlines()
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            task, config, seconds = dict(record["task"]), dict(record["config"]), record.get("seconds")
-            seconds = None if seconds is None else float(seconds)
+            record["task"], record["config"] = dict(record["task"]), dict(record["config"])
+            seconds = record.get("seconds")
+            record["seconds"] = None if seconds is None else float(seconds)
         except (ValueError, KeyError, TypeError) as error:
+            if truncated_tail and number == len(lines) and not text.endswith("\n"):
+                break
             raise TuningError(
                 f'tuning records {path} line {number} is not a record ({{"task": {{{", ".join(TASK_FIELDS)}}}, '
                 f'"config", "seconds", ...}}): {error}'
             ) from None
-        records.append({**record, "task": task, "config": config, "seconds": seconds})
+        records.append(record)
     return records
+
+
+def applies(task: dict) -> bool:
+    """Whether a record's task is of this compiler's form and space version."""
+    return all(name in task for name in TASK_FIELDS) and task["space_version"] == _space_version(task["target"])
+
+
+def best_records(records: list[dict]) -> dict[str, dict]:
+    """The fastest successful record per task key, among those that apply."""
+    best: dict[str, dict] = {}
+    for record in records:
+        if record["seconds"] is None or not applies(record["task"]):
+            continue
+        key = canonical(record["task"])
+        if key not in best or record["seconds"] < best[key]["seconds"]:
+            best[key] = record
+    return best
 
 
 def load_records(path: str | Path) -> dict[str, dict]:
     """The fastest measured config per task key. Records of failed measurements (no seconds) are skipped; records
     whose task is of another space version or an older form (before tasks named their template) no longer apply,
     and one TuningWarning counts them."""
-    best: dict[str, tuple[float, dict]] = {}
-    stale = 0
-    for record in read_records(path):
-        task, config, seconds = record["task"], record["config"], record["seconds"]
-        if any(name not in task for name in TASK_FIELDS) or task["space_version"] != _space_version(task["target"]):
-            stale += 1
-            continue
-        if seconds is None:
-            continue
-        key = canonical(task)
-        if key not in best or seconds < best[key][0]:
-            best[key] = (seconds, config)
+    records = read_records(path)
+    stale = sum(not applies(record["task"]) for record in records)
     if stale:
         warnings.warn(
             f"{stale} tuning record(s) in {path} were written for another version of the schedule spaces than this "
@@ -65,4 +82,58 @@ def load_records(path: str | Path) -> dict[str, dict]:
             TuningWarning,
             stacklevel=2,
         )
-    return {key: config for key, (_, config) in best.items()}
+    return {key: record["config"] for key, record in best_records(records).items()}
+
+
+def config_key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+class RecordLog:
+    """A tuning log being written: one JSON line per measurement, appended and flushed as it is known, so a run
+    stopped at any point (Ctrl-C) leaves whole lines. Opening an existing log resumes it: `done[task key][config
+    key]` holds its records, which a Measurer returns instead of measuring again."""
+
+    def __init__(self, path: str | Path):
+        from compiler.build import COMPILER_VERSION
+
+        self.path = Path(path)
+        self.version = COMPILER_VERSION
+        self.done: dict[str, dict[str, dict]] = {}
+        if self.path.is_file():
+            records = read_records(self.path, truncated_tail=True)
+            text = self.path.read_text()
+            if text and not text.endswith("\n"):
+                # drop a truncated last line, so appended lines start on a line of their own
+                self.path.write_text(text[: text.rfind("\n") + 1])
+            for record in records:
+                if applies(record["task"]):
+                    self.done.setdefault(canonical(record["task"]), {})[config_key(record["config"])] = record
+        try:
+            self.file = open(self.path, "a")
+        except OSError as error:
+            raise TuningError(f"cannot write tuning log {self.path}: {error.strerror or error}") from None
+
+    def write(self, task: dict, config: dict, seconds: float | None, error: str | None, **extra) -> dict:
+        record = {
+            "task": task,
+            "config": config,
+            "seconds": seconds,
+            "error": error,
+            **extra,
+            "version": self.version,
+            "timestamp": time.time(),
+        }
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        self.done.setdefault(canonical(task), {})[config_key(config)] = record
+        return record
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> RecordLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
