@@ -28,13 +28,13 @@ PASSES = [
 
 
 def optimize(graph: Graph, fuse: bool = True, target: Target | str | None = None) -> Graph:
-    """Run every pass of PASSES, then alter_layout for `target` (every target is a CPU one; None keeps the ONNX
-    layouts) and eliminate_dead for the weights it replaced, then fuse_ops when `fuse`, verifying the graph before
-    and after each one."""
+    """Run every pass of PASSES, then alter_layout for a CPU `target` (NCHW[x]c is a CPU decision: GPU targets and
+    None keep the ONNX layouts) and eliminate_dead for the weights it replaced, then fuse_ops when `fuse`, verifying
+    the graph before and after each one."""
     graph.verify()
     passes = list(PASSES)
-    if target is not None:
-        target = Target.parse(target)
+    target = Target.parse(target) if target is not None else None
+    if target is not None and not target.is_gpu:
 
         def alter_layout_for_target(graph: Graph) -> Graph:
             return alter_layout(graph, target)

@@ -388,9 +388,10 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     values = fallback("dense", target)
     *batch, i, j = output.op.axis
     (k,) = dense.op.reduce_axis
-    cfg.define_split("tile_y", i, num_outputs=3, default=values["tile_y"])
-    cfg.define_split("tile_x", j, num_outputs=3, default=values["tile_x"])
-    cfg.define_split("tile_k", k, default=values["tile_k"])
+    # powers of two, the last tile guarded: a prime extent (77 tokens, 37 rows) would leave one thread per row
+    cfg.define_split("tile_y", i, num_outputs=3, policy="power2", default=values["tile_y"])
+    cfg.define_split("tile_x", j, num_outputs=3, policy="power2", default=values["tile_x"])
+    cfg.define_split("tile_k", k, policy="power2", default=values["tile_k"])
     operands = [t for t in dense.op.input_tensors]
     limit = target.device.max_threads
 

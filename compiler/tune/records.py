@@ -8,11 +8,19 @@ import warnings
 from pathlib import Path
 
 from compiler.errors import TuningError
+from compiler.schedules import family
 from compiler.schedules.cpu import SPACE_VERSION
 from compiler.tune.space import TuningWarning
 from compiler.tune.task import canonical
 
 TASK_FIELDS = ("template", "workload", "target", "space_version")
+
+
+def _space_version(task: dict) -> int | None:
+    """The space version of the schedule family the task's target kind uses (None for a malformed target)."""
+    target = task["target"]
+    kind = target.get("kind") if isinstance(target, dict) else None
+    return family(kind).SPACE_VERSION if isinstance(kind, str) else None
 
 
 def load_records(path: str | Path) -> dict[str, dict]:
@@ -36,7 +44,7 @@ def load_records(path: str | Path) -> dict[str, dict]:
                 f'tuning records {path} line {number} is not a record ({{"task": {{{", ".join(TASK_FIELDS)}}}, '
                 f'"config", "seconds", ...}}): {error}'
             ) from None
-        if any(name not in task for name in TASK_FIELDS) or task["space_version"] != SPACE_VERSION:
+        if any(name not in task for name in TASK_FIELDS) or task["space_version"] != _space_version(task):
             stale += 1
             continue
         if seconds is None:

@@ -16,7 +16,7 @@ from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, Node
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules.cpu import SPACE_VERSION, schedule_group
+from compiler.schedules import family
 from compiler.target import Target
 from compiler.tune.space import ConfigSpace, run_template
 
@@ -93,7 +93,7 @@ class Task:
             "template": self.template,
             "workload": self.workload,
             "target": target_json(self.target),
-            "space_version": SPACE_VERSION,
+            "space_version": family(self.target).SPACE_VERSION,
         }
 
     @property
@@ -109,7 +109,7 @@ def _fallback(node: Node, target: Target):
     """The group's TE, its fallback schedule and the cfg its template declared."""
     group = group_to_te(node)
     cfg = ConfigSpace()
-    return group, schedule_group(group, target, cfg), cfg
+    return group, family(target).schedule_group(group, target, cfg), cfg
 
 
 def task_of(node: Node, target: Target | str) -> Task:
@@ -126,7 +126,7 @@ def schedule_node(node: Node, target: Target, records: dict[str, dict] | None = 
     values = records.get(Task(cfg.template, workload(node), target, cfg, node).key) if records else None
     if values is None:
         return group, schedule, cfg
-    schedule, cfg = run_template(partial(schedule_group, group, target), values)
+    schedule, cfg = run_template(partial(family(target).schedule_group, group, target), values)
     return group, schedule, cfg
 
 
