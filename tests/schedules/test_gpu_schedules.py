@@ -223,10 +223,13 @@ def test_matmul_tiles_in_shared_memory(target, a_shape, b_shape):
 
 
 def test_gemm_with_transposed_b_and_bias():
+    """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/ops/nn.py)."""
     graph, x, feeds = single_input((4, 24))
     (y,) = graph.add_node("Gemm", [x, param(graph, (40, 24)), param(graph, (40,))], {"transB": 1})
     graph.outputs = list(graph.add_node("Relu", [y]))
-    check(graph, feeds)
+    tir = tir_of(check(graph, feeds))
+    # the compute's interleaved partial sums are made per output in registers, never through global memory
+    assert re.search(r"allocate dense_partial: float32\[[^\]]*\] local", tir), tir
 
 
 @pytest.mark.parametrize("target", GPU_TARGETS)
