@@ -83,8 +83,6 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     anchor = cpu._anchor_reduction(schedule)
     if anchor is not None and anchor.op.tag in cpu.POOL_TAGS and len(outputs) > 1:
         anchor = None  # a max pool's Indices: the generic schedule, as on the CPU
-    if anchor is not None and any(getattr(t.op, "tag", "") == "dense_partial" for t in anchor.op.input_tensors):
-        anchor = None  # split-K partial sums are the CPU layout pass's; GPU graphs keep plain dense
     kind = cpu._template_kind(anchor)
     if kind not in TEMPLATES:
         kind = None
@@ -384,24 +382,30 @@ def _row_stride(data, rows: int, taps: int) -> int:
 def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """Dense / batch matmul: a block computes (threads_y x regs_y) rows by (threads_x x regs_x) columns, each thread a
     regs_y x regs_x tile of accumulators in registers; per step of tile_k along k the block first copies the A and B
-    tiles that step reads into shared memory, all threads together, then every thread reads them from there."""
+    tiles that step reads into shared memory, all threads together, then every thread reads them from there. A Gemm
+    with B transposed sums interleaved partial products (its compute's dense_partial): those are made per output in
+    registers, from global memory."""
     values = fallback("dense", target)
     *batch, i, j = output.op.axis
-    (k,) = dense.op.reduce_axis
-    cfg.define_split("tile_y", i, num_outputs=3, default=values["tile_y"])
-    cfg.define_split("tile_x", j, num_outputs=3, default=values["tile_x"])
-    cfg.define_split("tile_k", k, default=values["tile_k"])
-    operands = [t for t in dense.op.input_tensors]
+    partial_op = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
+    # powers of two, the last tile guarded: a prime extent (77 tokens, 37 rows) would leave one thread per row
+    cfg.define_split("tile_y", i, num_outputs=3, policy="power2", default=values["tile_y"])
+    cfg.define_split("tile_x", j, num_outputs=3, policy="power2", default=values["tile_x"])
     limit = target.device.max_threads
+    operands = list(dict.fromkeys(dense.op.input_tensors)) if partial_op is None else []
+    if partial_op is None:
+        cfg.define_split("tile_k", dense.op.reduce_axis[0], policy="power2", default=values["tile_k"])
 
     def fits(config) -> bool:
         (_, ty, ry), (_, tx, rx) = config["tile_y"].size, config["tile_x"].size
+        if partial_op is not None:
+            return ty * tx <= limit
         step = config["tile_k"].size[-1]
         tiles = [(ty * ry * step, operands[0].dtype), (tx * rx * step, operands[-1].dtype)]
         return ty * tx <= limit and _shared_bytes(*tiles) <= target.device.shared_bytes
 
     cfg.add_filter(fits)
-    caches = [schedule.cache_read(t, "shared", [dense.op.output(0)]) for t in dict.fromkeys(operands)]
+    caches = [schedule.cache_read(t, "shared", [dense.op.output(0)]) for t in operands]
     i_block, i_thread, i_inner = cfg["tile_y"].apply(schedule, output, i)
     j_block, j_thread, j_inner = cfg["tile_x"].apply(schedule, output, j)
     output.reorder(*batch, i_block, j_block, i_thread, j_thread, i_inner, j_inner)
@@ -416,6 +420,12 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     dense.set_scope("local")
     dense.compute_at(output, j_thread)
     *dbatch, di, dj = dense.op.axis
+    if partial_op is not None:
+        dense.reorder(*dbatch, di, dj, dense.op.reduce_axis[0])
+        partial_stage = schedule[partial_op]
+        partial_stage.set_scope("local")
+        partial_stage.compute_at(dense, dj)
+        return
     k_outer, k_inner = cfg["tile_k"].apply(schedule, dense, dense.op.reduce_axis[0])
     dense.reorder(*dbatch, k_outer, k_inner, di, dj)
     dense.unroll(di)

@@ -4,6 +4,7 @@ each template's kernels run natively against the numpy reference executor, in th
 valid configs of their space, and their loop IR shows the structure the template promises (thread-bound loops,
 shared tiles, cross-thread reductions) within the target's limits."""
 
+import json
 import math
 import re
 
@@ -222,10 +223,13 @@ def test_matmul_tiles_in_shared_memory(target, a_shape, b_shape):
 
 
 def test_gemm_with_transposed_b_and_bias():
+    """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/ops/nn.py)."""
     graph, x, feeds = single_input((4, 24))
     (y,) = graph.add_node("Gemm", [x, param(graph, (40, 24)), param(graph, (40,))], {"transB": 1})
     graph.outputs = list(graph.add_node("Relu", [y]))
-    check(graph, feeds)
+    tir = tir_of(check(graph, feeds))
+    # the compute's interleaved partial sums are made per output in registers, never through global memory
+    assert re.search(r"allocate dense_partial: float32\[[^\]]*\] local", tir), tir
 
 
 @pytest.mark.parametrize("target", GPU_TARGETS)
@@ -314,3 +318,37 @@ def test_a_cpu_target_is_refused():
     (node,) = optimize(graph).nodes
     with pytest.raises(ScheduleError, match="not llvm"):
         schedule_group(group_to_te(node), "llvm")
+
+
+@pytest.mark.parametrize("name", ["mlp", "digits", "dwconv_block"])
+def test_zoo_models_match_the_reference(name):
+    """Whole small models, every group on its GPU template, run serially; tests/tune builds the rest of the zoo."""
+    from compiler import zoo
+    from compiler.frontend.onnx import load_onnx
+
+    graph = load_onnx(zoo.build_model(name))
+    feeds = {v.name: RNG.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    check(graph, feeds)
+
+
+def test_tasks_of_a_gpu_target_use_the_gpu_templates_and_their_records(tmp_path):
+    """compiler/tune/task.py picks the schedule family by the target: a webgpu task is the seeds' depthwise template
+    with its knobs and gpu.py's space version, and a record's config for it builds that config."""
+    from compiler import zoo
+    from compiler.schedules import gpu
+    from compiler.tune.records import load_records
+    from compiler.tune.task import extract_tasks, schedule_node
+
+    (task,) = extract_tasks(zoo.build_model("dwconv_block"), "webgpu")
+    assert task.template == "depthwise_conv2d"
+    assert task.to_json()["space_version"] == gpu.SPACE_VERSION
+    assert {"blocking_h", "blocking_w", "num_thread_y", "num_thread_x", "vthread_y", "vthread_x"} <= set(
+        task.space.knobs
+    )
+    record = {"num_thread_y": 4, "num_thread_x": 32}
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"task": task.to_json(), "config": record, "seconds": 1e-5}) + "\n")
+    records = load_records(path)
+    assert records == {task.key: record}
+    _, _, cfg = schedule_node(task.node, Target.parse("webgpu"), records)
+    assert (cfg["num_thread_y"].val, cfg["num_thread_x"].val) == (4, 32)

@@ -1,0 +1,218 @@
+"""The seeds' depthwise-convolution study (issue 12 §6) on a GPU target: filter 256x1x3x3, stride 1, pad same.
+
+1. The (num_thread_y, num_thread_x) grid on 1x256x32x32 with 32x32 blocking, and the vthread choices on 1x256x96x96
+   with 32x32 blocking, as tables of microseconds like the seeds' (their GTX 1080: (4, 32) best at 32x32, 8.8 µs;
+   (8, 16) with vthread (1, 2) best at 96x96, 90.9 µs).
+2. depthwise + scale_shift + relu fused into one kernel, against depthwise alone and against the three ops as separate
+   kernels (the seeds: 91.5 against 90.9 µs fused / alone).
+
+Each kernel is built by compiler.build from schedules/gpu.py's depthwise template with the knob values of the row,
+checked against the reference executor, then timed: interleaved rounds, medians. A runtime that can time launches on
+the device (`time_launches(name, arrays, repeat)` on the kernel's runtime) is timed that way; otherwise each timed
+call includes the runtime's copies in and out, and the header says so. `--target llvm --limits webgpu` runs the same
+kernels serially on the CPU (a smoke run, contract point 0). Nothing here is part of the compiler; the tables go to
+docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import time
+
+import numpy as np
+from common import print_table
+
+import compiler
+from compiler.graph.ir import Graph, TensorType
+from compiler.graph.reference import run_reference
+from compiler.ops import group_to_te
+from compiler.passes.pipeline import optimize
+from compiler.schedules import gpu
+from compiler.target import Target
+from compiler.tune.space import ConfigSpace
+
+RNG = np.random.default_rng(0)
+THREADS = (1, 2, 4, 8, 16, 32)
+# the seeds' vthread table: thread shapes and (vthread_y, vthread_x) pairs
+VTHREAD_ROWS = ((8, 8, 1, 1), (8, 8, 1, 2), (8, 16, 1, 1), (8, 16, 1, 2), (4, 32, 1, 1), (4, 32, 2, 1), (8, 8, 2, 2))
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("x"))
+
+
+def _graph(shape, epilogue: str) -> tuple[Graph, dict]:
+    """One model of the study: the depthwise conv (`epilogue` "none"), it with scale_shift and relu ("fused"), or one
+    of the separate ops on the conv's output ("scale_shift", "relu")."""
+    channels = shape[1]
+    graph = Graph()
+    x = graph.add_input("x", TensorType(shape, "float32"))
+    if epilogue in ("none", "fused"):
+        weight = graph.add_param("filter", RNG.standard_normal((channels, 1, 3, 3)).astype(np.float32))
+        (y,) = graph.add_node("Conv", [x, weight], {"group": channels, "pads": [1, 1, 1, 1]})
+    else:
+        y = x
+    if epilogue in ("fused", "scale_shift"):
+        (y,) = graph.add_node("Mul", [y, graph.add_param("scale", RNG.random((channels, 1, 1)).astype(np.float32))])
+        (y,) = graph.add_node("Add", [y, graph.add_param("shift", RNG.random((channels, 1, 1)).astype(np.float32))])
+    if epilogue in ("fused", "relu"):
+        (y,) = graph.add_node("Relu", [y])
+    graph.outputs = [y]
+    return graph, {"x": RNG.standard_normal(shape).astype(np.float32)}
+
+
+class Case:
+    """One kernel of the study, built, checked and ready to time: `run()` launches it once."""
+
+    def __init__(self, shape, epilogue: str, target: Target, limits: Target, config: dict | None):
+        graph, feeds = _graph(shape, epilogue)
+        (node,) = optimize(graph, target=limits).nodes
+        group = group_to_te(node)
+        space = ConfigSpace(config)
+        schedule = gpu.schedule_group(group, limits, space)
+        if config and (space.misfits() or not space.current.valid):
+            raise ValueError(f"config {config} is not a valid point of the depthwise space for {limits}")
+        self.kernel = compiler.build(schedule, group.inputs + group.outputs, target=target, name=group.name)
+        inputs = {**feeds, **{v.name: graph.params[v] for v in graph.params}}
+        self.arrays = [np.array(inputs[v.name], copy=True) for v in node.inputs]
+        self.arrays += [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
+        self.kernel(*self.arrays)
+        (expected,) = run_reference(graph, feeds).values()
+        if not np.allclose(self.arrays[-1], expected, rtol=1e-4, atol=1e-4):
+            error = float(np.max(np.abs(self.arrays[-1] - expected)))
+            raise SystemExit(
+                f"{epilogue} {config}: the kernel disagrees with the reference ({error:.3g}); not timing it"
+            )
+        self.device_timer = getattr(getattr(self.kernel, "runtime", None), "time_launches", None)
+
+    def seconds(self, repeat: int) -> float:
+        """Seconds per launch: the runtime's device timing when it has one, else the median wall time of a call."""
+        if self.device_timer is not None:
+            return self.device_timer(self.kernel.name, self.arrays, repeat)
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.kernel(*self.arrays)
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+
+def interleaved_seconds(cases: list[Case], rounds: int, repeat: int) -> list[float]:
+    """Median seconds of each case over `rounds` rounds of A, B, C..., each timing `repeat` launches (one warm-up
+    round first)."""
+    for case in cases:
+        case.seconds(1)
+    samples = [[] for _ in cases]
+    for _ in range(rounds):
+        for case, values in zip(cases, samples):
+            values.append(case.seconds(repeat))
+    return [statistics.median(values) for values in samples]
+
+
+def _device(target: Target) -> str:
+    """The device the kernels run on, as its runtime names it."""
+    try:
+        runtime = importlib.import_module(f"compiler.runtime.{target.kind}")
+    except ImportError:
+        runtime = None
+    name = getattr(runtime, "device_name", None)
+    return name() if callable(name) else str(target)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f}"
+
+
+def thread_grid(args, target: Target, limits: Target) -> None:
+    shape = _shape(args.grid_shape)
+    threads = [count for count in args.threads if count <= 32]
+    configs = {}
+    for threads_y in threads:
+        for threads_x in threads:
+            config = {"blocking_h": 32, "blocking_w": 32, "num_thread_y": threads_y, "num_thread_x": threads_x}
+            try:
+                configs[threads_y, threads_x] = Case(shape, "none", target, limits, config)
+            except ValueError:
+                continue  # over the device's threads per block, or not dividing the blocking
+    times = dict(zip(configs, interleaved_seconds(list(configs.values()), args.rounds, args.repeat)))
+    best = min(times, key=times.get)
+    print(f"\n1. (num_thread_y, num_thread_x) on {args.grid_shape}, blocking 32x32, µs per launch (best {best}):")
+    rows = []
+    for threads_y in threads:
+        cells = [_us(times[threads_y, x]) if (threads_y, x) in times else "-" for x in threads]
+        rows.append([str(threads_y), *cells])
+    print_table(["num_thread_y \\ x", *map(str, threads)], rows)
+
+
+def vthread_table(args, target: Target, limits: Target) -> dict:
+    shape = _shape(args.vthread_shape)
+    cases, names = [], []
+    for threads_y, threads_x, vthread_y, vthread_x in VTHREAD_ROWS:
+        config = {"blocking_h": 32, "blocking_w": 32, "num_thread_y": threads_y, "num_thread_x": threads_x}
+        config |= {"vthread_y": vthread_y, "vthread_x": vthread_x}
+        try:
+            cases.append(Case(shape, "none", target, limits, config))
+        except ValueError:
+            continue
+        names.append(config)
+    times = interleaved_seconds(cases, args.rounds, args.repeat)
+    print(f"\n2. vthreads on {args.vthread_shape}, blocking 32x32, µs per launch:")
+    rows = [
+        [str(c["num_thread_y"]), str(c["num_thread_x"]), str(c["vthread_y"]), str(c["vthread_x"]), _us(seconds)]
+        for c, seconds in zip(names, times)
+    ]
+    print_table(["num_thread_y", "num_thread_x", "vthread_y", "vthread_x", "µs"], rows)
+    return names[times.index(min(times))]
+
+
+def fusion_table(args, target: Target, limits: Target, config: dict) -> None:
+    shape = _shape(args.vthread_shape)
+    fused = Case(shape, "fused", target, limits, config)
+    alone = Case(shape, "none", target, limits, config)
+    scale_shift = Case(shape, "scale_shift", target, limits, None)
+    relu = Case(shape, "relu", target, limits, None)
+    fused_s, alone_s, scale_shift_s, relu_s = interleaved_seconds(
+        [fused, alone, scale_shift, relu], args.rounds, args.repeat
+    )
+    separate_s = alone_s + scale_shift_s + relu_s
+    print(f"\n3. fusion on {args.vthread_shape} with {config}, µs per launch:")
+    rows = [
+        ["depthwise + scale_shift + relu, one kernel", _us(fused_s), "1.00×"],
+        ["depthwise alone", _us(alone_s), f"{alone_s / fused_s:.2f}×"],
+        ["three kernels (depthwise, scale_shift, relu)", _us(separate_s), f"{separate_s / fused_s:.2f}×"],
+    ]
+    print_table(["kernels", "µs", "over fused"], rows)
+    print(f"fused / alone = {fused_s / alone_s:.2f} (the seeds: 1.01); separate / fused = {separate_s / fused_s:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="opencl", help="opencl, webgpu, cuda (or llvm with --limits: serial)")
+    parser.add_argument("--limits", help="the GPU target whose limits the schedules keep (default: --target)")
+    parser.add_argument("--grid-shape", default="1x256x32x32")
+    parser.add_argument("--vthread-shape", default="1x256x96x96")
+    parser.add_argument("--threads", type=int, nargs="+", default=list(THREADS), help="num_thread values to try")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians over them")
+    parser.add_argument("--repeat", type=int, default=10, help="launches timed per round")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["grid", "vthread", "fusion"])
+    args = parser.parse_args()
+    target = Target.parse(args.target)
+    limits = Target.parse(args.limits or args.target)
+    if not limits.is_gpu:
+        raise SystemExit(f"--limits must name a GPU target (webgpu, opencl, cuda), not {limits}")
+    first = Case(_shape(args.grid_shape), "none", target, limits, None)
+    timing = "device launches" if first.device_timer is not None else "wall time per call, copies in and out included"
+    print(f"depthwise study on {_device(target)}; schedules for {limits}; {timing}; medians of {args.rounds} rounds")
+    if "grid" not in args.skip:
+        thread_grid(args, target, limits)
+    best = {"blocking_h": 32, "blocking_w": 32, "num_thread_y": 8, "num_thread_x": 16, "vthread_y": 1, "vthread_x": 2}
+    if "vthread" not in args.skip:
+        best = vthread_table(args, target, limits)
+    if "fusion" not in args.skip:
+        fusion_table(args, target, limits, best)
+
+
+if __name__ == "__main__":
+    main()
