@@ -592,20 +592,10 @@ class Module:
     def source(self, kind: str = "ll") -> str:
         """The generated code: "tir" (every kernel and the run entry's calls), "ll" or "asm"."""
         if kind == "tir":
-            return "\n\n".join(format_func(func) if func.name != ENTRY else _format_entry(func) for func in self.funcs)
+            return "\n\n".join(format_func(func) for func in self.funcs)
         if self.sources is None:
             raise TargetError("a module loaded from a bundle keeps only its linked code; compile it to see its source")
         return _source(self.sources, kind, self.target)
-
-
-def _format_entry(func: PrimFunc) -> str:
-    """The run entry as text: the printer knows loops, not calls, and this one is only calls."""
-    params = ", ".join(buffer.name for buffer in func.params)
-    calls = [
-        f"  {call.func}({', '.join(f'{buffer.name} + {offset}' for buffer, offset in call.args)})"
-        for call in func.body.stmts
-    ]
-    return "\n".join([f"func {func.name}({params}) {{", *calls, "}"])
 
 
 def load_module(directory: str | Path, num_threads: int | None = None) -> Module:

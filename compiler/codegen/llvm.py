@@ -7,7 +7,6 @@ tir/work.py says they do enough work, math a polynomial in IR."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -46,6 +45,7 @@ from compiler.tir.nodes import (
     Stmt,
     Store,
 )
+from compiler.tir.visitor import StmtVisitor, structurally_equal, walk
 from compiler.tir.work import stmt_work, worth_parallel
 
 NUM_THREADS_GLOBAL = "tessel_num_threads"
@@ -97,40 +97,6 @@ def _lanes(value: ir.Value) -> int:
     return value.type.count if isinstance(value.type, ir.VectorType) else 0
 
 
-def _children(node):
-    for field in dataclasses.fields(node):
-        value = getattr(node, field.name)
-        if isinstance(value, (Expr, Stmt)):
-            yield value
-        elif isinstance(value, tuple):
-            yield from (item for item in value if isinstance(item, (Expr, Stmt)))
-
-
-def _walk(node):
-    yield node
-    for child in _children(node):
-        yield from _walk(child)
-
-
-def _same(a, b) -> bool:
-    """Structural equality of expressions (variables and buffers by identity)."""
-    if a is b:
-        return True
-    if type(a) is not type(b) or isinstance(a, Var):
-        return False
-    for field in dataclasses.fields(a):
-        left, right = getattr(a, field.name), getattr(b, field.name)
-        if isinstance(left, (Expr, Stmt)) or isinstance(left, tuple):
-            pairs = zip(left, right) if isinstance(left, tuple) else [(left, right)]
-            if isinstance(left, tuple) and len(left) != len(right):
-                return False
-            if not all(_same(x, y) for x, y in pairs):
-                return False
-        elif left is not right and left != right:
-            return False
-    return True
-
-
 # the constant strides between lanes that a vector load reads as contiguous runs and shuffles (longer ones gather)
 STRIDED_LOADS = (2, 3, 4)
 
@@ -162,7 +128,7 @@ def _coefficient(expr: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
         return _coefficient(expr.value, var, lets)
     depends = any(
         node is var or (isinstance(node, Var) and node in lets and _coefficient(node, var, lets) != 0)
-        for node in _walk(expr)
+        for node in walk(expr)
     )
     return None if depends else 0
 
@@ -196,7 +162,7 @@ def _clamped_run(index: Expr, var: Var, lets: dict[Var, Expr]) -> tuple[Expr, in
     """(position, low, high, unclamped index) when `index` reads clamp(position, low, high) with position stepping
     by one per lane of `var`, and is contiguous in `var` once that clamp is dropped: a padded row read in vectors
     (compiler/ops/nn.py clamps pad reads into bounds so that the select around them stays a plain select)."""
-    for node in _walk(index):
+    for node in walk(index):
         bounds = _clamp_bounds(node)
         if bounds is None or _coefficient(bounds[0], var, lets) != 1:
             continue
@@ -213,23 +179,23 @@ def _can_widen(body: Stmt, var: Var) -> bool:
     lane, since a scatter in lane order leaves the last lane's value as the serial loop would."""
     lets: dict[Var, Expr] = {}
     stores: dict[Buffer, Expr] = {}
-    for node in _walk(body):
+    for node in walk(body):
         if isinstance(node, (For, IfThen, Allocate, Barrier, IfThenElse)):
             return False
         if isinstance(node, (LetStmt, Let)):
             lets[node.var] = node.value
         elif isinstance(node, Store):
-            if node.buffer in stores and not _same(stores[node.buffer], node.index):
+            if node.buffer in stores and not structurally_equal(stores[node.buffer], node.index):
                 return False
             stores[node.buffer] = node.index
-    loaded = {node.buffer for node in _walk(body) if isinstance(node, Load)}
+    loaded = {node.buffer for node in walk(body) if isinstance(node, Load)}
     for buffer, index in stores.items():
         coefficient = _coefficient(index, var, lets)
         if coefficient == 0 or (coefficient is None and buffer in loaded):
             return False
     return all(
-        _same(node.index, stores[node.buffer])
-        for node in _walk(body)
+        structurally_equal(node.index, stores[node.buffer])
+        for node in walk(body)
         if isinstance(node, Load) and node.buffer in stores
     )
 
@@ -268,9 +234,10 @@ class _ModuleContext:
         return self.function(f"llvm.{name}.{intrinsic_suffix(ty)}", ty, [ty] * arity)
 
 
-class _FunctionEmitter:
-    """One visitor over a function body; `vector_var` is set while a vectorized loop is widened, and
-    `lets` keeps each bound variable's expression so index analysis can see through it."""
+class _FunctionEmitter(StmtVisitor):
+    """One visitor over a function body (its statements; its expressions dispatch on `expr_<node>`): `vector_var` is
+    set while a vectorized loop is widened, and `lets` keeps each bound variable's expression so index analysis can
+    see through it."""
 
     def __init__(self, context: _ModuleContext, function: ir.Function, parallel_depth: int = 0):
         self.context = context
@@ -482,7 +449,7 @@ class _FunctionEmitter:
             result = b.insert_element(result, element, ir.Constant(_I32, lane))
         return result
 
-    def store(self, node: Store) -> None:
+    def visit_store(self, node: Store) -> None:
         b = self.builder
         index = self.expr(node.index)
         lanes = _lanes(index)
@@ -509,12 +476,12 @@ class _FunctionEmitter:
         if not (isinstance(value, Binary) and value.op in ("add", "mul") and is_float(value.dtype)):
             return None
         for total, term in ((value.a, value.b), (value.b, value.a)):
-            if isinstance(total, Load) and total.buffer is node.buffer and _same(total.index, node.index):
+            if isinstance(total, Load) and total.buffer is node.buffer and structurally_equal(total.index, node.index):
                 left, right = self.match(self.expr(total), self.expr(term))
                 return self.float_binary(value.op, left, right, reassociate=True)
         return None
 
-    def allocate(self, node: Allocate) -> None:
+    def visit_allocate(self, node: Allocate) -> None:
         buffer = node.buffer
         memory_type = storage_type(buffer.dtype, self.target)
         nbytes = buffer.size * max(1, element_bytes(buffer.dtype))
@@ -537,35 +504,27 @@ class _FunctionEmitter:
             malloc = self.context.function("malloc", _PTR, [size_type])
             pointer = heap = self.builder.call(malloc, [ir.Constant(size_type, nbytes)])
         self.buffers[buffer] = pointer
-        self.stmt(node.body)
+        self.visit(node.body)
         if heap is not None:
             self.builder.call(self.context.function("free", ir.VoidType(), [_PTR]), [heap])
         del self.buffers[buffer]
 
     # ---- statements ------------------------------------------------------------------------------
 
-    def stmt(self, node: Stmt) -> None:
-        if isinstance(node, Seq):
-            for item in node.stmts:
-                self.stmt(item)
-        elif isinstance(node, Store):
-            self.store(node)
-        elif isinstance(node, For):
-            self.for_loop(node)
-        elif isinstance(node, Allocate):
-            self.allocate(node)
-        elif isinstance(node, IfThen):
-            self.if_then(node)
-        elif isinstance(node, LetStmt):
-            self.bind(node.var, node.value, lambda: self.stmt(node.body))
-        elif isinstance(node, Barrier):
-            return  # CPU: each thread-bound stage already runs to completion before the next one
-        elif isinstance(node, KernelCall):
-            self.kernel_call(node)
-        else:
-            raise TypeError(f"codegen cannot handle statement {type(node).__name__}")
+    def generic_visit(self, node) -> None:
+        raise TypeError(f"codegen cannot handle statement {type(node).__name__}")
 
-    def kernel_call(self, node: KernelCall) -> None:
+    def visit_seq(self, node: Seq) -> None:
+        for item in node.stmts:
+            self.visit(item)
+
+    def visit_letstmt(self, node: LetStmt) -> None:
+        self.bind(node.var, node.value, lambda: self.visit(node.body))
+
+    def visit_barrier(self, node: Barrier) -> None:
+        return  # CPU: each thread-bound stage already runs to completion before the next one
+
+    def visit_kernelcall(self, node: KernelCall) -> None:
         offset_type = ir.IntType(8 * self.target.pointer_bytes)
         pointers = [
             self.builder.gep(self.pointer(buffer), [ir.Constant(offset_type, offset)], source_etype=_I8)
@@ -586,19 +545,19 @@ class _FunctionEmitter:
         finally:
             del self.values[var], self.lets[var]
 
-    def if_then(self, node: IfThen) -> None:
+    def visit_ifthen(self, node: IfThen) -> None:
         cond = self.expr(node.cond)
         if node.else_body is None:
             with self.builder.if_then(cond):
-                self.stmt(node.then_body)
+                self.visit(node.then_body)
             return
         with self.builder.if_else(cond) as (then, otherwise):
             with then:
-                self.stmt(node.then_body)
+                self.visit(node.then_body)
             with otherwise:
-                self.stmt(node.else_body)
+                self.visit(node.else_body)
 
-    def for_loop(self, node: For) -> None:
+    def visit_for(self, node: For) -> None:
         start = self.expr(node.min)
         if node.kind == ForKind.VECTORIZED and isinstance(node.extent, Const) and self.vector_var is None:
             lanes = int(node.extent.value)
@@ -610,7 +569,7 @@ class _FunctionEmitter:
                 for step in range(int(node.extent.value)):
                     offset = self.builder.add(start, ir.Constant(start.type, step))
                     self.values[node.var] = offset
-                    self.stmt(node.body)
+                    self.visit(node.body)
                     del self.values[node.var]
                 return
         extent = self.expr(node.extent)
@@ -638,7 +597,7 @@ class _FunctionEmitter:
         b.cbranch(b.icmp_signed("<", counter, end), inner, done)
         b.position_at_end(inner)
         self.values[var] = b.add(start, counter)
-        self.stmt(body)
+        self.visit(body)
         del self.values[var]
         counter.add_incoming(b.add(counter, ir.Constant(counter.type, 1)), b.block)
         b.branch(header)
@@ -649,7 +608,7 @@ class _FunctionEmitter:
         self.values[node.var] = self.builder.add(self.broadcast(start, lanes), steps)
         self.vector_var = node.var
         try:
-            self.stmt(node.body)
+            self.visit(node.body)
         finally:
             self.vector_var = None
             del self.values[node.var]
@@ -659,8 +618,8 @@ class _FunctionEmitter:
         of the iteration range from a shared counter in the closure (CHUNKS_PER_THREAD per thread), so a thread
         that starts late (a sleeping worker takes 100-200 us to wake on a virtual machine) does fewer chunks, or
         none: the pool does not wait for a worker that has not joined."""
-        free_vars = [v for v in dict.fromkeys(n for n in _walk(node.body) if isinstance(n, Var)) if v in self.values]
-        buffers = [n.buffer for n in _walk(node.body) if isinstance(n, (Load, Store))]
+        free_vars = [v for v in dict.fromkeys(n for n in walk(node.body) if isinstance(n, Var)) if v in self.values]
+        buffers = [n.buffer for n in walk(node.body) if isinstance(n, (Load, Store))]
         free_buffers = [buffer for buffer in dict.fromkeys(buffers) if buffer in self.buffers]
         captured = [start, extent, *(self.values[v] for v in free_vars), *(self.buffers[b] for b in free_buffers)]
         counter_field = len(captured)
@@ -1060,7 +1019,7 @@ def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str
             emitter.builder.store(ir.Constant(_I32, 0), context.failed_call)
         # wasm has no C library, so its float64 math is expanded too (over float64 exp and log)
         native = NATIVE_MATH if target.kind == "wasm" else NATIVE_MATH + LIBM_MATH
-        emitter.stmt(expand_math(func.body, native))
+        emitter.visit(expand_math(func.body, native))
         emitter.finish()
     return context.module
 

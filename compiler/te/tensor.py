@@ -258,13 +258,14 @@ reduce_max = _reducer("max")
 reduce_min = _reducer("min")
 
 
-def children(node: Expr) -> Iterator[Expr]:
+def children(node, kinds: tuple[type, ...] = (Expr,)) -> Iterator:
+    """The nodes of `kinds` a node holds directly, in field order (tir/visitor.py adds statements)."""
     for item in dataclasses.fields(node):
         value = getattr(node, item.name)
-        if isinstance(value, Expr):
+        if isinstance(value, kinds):
             yield value
         elif isinstance(value, tuple):
-            yield from (element for element in value if isinstance(element, Expr))
+            yield from (element for element in value if isinstance(element, kinds))
 
 
 def walk(expr: Expr) -> Iterator[Expr]:

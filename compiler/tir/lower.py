@@ -39,7 +39,8 @@ from compiler.tir.nodes import (
     walk_stmts,
 )
 from compiler.tir.partition import partition_loops
-from compiler.tir.simplify import Linear, bounds, loop_bounds, simplify, structural_key, substitute_stmt
+from compiler.tir.simplify import Linear, bounds, loop_bounds, simplify, substitute_stmt
+from compiler.tir.visitor import StmtMutator, structural_key
 
 _KINDS = {"parallel": ForKind.PARALLEL, "vectorized": ForKind.VECTORIZED, "unrolled": ForKind.UNROLLED}
 
@@ -423,7 +424,7 @@ class _Lowering:
         }
         if partitioned:
             func = simplify(partition_loops(func, partitioned))
-        func = PrimFunc(func.name, func.params, _guard_selects(func.body, {}))
+        func = PrimFunc(func.name, func.params, _GuardSelects().visit(func.body))
         for stmt in walk_stmts(func.body):
             if isinstance(stmt, For) and stmt.kind in (ForKind.VECTORIZED, ForKind.UNROLLED):
                 if not isinstance(stmt.extent, Const):
@@ -449,37 +450,43 @@ def _in_bounds(expr: Expr, env) -> bool:
     return True
 
 
-def _select_to_if(expr: Expr, env) -> Expr:
-    """Select evaluates both arms; an arm that may read out of bounds needs IfThenElse instead."""
+class _GuardSelects(StmtMutator):
+    """Select evaluates both arms; in a stored value, a select whose arm may read out of bounds (given the bounds of
+    the loop and let vars in scope) becomes an IfThenElse, which evaluates only the taken arm."""
 
-    def visit(node):
-        if isinstance(node, Select):
-            cond, true_value, false_value = (
-                _select_to_if(e, env) for e in (node.cond, node.true_value, node.false_value)
-            )
-            safe = _in_bounds(true_value, env) and _in_bounds(false_value, env)
-            return Select(cond, true_value, false_value) if safe else IfThenElse(cond, true_value, false_value)
-        return None
+    def __init__(self):
+        self.env: dict[Var, tuple] = {}
 
-    return mutate(expr, visit)
+    def inside(self, var: Var, var_bounds, body: Stmt) -> Stmt:
+        outer = self.env
+        self.env = {**outer, var: var_bounds}
+        try:
+            return self.visit(body)
+        finally:
+            self.env = outer
+
+    def visit_expr(self, expr: Expr) -> Expr:
+        return expr
+
+    def visit_store(self, stmt: Store) -> Stmt:
+        return Store(stmt.buffer, stmt.index, _SelectsToIfs(self.env).visit(stmt.value))
+
+    def visit_for(self, stmt: For) -> Stmt:
+        body = self.inside(stmt.var, loop_bounds(stmt.min, stmt.extent, self.env), stmt.body)
+        return For(stmt.var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_tag)
+
+    def visit_letstmt(self, stmt: LetStmt) -> Stmt:
+        return LetStmt(stmt.var, stmt.value, self.inside(stmt.var, bounds(stmt.value, self.env), stmt.body))
 
 
-def _guard_selects(stmt: Stmt, env) -> Stmt:
-    if isinstance(stmt, Store):
-        return Store(stmt.buffer, stmt.index, _select_to_if(stmt.value, env))
-    if isinstance(stmt, For):
-        inner = {**env, stmt.var: loop_bounds(stmt.min, stmt.extent, env)}
-        return For(stmt.var, stmt.min, stmt.extent, stmt.kind, _guard_selects(stmt.body, inner), stmt.thread_tag)
-    if isinstance(stmt, Seq):
-        return Seq(tuple(_guard_selects(child, env) for child in stmt.stmts))
-    if isinstance(stmt, Allocate):
-        return Allocate(stmt.buffer, _guard_selects(stmt.body, env))
-    if isinstance(stmt, IfThen):
-        else_body = _guard_selects(stmt.else_body, env) if stmt.else_body is not None else None
-        return IfThen(stmt.cond, _guard_selects(stmt.then_body, env), else_body)
-    if isinstance(stmt, LetStmt):
-        return LetStmt(stmt.var, stmt.value, _guard_selects(stmt.body, {**env, stmt.var: bounds(stmt.value, env)}))
-    return stmt
+class _SelectsToIfs(StmtMutator):
+    def __init__(self, env):
+        self.env = env
+
+    def visit_select(self, node: Select) -> Expr:
+        cond, true_value, false_value = (self.visit(e) for e in (node.cond, node.true_value, node.false_value))
+        safe = _in_bounds(true_value, self.env) and _in_bounds(false_value, self.env)
+        return Select(cond, true_value, false_value) if safe else IfThenElse(cond, true_value, false_value)
 
 
 def lower(schedule: Schedule, args: list[Tensor], name: str) -> PrimFunc:

@@ -13,9 +13,9 @@ from enum import Enum
 import numpy as np
 
 from compiler.te.expr import Expr, Var
-
-SCOPES = ("global", "shared", "local")
-THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z", "vthread")
+from compiler.te.schedule import SCOPES as SCOPES  # re-exported: a Buffer's scope is one of the schedule's
+from compiler.te.tensor import THREAD_TAGS as THREAD_TAGS  # and a bound For's tag one of te's thread tags
+from compiler.te.tensor import children
 
 _buffer_ids = itertools.count()
 
@@ -137,14 +137,10 @@ class KernelCall(Stmt):
 
 
 def walk_stmts(stmt: Stmt):
-    """`stmt` and every statement nested in it, parents first."""
-    yield stmt
-    if isinstance(stmt, Seq):
-        for child in stmt.stmts:
-            yield from walk_stmts(child)
-    elif isinstance(stmt, For | Allocate | LetStmt):
-        yield from walk_stmts(stmt.body)
-    elif isinstance(stmt, IfThen):
-        yield from walk_stmts(stmt.then_body)
-        if stmt.else_body is not None:
-            yield from walk_stmts(stmt.else_body)
+    """`stmt` and every statement nested in it, parents first (their expressions are not entered; tir/visitor.walk
+    enters both)."""
+    stack = [stmt]
+    while stack:
+        item = stack.pop()
+        yield item
+        stack.extend(reversed(list(children(item, (Stmt,)))))

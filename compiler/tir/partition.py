@@ -13,8 +13,9 @@ import dataclasses
 
 from compiler.te.expr import Compare, Const, Expr, IfThenElse, Select, Var
 from compiler.te.tensor import walk
-from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
-from compiler.tir.simplify import Bounds, Linear, bounds, loop_bounds, structural_key
+from compiler.tir.nodes import For, ForKind, IfThen, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
+from compiler.tir.simplify import Bounds, Linear, bounds, loop_bounds
+from compiler.tir.visitor import StmtMutator, structural_key
 
 # a test `coef * v + rest >= threshold`, by comparison, as (sign, threshold) on `a - b`
 _NORMAL = {"ge": (1, 0), "gt": (1, 1), "le": (-1, 0), "lt": (-1, 1)}
@@ -22,43 +23,51 @@ _NORMAL = {"ge": (1, 0), "gt": (1, 1), "le": (-1, 0), "lt": (-1, 1)}
 
 def partition_loops(func: PrimFunc, loop_vars: set[Var]) -> PrimFunc:
     """`func` with each serial loop over a var of `loop_vars` cut into pieces (see the module)."""
-    return PrimFunc(func.name, func.params, _stmt(func.body, loop_vars, {}))
+    return PrimFunc(func.name, func.params, _Partition(loop_vars).visit(func.body))
 
 
-def _stmt(stmt: Stmt, loop_vars: set[Var], env: dict[Var, Bounds]) -> Stmt:
-    if isinstance(stmt, For):
+class _Partition(StmtMutator):
+    """Statements with their marked loops cut, `env` holding the bounds of the vars in scope."""
+
+    def __init__(self, loop_vars: set[Var]):
+        self.loop_vars = loop_vars
+        self.env: dict[Var, Bounds] = {}
+
+    def visit_expr(self, expr: Expr) -> Expr:
+        return expr
+
+    def inside(self, var: Var, var_bounds: Bounds, body: Stmt) -> Stmt:
+        outer = self.env
+        self.env = {**outer, var: var_bounds}
+        try:
+            return self.visit(body)
+        finally:
+            self.env = outer
+
+    def visit_for(self, stmt: For) -> Stmt:
         low, extent = stmt.min, stmt.extent
         if (
-            stmt.var in loop_vars
+            stmt.var in self.loop_vars
             and stmt.kind == ForKind.SERIAL
             and isinstance(low, Const)
             and isinstance(extent, Const)
         ):
             first, last = int(low.value), int(low.value) + int(extent.value) - 1
-            starts = [first, *_cuts(stmt, first, last, env), last + 1]
+            starts = [first, *_cuts(stmt, first, last, self.env), last + 1]
             if len(starts) > 2:
-                pieces = zip(starts, starts[1:])
-                return Seq(tuple(_loop(stmt, start, stop - 1, loop_vars, env) for start, stop in pieces))
-        return _loop(stmt, None, None, loop_vars, env)
-    if isinstance(stmt, Seq):
-        return Seq(tuple(_stmt(child, loop_vars, env) for child in stmt.stmts))
-    if isinstance(stmt, Allocate):
-        return Allocate(stmt.buffer, _stmt(stmt.body, loop_vars, env))
-    if isinstance(stmt, IfThen):
-        else_body = _stmt(stmt.else_body, loop_vars, env) if stmt.else_body is not None else None
-        return IfThen(stmt.cond, _stmt(stmt.then_body, loop_vars, env), else_body)
-    if isinstance(stmt, LetStmt):
-        return LetStmt(stmt.var, stmt.value, _stmt(stmt.body, loop_vars, {**env, stmt.var: bounds(stmt.value, env)}))
-    return stmt
+                return Seq(tuple(self.loop(stmt, start, stop - 1) for start, stop in zip(starts, starts[1:])))
+        return self.loop(stmt, None, None)
 
+    def loop(self, stmt: For, start: int | None, stop: int | None) -> For:
+        """`stmt` over [start, stop] (its own range when None), its body partitioned in turn."""
+        low, extent = stmt.min, stmt.extent
+        if start is not None:
+            low, extent = Const(start, stmt.min.dtype), Const(stop - start + 1, stmt.min.dtype)
+        body = self.inside(stmt.var, loop_bounds(low, extent, self.env), stmt.body)
+        return For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag)
 
-def _loop(stmt: For, start: int | None, stop: int | None, loop_vars: set[Var], env) -> For:
-    """`stmt` over [start, stop] (its own range when None), its body partitioned in turn."""
-    low, extent = stmt.min, stmt.extent
-    if start is not None:
-        low, extent = Const(start, stmt.min.dtype), Const(stop - start + 1, stmt.min.dtype)
-    inner = {**env, stmt.var: loop_bounds(low, extent, env)}
-    return For(stmt.var, low, extent, stmt.kind, _stmt(stmt.body, loop_vars, inner), stmt.thread_tag)
+    def visit_letstmt(self, stmt: LetStmt) -> Stmt:
+        return LetStmt(stmt.var, stmt.value, self.inside(stmt.var, bounds(stmt.value, self.env), stmt.body))
 
 
 def _cuts(loop: For, first: int, last: int, env) -> list[int]:

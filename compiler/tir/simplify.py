@@ -10,8 +10,9 @@ import dataclasses
 import math
 
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var, is_int
-from compiler.te.tensor import mutate, substitute, walk
+from compiler.te.tensor import substitute, walk
 from compiler.tir.nodes import Allocate, Barrier, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Stmt, Store
+from compiler.tir.visitor import StmtMutator, structural_key
 
 Bounds = tuple[int | None, int | None]
 UNKNOWN: Bounds = (None, None)
@@ -34,28 +35,6 @@ def _const(value, dtype: str) -> Const:
     if is_int(dtype):
         return Const(_wrap(int(value), dtype), dtype)
     return Const(float(value), dtype)
-
-
-def structural_key(expr) -> tuple:
-    """Equal keys mean equal expressions: vars by identity, everything else by structure."""
-    if isinstance(expr, Var):
-        return ("var", id(expr))
-    if isinstance(expr, Const):
-        return ("const", expr.dtype, expr.value)
-    parts: list = [type(expr).__name__]
-    for item in dataclasses.fields(expr):
-        value = getattr(expr, item.name)
-        if isinstance(value, Expr):
-            parts.append(structural_key(value))
-        elif isinstance(value, tuple):
-            parts.append(tuple(structural_key(v) if isinstance(v, Expr) else v for v in value))
-        elif isinstance(value, str | int | float | bool):
-            parts.append(value)
-        else:
-            parts.append(id(value))
-    if isinstance(expr, Compare | Logical):
-        parts.append(expr.dtype)
-    return tuple(parts)
 
 
 def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
@@ -261,44 +240,122 @@ def _compare(op: str, x, y) -> bool:
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 
 
-class _Simplifier:
+class _Simplifier(StmtMutator):
+    """Expressions and statements under the bounds `env` holds for the vars in scope; a statement that does nothing
+    visits to None."""
+
     def __init__(self, env: dict[Var, Bounds]):
         self.env = env
 
-    def expr(self, e: Expr) -> Expr:
-        if isinstance(e, Var | Const):
-            return e
-        if isinstance(e, Load):
-            return Load(e.buffer, self.expr(e.index))
-        if isinstance(e, Binary):
-            return self.binary(e.op, self.expr(e.a), self.expr(e.b))
-        if isinstance(e, Compare):
-            return self.compare(e.op, self.expr(e.a), self.expr(e.b))
-        if isinstance(e, Logical):
-            return self.logical(e.op, [self.expr(arg) for arg in e.args])
-        if isinstance(e, Select | IfThenElse):
-            cond = self.expr(e.cond)
-            if isinstance(cond, Const):
-                return self.expr(e.true_value if cond.value else e.false_value)
-            return type(e)(cond, self.expr(e.true_value), self.expr(e.false_value))
-        if isinstance(e, Cast):
-            value = self.expr(e.value)
-            if value.dtype == e.dtype:
-                return value
-            if isinstance(value, Const) and not (is_int(e.dtype) and isinstance(value.value, float)):
-                return _const(value.value, e.dtype)
-            if isinstance(value, Const) and is_int(e.dtype) and math.isfinite(value.value):
-                return _const(math.trunc(value.value), e.dtype)
-            return Cast(e.dtype, value)
-        if isinstance(e, Call):
-            return Call(e.name, tuple(self.expr(arg) for arg in e.args), e.dtype)
-        if isinstance(e, Let):
-            value = self.expr(e.value)
-            if isinstance(value, Const | Var):
-                return self.expr(substitute(e.body, {e.var: value}))
-            inner = _Simplifier({**self.env, e.var: bounds(value, self.env)})
-            return Let(e.var, value, inner.expr(e.body))
-        return mutate(e, lambda node: None if node is e else self.expr(node))
+    def inside(self, var: Var, var_bounds: Bounds, node):
+        """`node` simplified with `var` known to lie in `var_bounds`."""
+        outer = self.env
+        self.env = {**outer, var: var_bounds}
+        try:
+            return self.visit(node)
+        finally:
+            self.env = outer
+
+    def generic_visit(self, node):
+        if isinstance(node, Stmt):
+            raise TypeError(f"simplify: unknown statement {type(node).__name__}")
+        return super().generic_visit(node)
+
+    # ---- expressions
+
+    def visit_load(self, e: Load) -> Expr:
+        return Load(e.buffer, self.visit(e.index))
+
+    def visit_binary(self, e: Binary) -> Expr:
+        return self.binary(e.op, self.visit(e.a), self.visit(e.b))
+
+    def visit_compare(self, e: Compare) -> Expr:
+        return self.compare(e.op, self.visit(e.a), self.visit(e.b))
+
+    def visit_logical(self, e: Logical) -> Expr:
+        return self.logical(e.op, [self.visit(arg) for arg in e.args])
+
+    def visit_select(self, e: Select | IfThenElse) -> Expr:
+        cond = self.visit(e.cond)
+        if isinstance(cond, Const):
+            return self.visit(e.true_value if cond.value else e.false_value)
+        return type(e)(cond, self.visit(e.true_value), self.visit(e.false_value))
+
+    visit_ifthenelse = visit_select
+
+    def visit_cast(self, e: Cast) -> Expr:
+        value = self.visit(e.value)
+        if value.dtype == e.dtype:
+            return value
+        if isinstance(value, Const) and not (is_int(e.dtype) and isinstance(value.value, float)):
+            return _const(value.value, e.dtype)
+        if isinstance(value, Const) and is_int(e.dtype) and math.isfinite(value.value):
+            return _const(math.trunc(value.value), e.dtype)
+        return Cast(e.dtype, value)
+
+    def visit_call(self, e: Call) -> Expr:
+        return Call(e.name, tuple(self.visit(arg) for arg in e.args), e.dtype)
+
+    def visit_let(self, e: Let) -> Expr:
+        value = self.visit(e.value)
+        if isinstance(value, Const | Var):
+            return self.visit(substitute(e.body, {e.var: value}))
+        return Let(e.var, value, self.inside(e.var, bounds(value, self.env), e.body))
+
+    # ---- statements
+
+    def visit_store(self, stmt: Store) -> Stmt:
+        return Store(stmt.buffer, self.visit(stmt.index), self.visit(stmt.value))
+
+    def visit_for(self, stmt: For) -> Stmt | None:
+        low, extent = self.visit(stmt.min), self.visit(stmt.extent)
+        if isinstance(extent, Const) and extent.value <= 0:
+            return None
+        if isinstance(extent, Const) and extent.value == 1 and stmt.kind != ForKind.THREAD_BINDING:
+            return self.visit(substitute_stmt(stmt.body, {stmt.var: low}))
+        body = self.inside(stmt.var, loop_bounds(low, extent, self.env), stmt.body)
+        if body is None:
+            return None
+        return _guarded_loop(For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag))
+
+    def visit_ifthen(self, stmt: IfThen) -> Stmt | None:
+        cond = self.visit(stmt.cond)
+        if isinstance(cond, Const):
+            branch = stmt.then_body if cond.value else stmt.else_body
+            return None if branch is None else self.visit(branch)
+        then_body = self.visit(stmt.then_body)
+        else_body = self.visit(stmt.else_body) if stmt.else_body is not None else None
+        if then_body is None and else_body is None:
+            return None
+        if then_body is None:
+            return IfThen(Logical("not", (cond,)), else_body)
+        return IfThen(cond, then_body, else_body)
+
+    def visit_seq(self, stmt: Seq) -> Stmt | None:
+        parts: list[Stmt] = []
+        for child in stmt.stmts:
+            simplified = self.visit(child)
+            if isinstance(simplified, Seq):
+                parts.extend(simplified.stmts)
+            elif simplified is not None:
+                parts.append(simplified)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else Seq(tuple(parts))
+
+    def visit_allocate(self, stmt: Allocate) -> Stmt | None:
+        body = self.visit(stmt.body)
+        return None if body is None else Allocate(stmt.buffer, body)
+
+    def visit_letstmt(self, stmt: LetStmt) -> Stmt | None:
+        value = self.visit(stmt.value)
+        if isinstance(value, Const | Var):
+            return self.visit(substitute_stmt(stmt.body, {stmt.var: value}))
+        body = self.inside(stmt.var, bounds(value, self.env), stmt.body)
+        return None if body is None else LetStmt(stmt.var, value, body)
+
+    def visit_barrier(self, stmt: Barrier) -> Stmt:
+        return stmt
 
     def binary(self, op: str, a: Expr, b: Expr) -> Expr:
         dtype = a.dtype
@@ -444,70 +501,23 @@ def _is_one(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 1 and not isinstance(e.value, bool)
 
 
+class _Substitution(StmtMutator):
+    """Vars replaced by expressions; the var a loop or a let binds is never replaced."""
+
+    def __init__(self, mapping: dict[Var, Expr]):
+        self.mapping = mapping
+
+    def visit_var(self, var: Var) -> Expr:
+        return self.mapping.get(var, var)
+
+    def visit_for(self, stmt: For | LetStmt) -> Stmt:
+        return dataclasses.replace(self.generic_visit(stmt), var=stmt.var)
+
+    visit_letstmt = visit_for
+
+
 def substitute_stmt(stmt: Stmt, mapping: dict[Var, Expr]) -> Stmt:
-    changes = {}
-    for item in dataclasses.fields(stmt):
-        value = getattr(stmt, item.name)
-        if isinstance(value, Var) and item.name == "var":
-            continue
-        if isinstance(value, Expr):
-            changes[item.name] = substitute(value, mapping)
-        elif isinstance(value, Stmt):
-            changes[item.name] = substitute_stmt(value, mapping)
-        elif isinstance(value, tuple):
-            changes[item.name] = tuple(substitute_stmt(s, mapping) for s in value)
-    return dataclasses.replace(stmt, **changes)
-
-
-def _stmt(stmt: Stmt, env: dict[Var, Bounds]) -> Stmt | None:
-    simplifier = _Simplifier(env)
-    if isinstance(stmt, Store):
-        return Store(stmt.buffer, simplifier.expr(stmt.index), simplifier.expr(stmt.value))
-    if isinstance(stmt, For):
-        low, extent = simplifier.expr(stmt.min), simplifier.expr(stmt.extent)
-        if isinstance(extent, Const) and extent.value <= 0:
-            return None
-        if isinstance(extent, Const) and extent.value == 1 and stmt.kind != ForKind.THREAD_BINDING:
-            return _stmt(substitute_stmt(stmt.body, {stmt.var: low}), env)
-        body = _stmt(stmt.body, {**env, stmt.var: loop_bounds(low, extent, env)})
-        if body is None:
-            return None
-        return _guarded_loop(For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag))
-    if isinstance(stmt, IfThen):
-        cond = simplifier.expr(stmt.cond)
-        if isinstance(cond, Const):
-            branch = stmt.then_body if cond.value else stmt.else_body
-            return None if branch is None else _stmt(branch, env)
-        then_body = _stmt(stmt.then_body, env)
-        else_body = _stmt(stmt.else_body, env) if stmt.else_body is not None else None
-        if then_body is None and else_body is None:
-            return None
-        if then_body is None:
-            return IfThen(Logical("not", (cond,)), else_body)
-        return IfThen(cond, then_body, else_body)
-    if isinstance(stmt, Seq):
-        parts: list[Stmt] = []
-        for child in stmt.stmts:
-            simplified = _stmt(child, env)
-            if isinstance(simplified, Seq):
-                parts.extend(simplified.stmts)
-            elif simplified is not None:
-                parts.append(simplified)
-        if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else Seq(tuple(parts))
-    if isinstance(stmt, Allocate):
-        body = _stmt(stmt.body, env)
-        return None if body is None else Allocate(stmt.buffer, body)
-    if isinstance(stmt, LetStmt):
-        value = simplifier.expr(stmt.value)
-        if isinstance(value, Const | Var):
-            return _stmt(substitute_stmt(stmt.body, {stmt.var: value}), env)
-        body = _stmt(stmt.body, {**env, stmt.var: bounds(value, env)})
-        return None if body is None else LetStmt(stmt.var, value, body)
-    if isinstance(stmt, Barrier):
-        return stmt
-    raise TypeError(f"simplify: unknown statement {type(stmt).__name__}")
+    return _Substitution(mapping).visit(stmt)
 
 
 def _guarded_loop(loop: For) -> Stmt | None:
@@ -544,11 +554,9 @@ def _conjunction(terms: list[Expr]) -> Expr:
 
 def simplify(node, env: dict[Var, Bounds] | None = None):
     """Simplify an expression, a statement or a PrimFunc; `env` gives known var bounds (inclusive)."""
-    env = dict(env or {})
+    simplifier = _Simplifier(dict(env or {}))
     if isinstance(node, PrimFunc):
-        body = _stmt(node.body, env)
+        body = simplifier.visit(node.body)
         return PrimFunc(node.name, node.params, body if body is not None else Seq(()), dict(node.attrs))
-    if isinstance(node, Stmt):
-        body = _stmt(node, env)
-        return body if body is not None else Seq(())
-    return _Simplifier(env).expr(node)
+    body = simplifier.visit(node)
+    return body if body is not None or not isinstance(node, Stmt) else Seq(())
