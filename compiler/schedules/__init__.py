@@ -10,7 +10,7 @@ from types import ModuleType
 from compiler.errors import TargetError
 from compiler.target import Target, family_of
 
-FAMILIES = {"cpu": "compiler.schedules.cpu"}
+FAMILIES = {"cpu": "compiler.schedules.cpu", "gpu": "compiler.schedules.gpu"}
 
 
 def templates(target: Target | str) -> ModuleType:
