@@ -9,19 +9,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
+
 from compiler.bundle import BINDING_SYMBOL, BundleError, binding_digest, unsealed
 from compiler.codegen.cuda import generate_cuda
 from compiler.codegen.llvm import compile_funcs
 from compiler.codegen.opencl import generate_opencl
 from compiler.errors import TargetError
 from compiler.link import link_shared, link_wasm
+from compiler.memory_plan import align
 from compiler.runtime import ArgSpec
 from compiler.runtime.cuda import CudaModel, CudaProgram
 from compiler.runtime.native import NativeLibrary, NativeModel
 from compiler.runtime.opencl import OpenCLModel, OpenCLProgram
 from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
 from compiler.target import Target
-from compiler.tir.gpu import dispatch_list, lower_gpu
+from compiler.tir.gpu import dispatch_list, lower_gpu, split_launches
 from compiler.tir.nodes import PrimFunc
 from compiler.tir.printer import format_func
 
@@ -213,26 +216,40 @@ class _CDialect:
     model: Callable[[str, ModelImage, Target], object]
 
 
+def _gpu_launches(func: PrimFunc, target: Target) -> list[PrimFunc]:
+    """`func`'s launches (tir/gpu.py split_launches), each lowered for the device."""
+    return [lower_gpu(part, target) for part in split_launches(func)]
+
+
 def _gpu_kernel(dialect: _CDialect, func: PrimFunc, target: Target) -> KernelCode:
-    """A lone kernel: its library is JSON of its source and launch dimensions, what the kernel runtime needs."""
-    lowered = func if "launch" in func.attrs else lower_gpu(func, target)
-    source = dialect.generate([lowered])
-    library = json.dumps({"source": source, "launches": {lowered.name: lowered.attrs["launch"]}}).encode()
-    return KernelCode(library, {dialect.source_kind: source, "gpu": format_func(lowered)}, lowered)
+    """A lone kernel: its library is JSON of its source, its launches and their workspace, what the kernel runtime
+    needs."""
+    parts = [func] if "launch" in func.attrs else _gpu_launches(func, target)
+    source = dialect.generate(parts)
+    workspace = [buffer.size * np.dtype(buffer.dtype).itemsize for buffer in parts[0].params[len(func.params) :]]
+    launches = [{"kernel": part.name, **part.attrs["launch"]} for part in parts]
+    library = json.dumps({"source": source, "kernels": {func.name: {"parts": launches, "workspace": workspace}}})
+    return KernelCode(library.encode(), {dialect.source_kind: source, "gpu": "\n".join(map(format_func, parts))}, parts)
 
 
 def _gpu_kernel_runtime(dialect: _CDialect, library: bytes, target: Target, num_threads: int | None):
     code = json.loads(library)
-    return dialect.program(code["source"], code["launches"], target)
+    return dialect.program(code["source"], code["kernels"], target)
 
 
 def _gpu_model(dialect: _CDialect, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
-    """Every kernel lowered for the device in one source; the run entry becomes the manifest's dispatch list."""
-    lowered = [lower_gpu(func, target) for func in kernels]
-    dispatches = dispatch_list(run, lowered)
-    digest = binding_digest({**manifest, "dispatches": dispatches})
-    source = f"{_DIGEST_LINE}{digest}\n" + dialect.generate(lowered)
-    return ModelCode(source.encode(), {"dispatches": dispatches}, {dialect.source_kind: source}, lowered)
+    """Every kernel's launches lowered for the device in one source; the run entry becomes the manifest's dispatch
+    list, and the workspace of kernels split into several launches goes after the memory plan's arena."""
+    launches = {func.name: _gpu_launches(func, target) for func in kernels}
+    memory = manifest["memory"]
+    workspace_offset = align(memory["arena_bytes"], memory["alignment"])
+    dispatches, workspace = dispatch_list(run, launches, workspace_offset)
+    if workspace:
+        memory = {**memory, "arena_bytes": workspace_offset + workspace, "workspace_bytes": workspace}
+    additions = {"dispatches": dispatches, "memory": memory}
+    lowered = [part for parts in launches.values() for part in parts]
+    source = f"{_DIGEST_LINE}{binding_digest({**manifest, **additions})}\n" + dialect.generate(lowered)
+    return ModelCode(source.encode(), additions, {dialect.source_kind: source}, lowered)
 
 
 def _gpu_source(image: ModelImage) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -185,6 +186,7 @@ MANIFEST_SCHEMA = {
     "dispatches?": _list_of(
         {
             "kernel": _text,
+            "call": _count,
             "bindings": _list_of(
                 {
                     "region": _one_of("input", "output", "params", "arena"),
@@ -267,15 +269,16 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
 
 def _check_dispatches(manifest: dict) -> None:
     """Every binding of a GPU dispatch lies inside its region, so no kernel can be pointed outside the memory the
-    runtime made for it, and each kernel is one of the manifest's."""
+    runtime made for it, and each dispatch launches its call's kernel (or a part of it: tir/gpu.py split_launches)."""
     sizes = {("params", 0): manifest["params"]["bytes"], ("arena", 0): manifest["memory"]["arena_bytes"]}
     for kind, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
         sizes.update({(kind, index): tensor_bytes(spec) for index, spec in enumerate(specs)})
-    kernels = {kernel["name"] for kernel in manifest["kernels"]}
+    calls = manifest["calls"]
     for position, dispatch in enumerate(manifest.get("dispatches", [])):
         where = f"{MANIFEST_FILE}: dispatch {position} ({dispatch['kernel']!r})"
-        if dispatch["kernel"] not in kernels:
-            raise BundleError(f"{where} names an unknown kernel; export the model again")
+        kernel = calls[dispatch["call"]]["kernel"] if dispatch["call"] < len(calls) else None
+        if kernel is None or not re.fullmatch(re.escape(kernel) + r"(_part\d+)?", dispatch["kernel"]):
+            raise BundleError(f"{where} is no launch of its call's kernel; export the model again")
         if len(dispatch["grid"]) != 3 or len(dispatch["block"]) != 3:
             raise BundleError(f"{where} needs three grid and three block sizes; export the model again")
         for binding in dispatch["bindings"]:

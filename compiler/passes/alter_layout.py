@@ -81,6 +81,17 @@ def alter_layout(graph: Graph, target: Target | str = "llvm") -> Graph:
     return result
 
 
+def gpu_layout(graph: Graph, target: Target | str = "webgpu") -> Graph:
+    """The GPU family's layout decisions: the ONNX layouts stay, and a transposed-B Gemm keeps one sum per output
+    (split_lanes 1): its K is split over threads by the GPU templates, not over a vector's lanes, and the split-K
+    partial sums would be a second root stage that other blocks read (compiler/ops/nn.py defaults to 16)."""
+    result = graph.copy()
+    for node in result.nodes:
+        if node.op == "Gemm" and node.attrs.get("transB", 0):
+            node.attrs = {**node.attrs, "split_lanes": 1}
+    return result
+
+
 class _Rewriter:
     def __init__(self, graph: Graph, block: int, excluded: set[int]):
         self.graph = graph.copy()

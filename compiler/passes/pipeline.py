@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from compiler.errors import TesselError
 from compiler.graph.ir import Graph, GraphError
-from compiler.passes.alter_layout import alter_layout
+from compiler.passes.alter_layout import alter_layout, gpu_layout
 from compiler.passes.eliminate_dead import eliminate_dead
 from compiler.passes.fold_batchnorm import fold_batchnorm
 from compiler.passes.fold_constants import fold_constants
@@ -30,8 +30,8 @@ PASSES = [
 
 
 # The layout passes of each target family, after PASSES. NCHW[x]c (alter_layout) is a CPU decision: a block of
-# channels is a vector register. GPU kernels keep the ONNX layout and spread threads over it.
-LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {"cpu": [alter_layout], "gpu": []}
+# channels is a vector register. GPU kernels keep the ONNX layout and spread threads over it (gpu_layout).
+LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {"cpu": [alter_layout], "gpu": [gpu_layout]}
 
 
 def _for_target(layout_pass: Callable[[Graph, Target], Graph], target: Target) -> Callable[[Graph], Graph]:

@@ -152,12 +152,13 @@ def pointer_arguments(pointers: list[int]) -> tuple[list[np.ndarray], np.ndarray
 
 
 class CudaProgram:
-    """kernels.cu compiled for `arch` (the target's, e.g. sm_80); `launches[name]` is each kernel's
-    {"grid": [...], "block": [...]}. The cubin is built when made; the module is loaded at the first `function`."""
+    """kernels.cu compiled for `arch` (the target's, e.g. sm_80) when made; the module is loaded at the first kernel
+    asked for. `kernels[name]` describes each lone kernel `function` can call: {"parts": [{"kernel", "grid",
+    "block"}...], "workspace": [bytes...]} (tir/gpu.py's split_launches)."""
 
-    def __init__(self, source: str, launches: dict[str, dict], arch: str):
+    def __init__(self, source: str, kernels: dict[str, dict], arch: str):
         self.source = source
-        self.launches = launches
+        self.kernels = kernels
         self.arch = arch
         self.cubin = compile_cuda(source, arch)
         self.module = None
@@ -181,33 +182,26 @@ class CudaProgram:
 
         return _check(driver.cuModuleGetFunction(self.load(), name.encode()), f"find kernel {name}")
 
-    def launch(self, name: str, kernel, pointers: list[int], stream=0) -> None:
-        from cuda.bindings import driver
-
-        launch = self.launches[name]
-        values, arguments = pointer_arguments(pointers)
-        grid, block = launch["grid"], launch["block"]
-        _check(
-            driver.cuLaunchKernel(kernel, *grid, *block, 0, stream, arguments.ctypes.data, 0), f"launch kernel {name}"
-        )
-        del values
-
     def function(self, name: str, specs: list[ArgSpec]):
-        """A callable on numpy arrays; the driver is first asked for at its first call."""
-        kernels = []
+        """A callable on numpy arrays that copies them in, runs the kernel's parts and copies them back; the driver
+        is first asked for at its first call."""
+        description = self.kernels[name]
+        parts = []
 
         def call(*arrays):
             from cuda.bindings import driver
 
             check_args(name, specs, arrays)
-            if not kernels:
-                kernels.append(self.kernel(name))
+            if not parts:
+                parts.extend((self.kernel(part["kernel"]), part) for part in description["parts"])
             pointers = [allocate(array.nbytes) for array in arrays]
+            pointers += [allocate(nbytes) for nbytes in description["workspace"]]
             try:
                 for array, pointer in zip(arrays, pointers):
                     if array.nbytes:
                         _check(driver.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
-                self.launch(name, kernels[0], pointers)
+                for kernel, part in parts:
+                    launch(kernel, part, pointers)
                 for array, pointer in zip(arrays, pointers):
                     if array.nbytes:
                         _check(driver.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
@@ -216,6 +210,17 @@ class CudaProgram:
                     driver.cuMemFree(pointer)
 
         return call
+
+
+def launch(kernel, dispatch: dict, pointers: list[int]) -> None:
+    """Launch `kernel` over `dispatch`'s grid and block with the device pointers as its arguments, on the default
+    stream."""
+    from cuda.bindings import driver
+
+    values, arguments = pointer_arguments(pointers)
+    launched = driver.cuLaunchKernel(kernel, *dispatch["grid"], *dispatch["block"], 0, 0, arguments.ctypes.data, 0)
+    _check(launched, f"launch kernel {dispatch['kernel']}")
+    del values
 
 
 class CudaModel:
@@ -234,7 +239,7 @@ class CudaModel:
         outputs: list[ArgSpec],
         arch: str,
     ):
-        self.program = CudaProgram(source, {dispatch["kernel"]: dispatch for dispatch in dispatches}, arch)
+        self.program = CudaProgram(source, {}, arch)
         self.plan = dispatches
         self.params, self.arena_bytes = params, arena_bytes
         self.inputs, self.outputs = inputs, outputs
@@ -256,15 +261,11 @@ class CudaModel:
             _check(driver.cuMemcpyHtoD(self.regions[("params", 0)], host.ctypes.data, len(self.params)), "copy params")
         for dispatch in self.plan:
             pointers = [self.regions[(item["region"], item["index"])] + item["offset"] for item in dispatch["bindings"]]
-            values, arguments = pointer_arguments(pointers)
-            self.dispatches.append((dispatch, kernels[dispatch["kernel"]], values, arguments))
+            self.dispatches.append((dispatch, kernels[dispatch["kernel"]], pointers))
 
     def launch(self, position: int) -> None:
-        from cuda.bindings import driver
-
-        dispatch, kernel, _, arguments = self.dispatches[position]
-        launched = driver.cuLaunchKernel(kernel, *dispatch["grid"], *dispatch["block"], 0, 0, arguments.ctypes.data, 0)
-        _check(launched, f"launch kernel {dispatch['kernel']}")
+        dispatch, kernel, pointers = self.dispatches[position]
+        launch(kernel, dispatch, pointers)
 
     def write_inputs(self, inputs: list[np.ndarray]) -> None:
         from cuda.bindings import driver
@@ -295,7 +296,7 @@ class CudaModel:
 
 
 class CudaReplay:
-    """One dispatch at a time (Module.replay), each followed by a synchronisation so it can be timed."""
+    """One kernel call at a time (Module.replay): its dispatches, then a synchronisation so it can be timed."""
 
     def __init__(self, model: CudaModel, inputs: list[np.ndarray]):
         self.model = model
@@ -307,11 +308,13 @@ class CudaReplay:
 
         position = self.position
         self.position += 1
-        if self.model.dispatches[position][0]["kernel"] != name:
-            raise TargetError(f"call {position} of the manifest is {name}, but its dispatch runs another kernel")
+        mine = [index for index, dispatch in enumerate(self.model.plan) if dispatch["call"] == position]
+        if not mine or self.model.plan[mine[0]]["kernel"] not in (name, f"{name}_part0"):
+            raise TargetError(f"call {position} of the manifest is {name}, but its dispatches run another kernel")
 
         def call() -> None:
-            self.model.launch(position)
+            for index in mine:
+                self.model.launch(index)
             _check(driver.cuCtxSynchronize(), "wait for the kernel")
 
         return call

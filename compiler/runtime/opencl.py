@@ -71,12 +71,13 @@ def buffer(nbytes: int):
 
 
 class OpenCLProgram:
-    """kernels.cl, built for the device when a kernel is first asked for; `launches[name]` is each kernel's {"grid": [...], "block": [...]}
-    (tir/gpu.py). `function` gives a callable that copies its arrays in, runs the kernel and copies them back."""
+    """kernels.cl, built for the device when a kernel is first asked for. `kernels[name]` describes each lone kernel
+    `function` can call: {"parts": [{"kernel", "grid", "block"}...], "workspace": [bytes...]} (tir/gpu.py's
+    split_launches: the parts run in order, each taking the arrays and then the workspace buffers)."""
 
-    def __init__(self, source: str, launches: dict[str, dict]):
+    def __init__(self, source: str, kernels: dict[str, dict]):
         self.source = source
-        self.launches = launches
+        self.kernels = kernels
         self.program = None
 
     def kernel(self, name: str):
@@ -87,22 +88,25 @@ class OpenCLProgram:
         return _opencl().Kernel(self.program, name)
 
     def function(self, name: str, specs: list[ArgSpec]):
-        """A callable on numpy arrays; the device is first asked for at its first call."""
+        """A callable on numpy arrays that copies them in, runs the kernel's parts and copies them back; the device
+        is first asked for at its first call."""
         cl = _opencl()
-        kernels = []
+        description = self.kernels[name]
+        parts = []
 
         def call(*arrays):
             check_args(name, specs, arrays)
             _, queue = opencl_queue()
-            if not kernels:
-                kernels.append(self.kernel(name))
-            local, total = launch_sizes(self.launches[name])
+            if not parts:
+                parts.extend((self.kernel(part["kernel"]), *launch_sizes(part)) for part in description["parts"])
             buffers = [buffer(array.nbytes) for array in arrays]
+            buffers += [buffer(nbytes) for nbytes in description["workspace"]]
             for array, device_buffer in zip(arrays, buffers):
                 if array.nbytes:
                     cl.enqueue_copy(queue, device_buffer, array, is_blocking=False)
-            kernels[0].set_args(*[item for device_buffer in buffers for item in (device_buffer, np.int32(0))])
-            cl.enqueue_nd_range_kernel(queue, kernels[0], total, local)
+            for kernel, local, total in parts:
+                kernel.set_args(*[item for device_buffer in buffers for item in (device_buffer, np.int32(0))])
+                cl.enqueue_nd_range_kernel(queue, kernel, total, local)
             for array, device_buffer in zip(arrays, buffers):
                 if array.nbytes:
                     cl.enqueue_copy(queue, array, device_buffer, is_blocking=False)
@@ -204,8 +208,8 @@ class OpenCLModel:
 
 
 class OpenCLReplay:
-    """One dispatch at a time (Module.replay): the inputs are written once, each call enqueues its dispatch and
-    waits for it."""
+    """One kernel call at a time (Module.replay): the inputs are written once, each call enqueues its dispatches (one
+    per launch of the kernel) and waits for them."""
 
     def __init__(self, model: OpenCLModel, inputs: list[np.ndarray]):
         self.model = model
@@ -214,14 +218,16 @@ class OpenCLReplay:
         self.position = 0
 
     def kernel(self, name: str, args: list) -> callable:
-        """The next dispatch, which must be of kernel `name` (calls come in the dispatch list's order)."""
+        """The dispatches of the next call, which must be of kernel `name` (calls come in the manifest's order)."""
         position = self.position
         self.position += 1
-        if self.model.dispatches[position][0] != name:
-            raise TargetError(f"call {position} of the manifest is {name}, but its dispatch runs another kernel")
+        mine = [index for index, dispatch in enumerate(self.model.plan) if dispatch["call"] == position]
+        if not mine or self.model.plan[mine[0]]["kernel"] not in (name, f"{name}_part0"):
+            raise TargetError(f"call {position} of the manifest is {name}, but its dispatches run another kernel")
 
         def call() -> None:
-            self.model.enqueue(position)
+            for index in mine:
+                self.model.enqueue(index)
             self.model.queue.finish()
 
         return call

@@ -270,6 +270,46 @@ def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
     return _GpuLowering(func, target).run()
 
 
+def _globals(stmt: Stmt) -> tuple[set, set]:
+    """The global buffers `stmt` reads and writes."""
+    written = {
+        child.buffer for child in walk_stmts(stmt) if isinstance(child, Store) and child.buffer.scope == "global"
+    }
+    read = {node.buffer for node in _all_expressions(stmt) if isinstance(node, Load) and node.buffer.scope == "global"}
+    return read, written
+
+
+def split_launches(func: PrimFunc) -> list[PrimFunc]:
+    """`func` as the kernels to launch one after another. Lowering runs a kernel's root stages in order, which a CPU
+    keeps; on a GPU the blocks of one launch do not wait for each other, so a root stage that reads (or overwrites)
+    what an earlier one wrote starts a new launch. Global buffers the kernel allocates (a root intermediate) become
+    parameters after the kernel's own, its workspace. One launch without workspace is `func` itself; otherwise the
+    parts are named `<name>_part<i>` and each takes every parameter and every workspace buffer."""
+    workspace, body = [], func.body
+    while isinstance(body, Allocate) and body.buffer.scope == "global":
+        workspace.append(body.buffer)
+        body = body.body
+    nests = [stmt for stmt in (body.stmts if isinstance(body, Seq) else (body,)) if not isinstance(stmt, Barrier)]
+    launches: list[list[Stmt]] = []
+    read: set = set()
+    written: set = set()
+    for nest in nests:
+        nest_read, nest_written = _globals(nest)
+        if not launches or (nest_read | nest_written) & written or nest_written & read:
+            launches.append([])
+            read, written = set(), set()
+        launches[-1].append(nest)
+        read |= nest_read
+        written |= nest_written
+    if len(launches) <= 1 and not workspace:
+        return [func]
+    params = [*func.params, *workspace]
+    return [
+        PrimFunc(f"{func.name}_part{position}", params, Seq(tuple(launch)), dict(func.attrs))
+        for position, launch in enumerate(launches)
+    ]
+
+
 def _region(buffer) -> tuple[str, int]:
     """The region a `run` parameter is (build.py names them input_i, output_i, params and arena)."""
     kind, _, index = buffer.name.rpartition("_")
@@ -280,33 +320,46 @@ def _region(buffer) -> tuple[str, int]:
     raise GpuKernelError(f"the run entry's parameter {buffer.name} is no region (input_i, output_i, params, arena)")
 
 
-def dispatch_list(run: PrimFunc, kernels: list[PrimFunc]) -> list[dict]:
-    """The manifest's dispatch list of a whole model, shared by every GPU backend: for each KernelCall of `run`
-    (build.py's entry), its kernel, one binding per kernel parameter (region, index, byte offset, bytes, dtype) and the
-    kernel's launch dimensions from `lower_gpu`, in the order the calls run."""
-    by_name = {func.name: func for func in kernels}
+def dispatch_list(run: PrimFunc, launches: dict[str, list[PrimFunc]], workspace_offset: int) -> tuple[list[dict], int]:
+    """The manifest's dispatch list of a whole model, shared by every GPU backend, and the workspace bytes it needs.
+    For each KernelCall of `run` (build.py's entry), in order, one dispatch per part of `launches[kernel]` (the
+    kernel's `split_launches`, each lowered by `lower_gpu`): the part's name, the call's position, one binding per
+    parameter (region, index, byte offset, bytes, dtype) and the part's launch dimensions. Workspace parameters are
+    bound in the arena from `workspace_offset` on, one layout per kernel (its parts run in turn, so kernels share
+    it)."""
     calls = run.body.stmts if isinstance(run.body, Seq) else (run.body,)
-    dispatches = []
-    for call in calls:
+    dispatches, workspace_bytes = [], 0
+    for position, call in enumerate(calls):
         if not isinstance(call, KernelCall):
             raise GpuKernelError(f"the run entry holds a {type(call).__name__}; a GPU model runs kernel calls only")
-        func = by_name[call.func]
-        if "launch" not in func.attrs:
-            raise GpuKernelError(f"kernel {func.name} has no launch dimensions; lower it with lower_gpu first")
-        bindings = []
-        for (buffer, offset), param in zip(call.args, func.params, strict=True):
-            region, index = _region(buffer)
-            size = param.size * np.dtype(param.dtype).itemsize
-            binding = {
-                "region": region,
-                "index": index,
-                "offset": int(offset),
-                "bytes": int(size),
-                "dtype": param.dtype,
-            }
-            bindings.append(binding)
-        launch = func.attrs["launch"]
-        dispatches.append(
-            {"kernel": func.name, "bindings": bindings, "grid": list(launch["grid"]), "block": list(launch["block"])}
-        )
-    return dispatches
+        parts = launches[call.func]
+        arguments = [(*_region(buffer), int(offset)) for buffer, offset in call.args]
+        offset = workspace_offset
+        for buffer in parts[0].params[len(arguments) :]:
+            arguments.append(("arena", 0, offset))
+            offset += -(-buffer.size * np.dtype(buffer.dtype).itemsize // 64) * 64
+        workspace_bytes = max(workspace_bytes, offset - workspace_offset)
+        for func in parts:
+            if "launch" not in func.attrs:
+                raise GpuKernelError(f"kernel {func.name} has no launch dimensions; lower it with lower_gpu first")
+            bindings = [
+                {
+                    "region": region,
+                    "index": index,
+                    "offset": start,
+                    "bytes": int(param.size * np.dtype(param.dtype).itemsize),
+                    "dtype": param.dtype,
+                }
+                for (region, index, start), param in zip(arguments, func.params, strict=True)
+            ]
+            launch = func.attrs["launch"]
+            dispatches.append(
+                {
+                    "kernel": func.name,
+                    "call": position,
+                    "bindings": bindings,
+                    "grid": list(launch["grid"]),
+                    "block": list(launch["block"]),
+                }
+            )
+    return dispatches, workspace_bytes

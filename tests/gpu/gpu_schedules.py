@@ -85,6 +85,20 @@ def serial_shared_copy(n: int = 8):
     return s, [a, b, c], lambda x, y: x @ y
 
 
+def root_stages(n: int = 256):
+    """B = A * 2 and C[i] = B[n - 1 - i] + 1 as two root stages over their own blocks: C reads B across blocks, so
+    they are two launches, B the kernel's workspace."""
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
+    c = te.compute((n,), lambda i: b[n - 1 - i] + 1.0, name="C")
+    s = te.create_schedule(c.op)
+    for stage in (s[b], s[c]):
+        block, thread = stage.split(stage.op.axis[0], 64)
+        stage.bind(block, te.thread_axis("blockIdx.x"))
+        stage.bind(thread, te.thread_axis("threadIdx.x"))
+    return s, [a, c], lambda x: (x * 2)[::-1] + 1
+
+
 def _dims(tensor) -> list[int]:
     return [int(getattr(extent, "value", extent)) for extent in tensor.shape]
 

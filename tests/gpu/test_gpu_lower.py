@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_schedules import injective, matmul_shared, random_inputs, serial_shared_copy, two_extents
+from gpu_schedules import injective, matmul_shared, random_inputs, root_stages, serial_shared_copy, two_extents
 
 import compiler.te as te
 from compiler.build import build_func
 from compiler.errors import GpuKernelError
 from compiler.te.expr import Const, Var
-from compiler.tir.gpu import lower_gpu
+from compiler.tir.gpu import lower_gpu, split_launches
 from compiler.tir.lower import lower
 from compiler.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThen, Load, PrimFunc, Seq, Store, walk_stmts
 from compiler.tir.printer import format_func
@@ -195,3 +195,30 @@ def test_cpu_target_refused():
     schedule, args, _ = injective(64, 32)
     with pytest.raises(GpuKernelError, match="needs a GPU target"):
         lower_gpu(lower(schedule, args, "f"), "llvm")
+
+
+def test_root_stages_reading_each_other_split_into_launches():
+    schedule, args, reference = root_stages()
+    func = lower(schedule, args, "f")
+    parts = split_launches(func)
+    assert [part.name for part in parts] == ["f_part0", "f_part1"]
+    assert [buffer.name for buffer in parts[0].params] == ["A", "C", "B"]  # B, allocated by the kernel, is workspace
+    source, out, workspace = (
+        RNG.standard_normal(256).astype("float32"),
+        np.zeros(256, "float32"),
+        np.zeros(256, "float32"),
+    )
+    for part in parts:
+        build_func(lower_gpu(part, "opencl"), "llvm")(source, out, workspace)
+    np.testing.assert_allclose(out, reference(source), rtol=1e-6)
+
+
+def test_independent_root_stages_stay_one_launch():
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i] * 2.0, name="B")
+    c = te.compute((64,), lambda i: a[i] + 1.0, name="C")
+    s = te.create_schedule([b.op, c.op])
+    for stage in (s[b], s[c]):
+        stage.bind(stage.op.axis[0], te.thread_axis("threadIdx.x"))
+    func = lower(s, [a, b, c], "f")
+    assert split_launches(func) == [func]

@@ -260,6 +260,18 @@ def test_transposed_gemm_sums_one_vector_of_partial_products(target, lanes, asse
     assert_same_results(graph, altered)
 
 
+@pytest.mark.parametrize("target", ["webgpu", "opencl", "cuda"])
+def test_gpu_targets_keep_one_sum_per_dense_output(target):
+    """GPU templates split a dense's K over threads: a transposed-B Gemm gets split_lanes 1, so no split-K partial
+    sums become a root stage that other blocks read."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((2, 64), "float32"))
+    (y,) = graph.add_node("Gemm", [x, param(graph, (32, 64), "w"), param(graph, (32,), "b")], {"transB": 1})
+    graph.outputs = [y]
+    (node,) = optimize(graph, fuse=False, target=target).nodes
+    assert node.attrs == {"transB": 1, "split_lanes": 1}
+
+
 # -- ops that carry the blocked layout through: each rule as the ops it leaves, and the reference executor's results
 
 
