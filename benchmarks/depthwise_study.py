@@ -134,7 +134,7 @@ def thread_grid(args, target: Target, records: Path) -> None:
                 continue  # over the device's threads per block, or not dividing the blocking
     times = dict(zip(configs, interleaved_seconds(list(configs.values()), args.rounds, args.repeat)))
     best = min(times, key=times.get)
-    print(f"\n1. (num_thread_y, num_thread_x) on {args.grid_shape}, blocking 32x32, µs per launch (best {best}):")
+    print(f"\n1. (num_thread_y, num_thread_x) on {args.grid_shape}, blocking 32x32, µs per launch (best {best}):\n")
     rows = []
     for threads_y in threads:
         cells = [_us(times[threads_y, x]) if (threads_y, x) in times else "-" for x in threads]
@@ -154,7 +154,7 @@ def vthread_table(args, target: Target, records: Path) -> dict:
             continue
         names.append(config)
     times = interleaved_seconds(cases, args.rounds, args.repeat)
-    print(f"\n2. vthreads on {args.vthread_shape}, blocking 32x32, µs per launch:")
+    print(f"\n2. vthreads on {args.vthread_shape}, blocking 32x32, µs per launch:\n")
     rows = [
         [str(c["num_thread_y"]), str(c["num_thread_x"]), str(c["vthread_y"]), str(c["vthread_x"]), _us(seconds)]
         for c, seconds in zip(names, times)
@@ -173,7 +173,7 @@ def fusion_table(args, target: Target, records: Path, config: dict) -> None:
         [fused, alone, scale_shift, relu], args.rounds, args.repeat
     )
     separate_s = alone_s + scale_shift_s + relu_s
-    print(f"\n3. fusion on {args.vthread_shape} with {config}, µs per launch:")
+    print(f"\n3. fusion on {args.vthread_shape} with {config}, µs per launch:\n")
     rows = [
         ["depthwise + scale_shift + relu, one kernel", _us(fused_s), "1.00×"],
         ["depthwise alone", _us(alone_s), f"{alone_s / fused_s:.2f}×"],
