@@ -388,3 +388,18 @@ def test_templates_on_pocl(case):
     cross-thread reductions as a device runs them, against the reference executor."""
     graph, feeds = RUNTIME_CASES[case]
     check(graph, feeds, "opencl", device="opencl")
+
+
+def test_blocks_beyond_the_grid_spill_into_the_next_grid_axis():
+    """A device whose grid x holds 4 blocks: 1000 elements in blocks of 32 need 32 blocks, so blockIdx.x takes 4 and
+    blockIdx.y the rest, the last blocks guarded; the result is unchanged."""
+    import dataclasses
+
+    webgpu = Target.parse("webgpu")
+    small = dataclasses.replace(webgpu, device=dataclasses.replace(webgpu.device, max_grid=(4, 65535, 65535)))
+    graph, x, feeds = single_input((1000,))
+    graph.outputs = list(graph.add_node("Relu", [x]))
+    kernels = check(graph, feeds, small, config=lambda space: {"num_thread": 32})
+    tir = tir_of(kernels)
+    assert re.search(r"0, 8\) thread_binding\(blockIdx\.y\)", tir), tir
+    assert re.search(r"0, 4\) thread_binding\(blockIdx\.x\)", tir), tir
