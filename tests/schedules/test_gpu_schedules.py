@@ -25,10 +25,10 @@ RNG = np.random.default_rng(0)
 GPU_TARGETS = ["webgpu", "opencl", "cuda"]
 
 
-def compile_and_run(graph: Graph, feeds: dict, target: str, config=None):
+def compile_and_run(graph: Graph, feeds: dict, target: str, config=None, device: str = "llvm"):
     """Fuse `graph` (ONNX layouts: GPU targets keep NCHW), schedule each group for the GPU `target` (with `config`,
-    a function of the group's space giving knob values, or the fallback), build it for llvm and run the kernels in
-    order; (outputs, [(kernel, space)])."""
+    a function of the group's space giving knob values, or the fallback), build it for `device` (llvm: serially)
+    and run the kernels in order; (outputs, [(kernel, space)])."""
     fused = optimize(graph, target=None)
     env = {v: feeds[v.name] for v in fused.inputs}
     env.update(fused.params)
@@ -39,7 +39,7 @@ def compile_and_run(graph: Graph, feeds: dict, target: str, config=None):
         schedule = schedule_group(group, target, space)
         if config is not None:
             schedule = schedule_group(group, target, ConfigSpace(config(space)))
-        kernel = build(schedule, group.inputs + group.outputs, target="llvm", name=group.name)
+        kernel = build(schedule, group.inputs + group.outputs, target=device, name=group.name)
         outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
         kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
         env.update(zip(node.outputs, outputs))
@@ -47,9 +47,9 @@ def compile_and_run(graph: Graph, feeds: dict, target: str, config=None):
     return {v.name: env[v] for v in fused.outputs}, kernels
 
 
-def check(graph: Graph, feeds: dict, target: str = "webgpu", config=None):
+def check(graph: Graph, feeds: dict, target: str = "webgpu", config=None, device: str = "llvm"):
     expected = run_reference(graph, feeds)
-    actual, kernels = compile_and_run(graph, feeds, target, config)
+    actual, kernels = compile_and_run(graph, feeds, target, config, device)
     for name, value in expected.items():
         scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
         np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
@@ -352,3 +352,54 @@ def test_tasks_of_a_gpu_target_use_the_gpu_templates_and_their_records(tmp_path)
     assert records == {task.key: record}
     _, _, cfg = schedule_node(task.node, Target.parse("webgpu"), records)
     assert (cfg["num_thread_y"].val, cfg["num_thread_x"].val) == (4, 32)
+
+
+def _runtime_cases():
+    """A graph per template, small, for the real GPU runtimes."""
+    cases = {}
+    cases["conv"] = conv_graph((1, 8, 10, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "relu6")
+    cases["depthwise"] = conv_graph(
+        (1, 4, 32, 32), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "scale_shift_relu"
+    )
+    graph, x, feeds = single_input((37, 24))
+    (y,) = graph.add_node("MatMul", [x, param(graph, (24, 40))])
+    graph.outputs = [y]
+    cases["matmul"] = graph, feeds
+    graph, x, feeds = single_input((3, 300))
+    graph.outputs = list(graph.add_node("Softmax", [x], {"axis": -1}))
+    cases["softmax"] = graph, feeds
+    graph, x, feeds = single_input((1, 5, 11, 13))
+    graph.outputs = list(
+        graph.add_node("MaxPool", [x], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})
+    )
+    cases["pool"] = graph, feeds
+    graph, x, feeds = single_input((6, 500))
+    graph.outputs = list(graph.add_node("ReduceMean", [x], {"axes": [1]}))
+    cases["mean"] = graph, feeds
+    return cases
+
+
+RUNTIME_CASES = _runtime_cases()
+
+
+@pytest.mark.parametrize("case", RUNTIME_CASES)
+def test_templates_on_pocl(case):
+    """Each template's kernel through the OpenCL codegen and lower_gpu, run on PoCL: barriers, shared tiles and
+    cross-thread reductions as a device runs them, against the reference executor."""
+    graph, feeds = RUNTIME_CASES[case]
+    check(graph, feeds, "opencl", device="opencl")
+
+
+def test_blocks_beyond_the_grid_spill_into_the_next_grid_axis():
+    """A device whose grid x holds 4 blocks: 1000 elements in blocks of 32 need 32 blocks, so blockIdx.x takes 4 and
+    blockIdx.y the rest, the last blocks guarded; the result is unchanged."""
+    import dataclasses
+
+    webgpu = Target.parse("webgpu")
+    small = dataclasses.replace(webgpu, device=dataclasses.replace(webgpu.device, max_grid=(4, 65535, 65535)))
+    graph, x, feeds = single_input((1000,))
+    graph.outputs = list(graph.add_node("Relu", [x]))
+    kernels = check(graph, feeds, small, config=lambda space: {"num_thread": 32})
+    tir = tir_of(kernels)
+    assert re.search(r"0, 8\) thread_binding\(blockIdx\.y\)", tir), tir
+    assert re.search(r"0, 4\) thread_binding\(blockIdx\.x\)", tir), tir
