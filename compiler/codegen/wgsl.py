@@ -43,6 +43,7 @@ from compiler.tir import (
 )
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import walk_stmts
+from compiler.tir.simplify import Bounds, bounds, loop_bounds
 
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
 # What a storage buffer may hold: WGSL has no 64-bit, 8-bit or bool storage, and f16 only behind `enable f16;`.
@@ -206,6 +207,8 @@ class _EntryWriter:
         self.uses_f16 = False
         self.params = {buffer: position for position, buffer in enumerate(func.params)}
         self.written = written_params(func)
+        # ranges of the variables in scope, so a division or modulo of a value known not negative is WGSL's own
+        self.env: dict[Var, Bounds] = {}
         self.region_types = self._region_types()
 
     # ---- names and types ----------------------------------------------------------------------------------------
@@ -317,6 +320,7 @@ class _EntryWriter:
             # WGSL has no let expressions: the binding goes before the statement being written, which sees every
             # variable the value reads.
             value = self.expr(node.value)
+            self.env[node.var] = bounds(node.value, self.env)
             self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
             return self.expr(node.body)
         raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}")
@@ -329,6 +333,10 @@ class _EntryWriter:
         if node.op in ("min", "max"):
             return f"{node.op}({a}, {b})"
         floating = dtype in ("float32", "float16")
+        if node.op in ("floordiv", "floormod") and not floating:
+            low, divisor = bounds(node.a, self.env)[0], bounds(node.b, self.env)
+            if low is not None and low >= 0 and divisor[0] is not None and divisor[0] > 0:
+                return f"({a} {'/' if node.op == 'floordiv' else '%'} {b})"
         if node.op == "floordiv":
             if floating:
                 return f"floor({a} / {b})"
@@ -399,6 +407,7 @@ class _EntryWriter:
             self.emit("}")
         elif isinstance(node, LetStmt):
             value = self.expr(node.value)
+            self.env[node.var] = bounds(node.value, self.env)
             self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
             self.stmt(node.body)
         elif isinstance(node, Allocate):
@@ -419,6 +428,7 @@ class _EntryWriter:
         zero = isinstance(node.min, Const) and node.min.value == 0
         end = extent if zero else f"{start} + {extent}"
         if node.kind != ForKind.THREAD_BINDING:
+            self.env[node.var] = loop_bounds(node.min, node.extent, self.env)
             # Vectorized and unrolled loops run as plain loops: the WGSL compiler unrolls what pays.
             self.emit(f"for (var {var}: i32 = {start}; {var} < {end}; {var}++) {{")
             self.block_of(node.body)
@@ -428,6 +438,7 @@ class _EntryWriter:
         if family not in _HARDWARE:
             raise WGSLError(f"kernel {self.func.name!r}: thread tag {node.thread_tag} is not a hardware index")
         launched = (self.grid if family == "blockIdx" else self.block)["xyz".index(axis)]
+        self.env[node.var] = loop_bounds(node.min, Const(launched, "int32"), self.env)
         self.emit("{")
         self.indent += 1
         index = f"i32({_HARDWARE[family]}.{axis})"

@@ -55,6 +55,18 @@ def test_elementwise_with_a_guarded_tail():
     np.testing.assert_allclose(run(s, args, [x]), x * 2 + 1, rtol=1e-6)
 
 
+def test_a_transpose_divides_its_fused_index_with_wgsl_operators():
+    a = te.placeholder((7, 6), name="A")
+    b = te.compute((6, 7), lambda i, j: a[j, i], name="B")
+    s = te.create_schedule(b.op)
+    s[b].bind(s[b].fuse(*s[b].op.axis), te.thread_axis("threadIdx.x"))
+    x = RNG.standard_normal((7, 6)).astype("float32")
+    np.testing.assert_array_equal(run(s, [a, b], [x]), x.T)
+    # the fused index is never negative, so its floor division and modulo are WGSL's / and %
+    code = generate_wgsl([(with_launch(lower(s, [a, b], "k")), "k", Layout.separate(2))]).code
+    assert "tessel_floor" not in code and "% 7i" in code
+
+
 def test_matmul_with_shared_and_local_caches():
     a = te.placeholder((64, 48), name="A")
     b = te.placeholder((48, 40), name="B")
