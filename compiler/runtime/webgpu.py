@@ -83,18 +83,45 @@ class _Pipelines:
         self.code = code
         self.module = gpu.create_shader_module(code=code)
         self.entries = {entry["name"]: entry for entry in entries}
+        self.layouts = {entry["name"]: self._layout(entry) for entry in entries}
         self.pipelines = {
             entry["name"]: gpu.create_compute_pipeline(
-                layout="auto", compute={"module": self.module, "entry_point": entry["name"]}
+                layout=gpu.create_pipeline_layout(bind_group_layouts=[self.layouts[entry["name"]]]),
+                compute={"module": self.module, "entry_point": entry["name"]},
             )
             for entry in entries
         }
+
+    @staticmethod
+    def _layout(entry: dict):
+        """The bind group layout the entry describes. Not "auto": that one leaves out the bindings a shader never
+        reads (an input of an empty reduction), and a bind group giving them would be refused."""
+        import wgpu
+
+        kinds = {"read": wgpu.BufferBindingType.read_only_storage, "read_write": wgpu.BufferBindingType.storage}
+        items = [
+            {
+                "binding": region["binding"],
+                "visibility": wgpu.ShaderStage.COMPUTE,
+                "buffer": {"type": kinds[region["access"]]},
+            }
+            for region in entry["regions"]
+        ]
+        if entry["offsets_binding"] is not None:
+            items.append(
+                {
+                    "binding": entry["offsets_binding"],
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": wgpu.BufferBindingType.uniform},
+                }
+            )
+        return device().create_bind_group_layout(entries=items)
 
     def bind_group(self, name: str, regions: list, offsets: tuple | None):
         """`regions`: per region of the entry, (GPU buffer, byte size); `offsets`: the uniform buffer, its byte
         offset and size, when the entry reads element offsets."""
         entry = self.entries[name]
-        layout = self.pipelines[name].get_bind_group_layout(0)
+        layout = self.layouts[name]
         items = [
             {"binding": spec["binding"], "resource": {"buffer": buffer, "offset": 0, "size": size}}
             for spec, (buffer, size) in zip(entry["regions"], regions)
