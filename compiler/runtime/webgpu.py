@@ -11,7 +11,6 @@ import tempfile
 
 import numpy as np
 
-from compiler.bundle import BINDING_SYMBOL, BundleError
 from compiler.errors import TargetError
 from compiler.runtime import ArgSpec, check_args
 
@@ -220,15 +219,9 @@ class WebGPUModel:
         arena_bytes: int,
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
-        binding: str | None = None,
     ):
         import wgpu
 
-        if binding is not None and not code.startswith(f"// {BINDING_SYMBOL} {binding}\n"):
-            raise BundleError(
-                "kernels.wgsl was not generated for this manifest.json (its binding digest differs: the manifest or "
-                "the code was edited or swapped); export the model again"
-            )
         gpu = device()
         self.pipelines = _Pipelines(code, entries)
         self.inputs, self.outputs = inputs, outputs
