@@ -65,3 +65,16 @@ def test_bundle_round_trip_and_refusals(tmp_path):
     (path / "kernels.wgsl").write_bytes(code.replace(b"@compute", b"@compute ", 1))
     with pytest.raises(BundleError):
         load_module(path)
+
+
+def test_compiling_needs_no_adapter_and_running_without_one_says_what_to_install(monkeypatch):
+    import wgpu
+
+    from compiler.errors import PlatformError
+    from compiler.runtime import webgpu
+
+    monkeypatch.setattr(webgpu, "_device", None)
+    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **options: None)
+    module = compile_model(zoo.build_model("digits"), target="webgpu")
+    with pytest.raises(PlatformError, match="mesa-vulkan-drivers"):
+        module.run(module.random_inputs())

@@ -7,7 +7,7 @@ import pytest
 
 import compiler.te as te
 from compiler.codegen.wgsl import Layout, WGSLError, generate_wgsl, model_shader
-from compiler.errors import TargetError
+from compiler.errors import PlatformError
 from compiler.runtime import ArgSpec
 from compiler.runtime import webgpu as webgpu_runtime
 from compiler.tir.lower import lower
@@ -181,7 +181,7 @@ def test_no_adapter_names_what_to_install(monkeypatch):
 
     monkeypatch.setattr(webgpu_runtime, "_device", None)
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **options: None)
-    with pytest.raises(TargetError, match="mesa-vulkan-drivers"):
+    with pytest.raises(PlatformError, match="mesa-vulkan-drivers"):
         webgpu_runtime.device()
 
 
