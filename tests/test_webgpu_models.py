@@ -13,7 +13,7 @@ from compiler.build import build, compile_model, load_module
 from compiler.bundle import BundleError
 
 # Lavapipe runs these in a few seconds each; the zoo's larger models are left to the full zoo run (docs/gpu.md).
-MODELS = ["dwconv_block", "inception_block", "squeezenet"]
+MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet"]
 DEFAULT_LIMITS = {
     "maxStorageBuffersPerShaderStage": 8,
     "maxComputeInvocationsPerWorkgroup": 256,
@@ -78,3 +78,14 @@ def test_compiling_needs_no_adapter_and_running_without_one_says_what_to_install
     module = compile_model(zoo.build_model("digits"), target="webgpu")
     with pytest.raises(PlatformError, match="mesa-vulkan-drivers"):
         module.run(module.random_inputs())
+
+
+def test_cli_run_and_bench_on_a_webgpu_bundle(tmp_path, capsys):
+    from compiler.cli import main
+
+    zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    assert main(["compile", str(tmp_path / "mlp.onnx"), "--target", "webgpu", "-o", str(tmp_path / "bundle")]) == 0
+    assert main(["run", str(tmp_path / "bundle")]) == 0
+    assert main(["bench", str(tmp_path / "bundle"), "--repeat", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "(webgpu)" in printed and "median" in printed
