@@ -61,6 +61,19 @@ NATIVE_MATH = {
     "abs": "abs",
 }
 _HARDWARE = {"blockIdx": "block", "threadIdx": "thread"}
+# WGSL evaluates a builtin of constants at shader creation and refuses a result that is not finite (log(0.0)), so a
+# call of constants is folded here, in float32, and printed as its value (an infinity from bits at run time).
+_FOLDED = {
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
+    "tanh": np.tanh,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.rint,
+    "abs": np.abs,
+}
 _INFIX = {
     "add": "+",
     "sub": "-",
@@ -381,6 +394,10 @@ class _EntryWriter:
             return f"{self.type(node.dtype, 'a call')}({NATIVE_MATH.get(node.name, node.name)}({converted}))"
         if node.name not in NATIVE_MATH:
             raise WGSLError(f"WGSL has no {node.name}; tir/fast_math.py expands it before code generation")
+        if all(isinstance(arg, Const) for arg in node.args):
+            with np.errstate(all="ignore"):
+                value = _FOLDED[node.name](np.array(node.args[0].value, np.float32))
+            return self.const(Const(float(value), node.dtype))
         return f"{NATIVE_MATH[node.name]}({', '.join(args)})"
 
     # ---- statements ---------------------------------------------------------------------------------------------

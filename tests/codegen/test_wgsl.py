@@ -234,3 +234,12 @@ def test_names_that_are_wgsl_keywords_or_builtins_still_compile():
     s[b].bind(s[b].op.axis[0], te.thread_axis("threadIdx.x"))
     x = RNG.standard_normal(8).astype("float32")
     np.testing.assert_allclose(run(s, [a, b], [x], name="fn"), np.exp(x) + 1, rtol=1e-5)
+
+
+def test_math_of_constants_is_folded_so_a_non_finite_result_compiles():
+    a = te.placeholder((4,), name="A")
+    b = te.compute((4,), lambda i: te.maximum(a[i], te.log(te.const(0.0))) + te.exp(te.const(1.0)), name="B")
+    s = te.create_schedule(b.op)
+    s[b].bind(s[b].op.axis[0], te.thread_axis("threadIdx.x"))
+    x = RNG.standard_normal(4).astype("float32")
+    np.testing.assert_allclose(run(s, [a, b], [x]), x + np.exp(np.float32(1)), rtol=1e-6)
