@@ -10,7 +10,6 @@ stays within WebGPU's 8 storage buffers however many tensors it reads, and no bi
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -553,18 +552,12 @@ def generate_wgsl(kernels: list[tuple[PrimFunc, str, Layout]], shader_f16: bool 
         uses_f16 = uses_f16 or writer.uses_f16
     if uses_f16 and not shader_f16:
         raise WGSLError(
-            "a kernel computes in float16, which WebGPU has only with the adapter's shader-f16 feature; "
-            "this adapter lacks it: compile the model in float32"
+            "a kernel computes in float16, which WebGPU has only behind the shader-f16 feature that target webgpu "
+            "does not assume (every adapter must run its bundles): compile the model in float32"
         )
     prelude = ["enable f16;"] if uses_f16 else []
     prelude += [_HELPERS[name] for name in sorted(helpers)]
     return ShaderModule("\n\n".join([*prelude, *parts]) + "\n", tuple(entries), uses_f16)
-
-
-def pack_offsets(offsets: list[int]) -> bytes:
-    """The uniform an entry point with offsets reads: one i32 element offset per parameter, in vec4 words."""
-    words = max(1, math.ceil(len(offsets) / 4)) * 4
-    return struct.pack(f"<{words}i", *offsets, *([0] * (words - len(offsets))))
 
 
 def _element_bytes(region_type: str) -> int:
