@@ -15,6 +15,7 @@ from compiler.bundle import BINDING_SYMBOL, BundleError, binding_digest, unseale
 from compiler.codegen.cuda import generate_cuda
 from compiler.codegen.llvm import compile_funcs
 from compiler.codegen.opencl import generate_opencl
+from compiler.codegen.wgsl import Layout, generate_wgsl, limits_used, model_shader
 from compiler.errors import TargetError
 from compiler.link import link_shared, link_wasm
 from compiler.memory_plan import align
@@ -23,6 +24,7 @@ from compiler.runtime.cuda import CudaModel, CudaProgram
 from compiler.runtime.native import NativeLibrary, NativeModel
 from compiler.runtime.opencl import OpenCLModel, OpenCLProgram
 from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
+from compiler.runtime.webgpu import WebGPUKernels, WebGPUModel
 from compiler.target import Target
 from compiler.tir.gpu import dispatch_list, lower_gpu, split_launches
 from compiler.tir.nodes import PrimFunc
@@ -307,4 +309,74 @@ _register_c_gpu(
         generate_cuda, "cu", lambda source, launches, target: CudaProgram(source, launches, target.cpu), _cuda_model
     ),
     "CUDA C++ (kernels.cu, compiled by NVRTC) for an NVIDIA GPU",
+)
+
+
+# ---- webgpu: one WGSL module, run through wgpu-py here and by tessel.js in browsers -----------------------------
+
+
+def _webgpu_kernel(func: PrimFunc, target: Target) -> KernelCode:
+    """A lone kernel: its library is JSON of the WGSL and its entry point, what WebGPUKernels needs."""
+    lowered = func if "launch" in func.attrs else lower_gpu(func, target)
+    module = generate_wgsl([(lowered, lowered.name, Layout.for_kernel(lowered, target.device.max_buffers))])
+    library = json.dumps({"code": module.code, "entries": [entry.as_json() for entry in module.entries]}).encode()
+    return KernelCode(library, {"wgsl": module.code, "gpu": format_func(lowered)}, lowered)
+
+
+def _webgpu_kernel_runtime(library: bytes, target: Target, num_threads: int | None):
+    compiled = json.loads(library)
+    return WebGPUKernels(compiled["code"], compiled["entries"])
+
+
+def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
+    """kernels.wgsl, and the manifest's dispatch list completed for WebGPU with its `webgpu` section (entry points,
+    buffers, uniform size, features, limits used: docs/gpu.md describes every field for tessel.js)."""
+    lowered = [lower_gpu(func, target) for func in kernels]
+    module, dispatches = model_shader(lowered, dispatch_list(run, lowered), target.device.offset_alignment)
+    buffers = [
+        {"region": "params", "index": 0, "bytes": manifest["params"]["bytes"]},
+        {"region": "arena", "index": 0, "bytes": manifest["memory"]["arena_bytes"]},
+    ]
+    for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
+        for position, spec in enumerate(specs):
+            size = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+            buffers.append({"region": region, "index": position, "bytes": size})
+    uniform = max((dispatch["uniform_offset"] for dispatch in dispatches), default=0) + target.device.offset_alignment
+    webgpu = {
+        "entries": [entry.as_json() for entry in module.entries],
+        "buffers": buffers,
+        "uniform_bytes": uniform,
+        "features": ["shader-f16"] if module.uses_f16 else [],
+        "limits": limits_used(module, [buffer["bytes"] for buffer in buffers]),
+    }
+    additions = json.loads(json.dumps({"dispatches": dispatches, "webgpu": webgpu}))
+    source = f"{_DIGEST_LINE}{binding_digest({**manifest, **additions})}\n{module.code}"
+    return ModelCode(source.encode(), additions, {"wgsl": source}, lowered)
+
+
+def _webgpu_model_runtime(image: ModelImage, target: Target, num_threads: int | None):
+    manifest = image.manifest
+    return WebGPUModel(
+        _gpu_source(image),
+        manifest["webgpu"]["entries"],
+        manifest["dispatches"],
+        image.params,
+        manifest["memory"]["arena_bytes"],
+        image.inputs,
+        image.outputs,
+    )
+
+
+register(
+    Backend(
+        kind="webgpu",
+        code_file="kernels.wgsl",
+        seal="text",
+        build_kernel=_webgpu_kernel,
+        kernel_runtime=_webgpu_kernel_runtime,
+        build_model=_webgpu_model,
+        model_runtime=_webgpu_model_runtime,
+        label="WebGPU (WGSL): runs on this browser's GPU",
+        runs_in_browser=True,
+    )
 )

@@ -10,7 +10,6 @@ stays within WebGPU's 8 storage buffers however many tensors it reads, and no bi
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +42,7 @@ from compiler.tir import (
 )
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import walk_stmts
+from compiler.tir.simplify import Bounds, bounds, loop_bounds
 
 TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
 # What a storage buffer may hold: WGSL has no 64-bit, 8-bit or bool storage, and f16 only behind `enable f16;`.
@@ -60,6 +60,19 @@ NATIVE_MATH = {
     "abs": "abs",
 }
 _HARDWARE = {"blockIdx": "block", "threadIdx": "thread"}
+# WGSL evaluates a builtin of constants at shader creation and refuses a result that is not finite (log(0.0)), so a
+# call of constants is folded here, in float32, and printed as its value (an infinity from bits at run time).
+_FOLDED = {
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
+    "tanh": np.tanh,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.rint,
+    "abs": np.abs,
+}
 _INFIX = {
     "add": "+",
     "sub": "-",
@@ -206,6 +219,8 @@ class _EntryWriter:
         self.uses_f16 = False
         self.params = {buffer: position for position, buffer in enumerate(func.params)}
         self.written = written_params(func)
+        # ranges of the variables in scope, so a division or modulo of a value known not negative is WGSL's own
+        self.env: dict[Var, Bounds] = {}
         self.region_types = self._region_types()
 
     # ---- names and types ----------------------------------------------------------------------------------------
@@ -317,6 +332,7 @@ class _EntryWriter:
             # WGSL has no let expressions: the binding goes before the statement being written, which sees every
             # variable the value reads.
             value = self.expr(node.value)
+            self.env[node.var] = bounds(node.value, self.env)
             self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
             return self.expr(node.body)
         raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}")
@@ -329,6 +345,10 @@ class _EntryWriter:
         if node.op in ("min", "max"):
             return f"{node.op}({a}, {b})"
         floating = dtype in ("float32", "float16")
+        if node.op in ("floordiv", "floormod") and not floating:
+            low, divisor = bounds(node.a, self.env)[0], bounds(node.b, self.env)
+            if low is not None and low >= 0 and divisor[0] is not None and divisor[0] > 0:
+                return f"({a} {'/' if node.op == 'floordiv' else '%'} {b})"
         if node.op == "floordiv":
             if floating:
                 return f"floor({a} / {b})"
@@ -373,6 +393,10 @@ class _EntryWriter:
             return f"{self.type(node.dtype, 'a call')}({NATIVE_MATH.get(node.name, node.name)}({converted}))"
         if node.name not in NATIVE_MATH:
             raise WGSLError(f"WGSL has no {node.name}; tir/fast_math.py expands it before code generation")
+        if all(isinstance(arg, Const) for arg in node.args):
+            with np.errstate(all="ignore"):
+                value = _FOLDED[node.name](np.array(node.args[0].value, np.float32))
+            return self.const(Const(float(value), node.dtype))
         return f"{NATIVE_MATH[node.name]}({', '.join(args)})"
 
     # ---- statements ---------------------------------------------------------------------------------------------
@@ -399,6 +423,7 @@ class _EntryWriter:
             self.emit("}")
         elif isinstance(node, LetStmt):
             value = self.expr(node.value)
+            self.env[node.var] = bounds(node.value, self.env)
             self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
             self.stmt(node.body)
         elif isinstance(node, Allocate):
@@ -419,6 +444,7 @@ class _EntryWriter:
         zero = isinstance(node.min, Const) and node.min.value == 0
         end = extent if zero else f"{start} + {extent}"
         if node.kind != ForKind.THREAD_BINDING:
+            self.env[node.var] = loop_bounds(node.min, node.extent, self.env)
             # Vectorized and unrolled loops run as plain loops: the WGSL compiler unrolls what pays.
             self.emit(f"for (var {var}: i32 = {start}; {var} < {end}; {var}++) {{")
             self.block_of(node.body)
@@ -428,6 +454,7 @@ class _EntryWriter:
         if family not in _HARDWARE:
             raise WGSLError(f"kernel {self.func.name!r}: thread tag {node.thread_tag} is not a hardware index")
         launched = (self.grid if family == "blockIdx" else self.block)["xyz".index(axis)]
+        self.env[node.var] = loop_bounds(node.min, Const(launched, "int32"), self.env)
         self.emit("{")
         self.indent += 1
         index = f"i32({_HARDWARE[family]}.{axis})"
@@ -525,18 +552,12 @@ def generate_wgsl(kernels: list[tuple[PrimFunc, str, Layout]], shader_f16: bool 
         uses_f16 = uses_f16 or writer.uses_f16
     if uses_f16 and not shader_f16:
         raise WGSLError(
-            "a kernel computes in float16, which WebGPU has only with the adapter's shader-f16 feature; "
-            "this adapter lacks it: compile the model in float32"
+            "a kernel computes in float16, which WebGPU has only behind the shader-f16 feature that target webgpu "
+            "does not assume (every adapter must run its bundles): compile the model in float32"
         )
     prelude = ["enable f16;"] if uses_f16 else []
     prelude += [_HELPERS[name] for name in sorted(helpers)]
     return ShaderModule("\n\n".join([*prelude, *parts]) + "\n", tuple(entries), uses_f16)
-
-
-def pack_offsets(offsets: list[int]) -> bytes:
-    """The uniform an entry point with offsets reads: one i32 element offset per parameter, in vec4 words."""
-    words = max(1, math.ceil(len(offsets) / 4)) * 4
-    return struct.pack(f"<{words}i", *offsets, *([0] * (words - len(offsets))))
 
 
 def _element_bytes(region_type: str) -> int:

@@ -11,8 +11,7 @@ import tempfile
 
 import numpy as np
 
-from compiler.bundle import BINDING_SYMBOL, BundleError
-from compiler.errors import TargetError
+from compiler.errors import PlatformError, TargetError
 from compiler.runtime import ArgSpec, check_args
 
 _MISSING = (
@@ -36,11 +35,11 @@ def device():
 
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except ImportError as error:
-        raise TargetError(f"{_MISSING} ({error})") from None
+        raise PlatformError(f"{_MISSING} ({error})") from None
     except Exception as error:  # wgpu raises its own RuntimeError subclasses when no backend loads
-        raise TargetError(f"{_MISSING} ({error})") from None
+        raise PlatformError(f"{_MISSING} ({error})") from None
     if adapter is None:
-        raise TargetError(_MISSING)
+        raise PlatformError(_MISSING)
     wanted = [name for name in ("shader-f16",) if name in adapter.features]
     _device = adapter.request_device_sync(required_features=wanted)
     _features = frozenset(wanted)
@@ -67,14 +66,6 @@ def _padded(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % 4)
 
 
-def _check_code(module, code: str) -> None:
-    """Shader compile errors surface lazily in wgpu-py; asking for the compilation info makes them raise here."""
-    info = module.get_compilation_info()
-    errors = [message for message in info if getattr(message, "type", "error") == "error"]
-    if errors:
-        raise TargetError(f"the WebGPU compiler refused the generated WGSL: {errors[0].message}")
-
-
 class _Pipelines:
     """One shader module and a compute pipeline per entry point, made at load."""
 
@@ -83,18 +74,45 @@ class _Pipelines:
         self.code = code
         self.module = gpu.create_shader_module(code=code)
         self.entries = {entry["name"]: entry for entry in entries}
+        self.layouts = {entry["name"]: self._layout(entry) for entry in entries}
         self.pipelines = {
             entry["name"]: gpu.create_compute_pipeline(
-                layout="auto", compute={"module": self.module, "entry_point": entry["name"]}
+                layout=gpu.create_pipeline_layout(bind_group_layouts=[self.layouts[entry["name"]]]),
+                compute={"module": self.module, "entry_point": entry["name"]},
             )
             for entry in entries
         }
+
+    @staticmethod
+    def _layout(entry: dict):
+        """The bind group layout the entry describes. Not "auto": that one leaves out the bindings a shader never
+        reads (an input of an empty reduction), and a bind group giving them would be refused."""
+        import wgpu
+
+        kinds = {"read": wgpu.BufferBindingType.read_only_storage, "read_write": wgpu.BufferBindingType.storage}
+        items = [
+            {
+                "binding": region["binding"],
+                "visibility": wgpu.ShaderStage.COMPUTE,
+                "buffer": {"type": kinds[region["access"]]},
+            }
+            for region in entry["regions"]
+        ]
+        if entry["offsets_binding"] is not None:
+            items.append(
+                {
+                    "binding": entry["offsets_binding"],
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": wgpu.BufferBindingType.uniform},
+                }
+            )
+        return device().create_bind_group_layout(entries=items)
 
     def bind_group(self, name: str, regions: list, offsets: tuple | None):
         """`regions`: per region of the entry, (GPU buffer, byte size); `offsets`: the uniform buffer, its byte
         offset and size, when the entry reads element offsets."""
         entry = self.entries[name]
-        layout = self.pipelines[name].get_bind_group_layout(0)
+        layout = self.layouts[name]
         items = [
             {"binding": spec["binding"], "resource": {"buffer": buffer, "offset": 0, "size": size}}
             for spec, (buffer, size) in zip(entry["regions"], regions)
@@ -118,17 +136,28 @@ class _Pipelines:
 
 
 class WebGPUKernels:
-    """A kernel runtime like NativeLibrary: `function(name, specs)` gives a callable on numpy arrays."""
+    """A kernel runtime like NativeLibrary: `function(name, specs)` gives a callable on numpy arrays. The device,
+    the shader module and the pipelines are made at the first call, so building a kernel needs no adapter."""
 
     def __init__(self, code: str, entries: list[dict]):
-        self.pipelines = _Pipelines(code, entries)
+        self.code, self.entries = code, entries
+        self.pipelines: _Pipelines | None = None
 
     def function(self, name: str, specs: list[ArgSpec]):
         """The call of kernel `name` (its first entry point)."""
-        entry = next((entry["name"] for entry in self.pipelines.entries.values() if entry["kernel"] == name), None)
+        entry = next((entry["name"] for entry in self.entries if entry["kernel"] == name), None)
         if entry is None:
             raise TargetError(f"the WGSL module has no kernel {name!r}")
-        return _KernelCall(self.pipelines, entry, specs)
+        kernel = None
+
+        def call(*arrays) -> None:
+            nonlocal kernel
+            if kernel is None:
+                self.pipelines = self.pipelines or _Pipelines(self.code, self.entries)
+                kernel = _KernelCall(self.pipelines, entry, specs)
+            kernel(*arrays)
+
+        return call
 
 
 class _KernelCall:
@@ -179,10 +208,11 @@ class _KernelCall:
 
 class WebGPUModel:
     """A whole model from its bundle's parts: the WGSL, the entry points and the dispatch list of its manifest
-    (codegen/wgsl.py's model_shader), params.bin and the arena size. At load it makes one storage buffer per region
-    (params written once, the arena, each input and output), the uniform holding every dispatch's element
-    offsets, a pipeline per entry point and a bind group per dispatch. A run writes the inputs, records every
-    dispatch and the outputs' copies into one command buffer, and maps one readback buffer."""
+    (codegen/wgsl.py's model_shader), params.bin and the arena size. At the first run (so compiling needs no
+    adapter) it makes one storage buffer per region (params written once, the arena, each input and output), the
+    uniform holding every dispatch's element offsets, a pipeline per entry point and a bind group per dispatch; every
+    run writes the inputs, records every dispatch and the outputs' copies into one command buffer, and maps one
+    readback buffer."""
 
     def __init__(
         self,
@@ -193,21 +223,24 @@ class WebGPUModel:
         arena_bytes: int,
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
-        binding: str | None = None,
     ):
+        self.parts = (code, entries, dispatches, params, arena_bytes)
+        self.inputs, self.outputs = inputs, outputs
+        self.loaded = False
+
+    def load(self) -> None:
+        """Make the device state once."""
+        if self.loaded:
+            return
         import wgpu
 
-        if binding is not None and not code.startswith(f"// {BINDING_SYMBOL} {binding}\n"):
-            raise BundleError(
-                "kernels.wgsl was not generated for this manifest.json (its binding digest differs: the manifest or "
-                "the code was edited or swapped); export the model again"
-            )
+        code, entries, dispatches, params, arena_bytes = self.parts
+        outputs = self.outputs
         gpu = device()
         self.pipelines = _Pipelines(code, entries)
-        self.inputs, self.outputs = inputs, outputs
         nbytes = [int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize for spec in outputs]
         self.sizes = {("params", 0): len(params), ("arena", 0): arena_bytes}
-        for position, spec in enumerate(inputs):
+        for position, spec in enumerate(self.inputs):
             self.sizes["input", position] = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
         for position, size in enumerate(nbytes):
             self.sizes["output", position] = size
@@ -236,6 +269,7 @@ class WebGPUModel:
             self.readback_offsets.append(total)
             total += math.ceil(max(size, 4) / 256) * 256
         self.readback = _buffer(total or 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.loaded = True
 
     def write_inputs(self, inputs: list[np.ndarray]) -> None:
         for position, array in enumerate(inputs):
@@ -264,6 +298,7 @@ class WebGPUModel:
         return results
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        self.load()
         self.write_inputs(inputs)
         encoder = device().create_command_encoder()
         self.pipelines.encode(encoder, self.steps)
@@ -280,6 +315,7 @@ class WebGPUReplay:
     def __init__(self, runtime: WebGPUModel, inputs: list[np.ndarray]):
         self.runtime = runtime
         self.position = 0
+        runtime.load()
         runtime.write_inputs(inputs)
 
     def kernel(self, name: str, args: list):

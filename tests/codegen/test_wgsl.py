@@ -7,7 +7,7 @@ import pytest
 
 import compiler.te as te
 from compiler.codegen.wgsl import Layout, WGSLError, generate_wgsl, model_shader
-from compiler.errors import TargetError
+from compiler.errors import PlatformError
 from compiler.runtime import ArgSpec
 from compiler.runtime import webgpu as webgpu_runtime
 from compiler.tir.lower import lower
@@ -53,6 +53,18 @@ def test_elementwise_with_a_guarded_tail():
     s, args = bound_elementwise((37, 19), lambda x: x * 2.0 + 1.0)
     x = RNG.standard_normal((37, 19)).astype("float32")
     np.testing.assert_allclose(run(s, args, [x]), x * 2 + 1, rtol=1e-6)
+
+
+def test_a_transpose_divides_its_fused_index_with_wgsl_operators():
+    a = te.placeholder((7, 6), name="A")
+    b = te.compute((6, 7), lambda i, j: a[j, i], name="B")
+    s = te.create_schedule(b.op)
+    s[b].bind(s[b].fuse(*s[b].op.axis), te.thread_axis("threadIdx.x"))
+    x = RNG.standard_normal((7, 6)).astype("float32")
+    np.testing.assert_array_equal(run(s, [a, b], [x]), x.T)
+    # the fused index is never negative, so its floor division and modulo are WGSL's / and %
+    code = generate_wgsl([(with_launch(lower(s, [a, b], "k")), "k", Layout.separate(2))]).code
+    assert "tessel_floor" not in code and "% 7i" in code
 
 
 def test_matmul_with_shared_and_local_caches():
@@ -169,7 +181,7 @@ def test_no_adapter_names_what_to_install(monkeypatch):
 
     monkeypatch.setattr(webgpu_runtime, "_device", None)
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **options: None)
-    with pytest.raises(TargetError, match="mesa-vulkan-drivers"):
+    with pytest.raises(PlatformError, match="mesa-vulkan-drivers"):
         webgpu_runtime.device()
 
 
@@ -222,3 +234,12 @@ def test_names_that_are_wgsl_keywords_or_builtins_still_compile():
     s[b].bind(s[b].op.axis[0], te.thread_axis("threadIdx.x"))
     x = RNG.standard_normal(8).astype("float32")
     np.testing.assert_allclose(run(s, [a, b], [x], name="fn"), np.exp(x) + 1, rtol=1e-5)
+
+
+def test_math_of_constants_is_folded_so_a_non_finite_result_compiles():
+    a = te.placeholder((4,), name="A")
+    b = te.compute((4,), lambda i: te.maximum(a[i], te.log(te.const(0.0))) + te.exp(te.const(1.0)), name="B")
+    s = te.create_schedule(b.op)
+    s[b].bind(s[b].op.axis[0], te.thread_axis("threadIdx.x"))
+    x = RNG.standard_normal(4).astype("float32")
+    np.testing.assert_allclose(run(s, [a, b], [x]), x + np.exp(np.float32(1)), rtol=1e-6)

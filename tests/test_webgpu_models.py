@@ -1,0 +1,91 @@
+"""The webgpu backend end to end on lavapipe: compiler.build gives a callable kernel, compile_model a bundle whose
+dispatch list runs through wgpu-py and matches onnxruntime, and load_module refuses damaged or swapped bundles."""
+
+import json
+
+import numpy as np
+import onnxruntime
+import pytest
+
+import compiler.te as te
+from compiler import zoo
+from compiler.build import build, compile_model, load_module
+from compiler.bundle import BundleError
+
+# Lavapipe runs these in a few seconds each; the zoo's larger models are left to the full zoo run (docs/gpu.md).
+MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet"]
+DEFAULT_LIMITS = {
+    "maxStorageBuffersPerShaderStage": 8,
+    "maxComputeInvocationsPerWorkgroup": 256,
+    "maxComputeWorkgroupStorageSize": 16384,
+    "maxStorageBufferBindingSize": 134217728,
+}
+
+
+def test_build_gives_a_callable_webgpu_kernel():
+    a = te.placeholder((1000,), name="A")
+    b = te.compute((1000,), lambda i: te.erf(a[i]) * 2.0, name="B")
+    s = te.create_schedule(b.op)
+    block, thread = s[b].split(b.op.axis[0], 64)
+    s[b].bind(block, te.thread_axis("blockIdx.x"))
+    s[b].bind(thread, te.thread_axis("threadIdx.x"))
+    kernel = build(s, [a, b], target="webgpu", name="scaled_erf")
+    x = np.linspace(-4, 4, 1000, dtype="float32")
+    y = np.zeros_like(x)
+    kernel(x, y)
+    from math import erf
+
+    np.testing.assert_allclose(y, [2 * erf(value) for value in x], rtol=1e-5, atol=1e-6)
+    assert "@compute @workgroup_size(64, 1, 1)" in kernel.source("wgsl")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_model_matches_onnxruntime(name):
+    model = zoo.build_model(name)
+    module = compile_model(model, target="webgpu")
+    feeds = module.random_inputs()
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for got, want in zip(module.run(feeds).values(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bundle_round_trip_and_refusals(tmp_path):
+    model = zoo.build_model("inception_block")
+    module = compile_model(model, target="webgpu")
+    path = module.export(tmp_path / "bundle")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["code"] == "kernels.wgsl" and len(manifest["dispatches"]) == len(manifest["calls"])
+    limits = manifest["webgpu"]["limits"]
+    assert all(limits[name] <= bound for name, bound in DEFAULT_LIMITS.items())
+    feeds = module.random_inputs(seed=1)
+    for got, want in zip(load_module(path).run(feeds).values(), module.run(feeds).values()):
+        np.testing.assert_array_equal(got, want)
+
+    code = (path / "kernels.wgsl").read_bytes()
+    (path / "kernels.wgsl").write_bytes(code.replace(b"@compute", b"@compute ", 1))
+    with pytest.raises(BundleError):
+        load_module(path)
+
+
+def test_compiling_needs_no_adapter_and_running_without_one_says_what_to_install(monkeypatch):
+    import wgpu
+
+    from compiler.errors import PlatformError
+    from compiler.runtime import webgpu
+
+    monkeypatch.setattr(webgpu, "_device", None)
+    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **options: None)
+    module = compile_model(zoo.build_model("digits"), target="webgpu")
+    with pytest.raises(PlatformError, match="mesa-vulkan-drivers"):
+        module.run(module.random_inputs())
+
+
+def test_cli_run_and_bench_on_a_webgpu_bundle(tmp_path, capsys):
+    from compiler.cli import main
+
+    zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    assert main(["compile", str(tmp_path / "mlp.onnx"), "--target", "webgpu", "-o", str(tmp_path / "bundle")]) == 0
+    assert main(["run", str(tmp_path / "bundle")]) == 0
+    assert main(["bench", str(tmp_path / "bundle"), "--repeat", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "(webgpu)" in printed and "median" in printed
