@@ -141,7 +141,7 @@ def largest_tasks(models: list[str], count: int, per_template: int = 2) -> list[
     of one template."""
     found = {}
     for model in models:
-        for task in extract_tasks(zoo.build_model(model), "llvm"):
+        for task in extract_tasks(model_of(model)[0], "llvm"):
             found.setdefault(task.key, (model, task))
     ranked = sorted(found.values(), key=lambda item: -sum(1 for _ in item[1].space.valid_configs()))
     chosen: list[tuple[str, Task]] = []
@@ -205,7 +205,8 @@ def search(arguments) -> None:
         print(
             f"\n{model} {task.template} [{shapes}] +{'+'.join(task.ops[1:]) or '-'}: {valid} valid configs, "
             f"table measured in {measured_s:.0f} s ({ROUNDS} rounds, median spread between rounds {100 * noise:.1f}%); "
-            f"fallback {fallback * 1e3:.4f} ms, best {best * 1e3:.4f} ms ({fallback / best:.2f}x)"
+            f"fallback {fallback * 1e3:.4f} ms, best {best * 1e3:.4f} ms ({fallback / best:.2f}x): "
+            f"{task.space.get(min(table, key=table.get)).to_json()}"
         )
         curves = {
             name: [replay(name, task, table, random_trials, seed) for seed in range(arguments.seeds)]
