@@ -6,11 +6,11 @@
           search's best. Curves (best-so-far over trials) are printed. A live run of the xgb tuner measures for
           real and says where its pick ranks in the table.
   models  end to end: tune_model over a model's tasks, its records written as JSON lines, the model compiled
-          with and without them and timed against each other and onnxruntime (interleaved, one thread).
+          with and without them and timed against each other and onnxruntime (interleaved, default threads).
 
-Measurements go through compiler.tune.measure's Measurer when it exists; until it lands, through the small local
-helper below (build the task's kernel for a config, time it, check its outputs against the fallback's). Timings on
-the shared 2-core machine are noisy: kernels run on one thread, each time is a min over repeats of a mean.
+The models mode measures through compiler.tune.measure's Measurer (worker processes, default threads) and times the
+models at default threads to match; the search tables use TableMeasurer below (one thread, each build kept for the
+rounds). Timings on the shared 2-core machine are noisy: each time is a min over repeats of a mean.
 
     python benchmarks/tune.py search [--models bert_tiny,mobilenet_v2] [--tasks 4] [--seeds 10]
     python benchmarks/tune.py models [--models mlp,unusual_convs] [--trials 300]
@@ -41,6 +41,7 @@ import compiler  # noqa: E402
 from compiler import zoo  # noqa: E402
 from compiler.build import build_func  # noqa: E402
 from compiler.tune.features import lower_config  # noqa: E402
+from compiler.tune.measure import LocalBuilder, LocalRunner, Measurer  # noqa: E402
 from compiler.tune.space import Config  # noqa: E402
 from compiler.tune.task import Task, extract_tasks  # noqa: E402
 from compiler.tune.tuners import make_tuner, tune_model  # noqa: E402
@@ -87,8 +88,10 @@ def _time(kernel, arrays) -> float:
     return best
 
 
-class LocalMeasurer:
-    """Builds each config's kernel (one thread), checks its outputs against the fallback's, times it."""
+class TableMeasurer:
+    """Builds each config's kernel once (one thread), checks its outputs against the fallback's, times it as often
+    as asked: the search tables time every config in several rounds, which measure.py's Measurer (a build per
+    measurement, in worker processes) would rebuild each time."""
 
     def __init__(self, task: Task, target=None):
         self.task = task
@@ -124,15 +127,6 @@ class LocalMeasurer:
         return [self.measure_one(config) for config in configs]
 
 
-def measurer_factory():
-    """measure.py's Measurer (one thread) when it has landed, else the local helper."""
-    try:
-        from compiler.tune.measure import Measurer
-    except ImportError:
-        return LocalMeasurer
-    return lambda task: Measurer(task, task.target)
-
-
 # -- search: xgb against random search ------------------------------------------------------------------------------
 
 
@@ -141,7 +135,7 @@ def largest_tasks(models: list[str], count: int, per_template: int = 2) -> list[
     of one template."""
     found = {}
     for model in models:
-        for task in extract_tasks(zoo.build_model(model), "llvm"):
+        for task in extract_tasks(model_of(model)[0], "llvm"):
             found.setdefault(task.key, (model, task))
     ranked = sorted(found.values(), key=lambda item: -sum(1 for _ in item[1].space.valid_configs()))
     chosen: list[tuple[str, Task]] = []
@@ -154,7 +148,7 @@ def largest_tasks(models: list[str], count: int, per_template: int = 2) -> list[
 def measure_table(task: Task) -> tuple[dict[int, float], float]:
     """Seconds of every valid config (and the fallback): ROUNDS shuffled rounds, each config's min; and the median
     relative spread between a config's rounds (the noise a 'best' is within)."""
-    measurer = LocalMeasurer(task)
+    measurer = TableMeasurer(task)
     configs = list(dict.fromkeys([task.space.fallback, *task.space.valid_configs()]))
     rounds: dict[int, list[float]] = {config.index: [] for config in configs}
     order = list(configs)
@@ -205,7 +199,8 @@ def search(arguments) -> None:
         print(
             f"\n{model} {task.template} [{shapes}] +{'+'.join(task.ops[1:]) or '-'}: {valid} valid configs, "
             f"table measured in {measured_s:.0f} s ({ROUNDS} rounds, median spread between rounds {100 * noise:.1f}%); "
-            f"fallback {fallback * 1e3:.4f} ms, best {best * 1e3:.4f} ms ({fallback / best:.2f}x)"
+            f"fallback {fallback * 1e3:.4f} ms, best {best * 1e3:.4f} ms ({fallback / best:.2f}x): "
+            f"{task.space.get(min(table, key=table.get)).to_json()}"
         )
         curves = {
             name: [replay(name, task, table, random_trials, seed) for seed in range(arguments.seeds)]
@@ -234,7 +229,7 @@ def search(arguments) -> None:
         )
         # one live run: the xgb tuner measuring for real, 30% of random search's trials
         live_budget = max(1, int(0.3 * random_trials))
-        live = make_tuner("xgb", task, seed=0).tune(live_budget, LocalMeasurer(task).measure, batch_size=8)
+        live = make_tuner("xgb", task, seed=0).tune(live_budget, TableMeasurer(task).measure, batch_size=8)
         rank = sorted(table.values()).index(table[live.best_config.index]) + 1
         print(
             f"live xgb, {live_budget} trials: picked {live.best_config.to_json()} (measured {live.best_seconds * 1e3:.4f} ms;"
@@ -346,9 +341,9 @@ def tune_and_time(name: str, arguments, factory) -> tuple[list[str], list[list[s
     )
     tuned_s = time.perf_counter() - started
     print(f"  (records: {records})")
-    default = compiler.compile_model(model, target=arguments.target, num_threads=1)
-    tuned = compiler.compile_model(model, target=arguments.target, tuning_records=records, num_threads=1)
-    session = onnxruntime_session(model, threads=1, spins=False)
+    default = compiler.compile_model(model, target=arguments.target)
+    tuned = compiler.compile_model(model, target=arguments.target, tuning_records=records)
+    session = onnxruntime_session(model, threads=0, spins=False)
     expected = session.run(None, feeds)
     for label, module in (("default", default), ("tuned", tuned)):
         check_close(f"{name} {label}", list(module.run(feeds).values()), expected)
@@ -386,12 +381,20 @@ def models(arguments) -> None:
     """tune_model over each model's tasks, then the model compiled without and with the records, timed against
     each other and onnxruntime (one thread, interleaved)."""
     rows, task_rows = [], []
-    factory = measurer_factory()
-    for name in arguments.models.split(","):
-        row, heaviest = tune_and_time(name, arguments, factory)
-        rows.append(row)
-        task_rows += heaviest
-    print(f"\nend to end, {arguments.target}, one thread, median of {arguments.repeat} interleaved runs (ms)")
+    builder, runner = LocalBuilder(), LocalRunner()
+
+    def factory(task: Task) -> Measurer:
+        return Measurer(task, task.target, runner, builder=builder)
+
+    try:
+        for name in arguments.models.split(","):
+            row, heaviest = tune_and_time(name, arguments, factory)
+            rows.append(row)
+            task_rows += heaviest
+    finally:
+        builder.close()
+        runner.close()
+    print(f"\nend to end, {arguments.target}, default threads, median of {arguments.repeat} interleaved runs (ms)")
     print_table(
         ["model", "tasks", "trials", "tuning s", "default", "tuned", "tuned/default", "onnxruntime", "tuned/ort"], rows
     )

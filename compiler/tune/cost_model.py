@@ -69,7 +69,7 @@ class CostModel:
     def _matrix(self, features: np.ndarray, labels=None, groups=None):
         xgboost = _xgboost()
         features = np.asarray(features, dtype=float)
-        matrix = xgboost.DMatrix(features, label=labels)
+        matrix = xgboost.DMatrix(features, label=labels, nthread=PARAMETERS["nthread"])
         if self.base is not None:
             matrix.set_base_margin(self.base.predict(features))
         if groups is not None:

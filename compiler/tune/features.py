@@ -44,6 +44,9 @@ FUNCTION_FEATURES = (
     "contiguous_fraction",
     "strided_fraction",
     "outer_step_bytes",
+    "shared_bytes",
+    "threads_per_block",
+    "blocks",
 )
 LEVEL_FEATURES = ("extent", *(f"kind_{kind.value}" for kind in KINDS), "step_bytes", "bytes", "intensity")
 LOOP_FEATURES = FUNCTION_FEATURES + tuple(f"{name}_{level}" for level in range(LEVELS) for name in LEVEL_FEATURES)
@@ -132,7 +135,7 @@ class _Walk:
     def __init__(self):
         self.stores: list[tuple[float, list[tuple[For, int]], list[_Access], int, int, bool]] = []
         self.code_stores = self.code_loops = 0
-        self.local_bytes = 0
+        self.local_bytes = self.shared_bytes = 0
 
     def stmt(self, stmt: Stmt, path: list[tuple[For, int]], env: dict, conditional: bool) -> None:
         if isinstance(stmt, Seq):
@@ -150,8 +153,11 @@ class _Walk:
         elif isinstance(stmt, LetStmt):
             self.stmt(stmt.body, path, {**env, stmt.var: bounds(stmt.value, env)}, conditional)
         elif isinstance(stmt, Allocate):
+            size = stmt.buffer.size * ITEMSIZE.get(stmt.buffer.dtype, 4)
             if stmt.buffer.scope == "local":
-                self.local_bytes += stmt.buffer.size * ITEMSIZE.get(stmt.buffer.dtype, 4)
+                self.local_bytes += size
+            elif stmt.buffer.scope == "shared":
+                self.shared_bytes += size
             self.stmt(stmt.body, path, env, conditional)
         elif isinstance(stmt, Store):
             self.store(stmt, path, conditional)
@@ -182,6 +188,8 @@ def loop_features(func: PrimFunc) -> list[float]:
     operations = flops = global_bytes = vector = vector_count = conditional = contiguous = strided = outer_step = 0.0
     copies = 0
     parallel_extent = 1
+    threads: list[int] = []
+    blocks: list[int] = []
     levels = np.zeros((LEVELS, len(LEVEL_FEATURES)))
     for count, path, accesses, store_operations, store_flops, guarded in walker.stores:
         weight = count / total
@@ -201,6 +209,9 @@ def loop_features(func: PrimFunc) -> list[float]:
             strided += weight * sum(step > 1 for step in steps) / len(steps)
             outer_step += weight * _log(sum(access.itemsize * abs(access.step(path[0][0].var)) for access in accesses))
         copies += math.prod(extent for loop, extent in path if loop.kind in (ForKind.UNROLLED, ForKind.VECTORIZED))
+        for prefix, grid in (("threadIdx", threads), ("blockIdx", blocks)):
+            bound = [extent for loop, extent in path if (loop.thread_tag or "").startswith(prefix)]
+            grid.append(math.prod(bound))
         parallel = [extent for loop, extent in path if loop.kind == ForKind.PARALLEL]
         if parallel:
             parallel_extent = max(parallel_extent, math.prod(parallel))
@@ -236,6 +247,9 @@ def loop_features(func: PrimFunc) -> list[float]:
         contiguous,
         strided,
         outer_step,
+        _log(walker.shared_bytes),
+        _log(max(threads, default=1)),
+        _log(max(blocks, default=1)),
     ]
     return function + levels.ravel().tolist()
 

@@ -54,3 +54,16 @@ def test_flops_are_the_workloads_whatever_the_schedule(tasks):
         assert row[flops] == pytest.approx(expected)
         tile = config["tile_m"].size[-1] * config["tile_n"].size[-1]
         assert row[local] == pytest.approx(math.log2(1 + 4 * tile))
+
+
+def test_gpu_configs_show_their_launch_grid():
+    """An OpenCL MatMul's tile_x splits its columns into blocks x threads x per-thread work: the features count the
+    threads of a block and the blocks of the grid that split gives."""
+    (task, *_) = extract_tasks(zoo.build_model("mlp"), "opencl")
+    featurizer = Featurizer(task)
+    threads, blocks = LOOP_FEATURES.index("threads_per_block"), LOOP_FEATURES.index("blocks")
+    configs = list(task.space.valid_configs())
+    for config in configs[:: max(1, len(configs) // 12)]:
+        row = featurizer.loops(config)
+        grid, block = (math.prod(config[name].size[part] for name in ("tile_x", "tile_y")) for part in (0, 1))
+        assert row[threads] == pytest.approx(math.log2(1 + block)) and row[blocks] == pytest.approx(math.log2(1 + grid))

@@ -10,6 +10,7 @@ import pytest
 
 from compiler import zoo
 from compiler.errors import TuningError
+from compiler.tune import tuners
 from compiler.tune.space import Config
 from compiler.tune.task import extract_tasks
 from compiler.tune.tuners import TUNERS, Progress, make_tuner, split_budget, tune_model
@@ -189,3 +190,26 @@ def test_tune_model_measures_each_fallback_and_gives_the_heavy_task_more(bert_ta
     last = reports[-1]
     assert last.model_trials == 90 and last.model_budget == 90 and last.task_count == 3
     assert last.estimated_seconds == pytest.approx(sum(r.task.weight * r.best_seconds for r in results))
+
+
+def test_xgb_walks_by_annealing_when_the_candidates_are_too_many_to_rank(dense):
+    """pool=0: every batch comes from the simulated-annealing walk under the model, as in a space of more than 1024
+    unvisited configs; it still finds the optimum well within the space, without repeats or invalid configs."""
+    cost = Bowl(dense.space, seed=1)
+    tuner = make_tuner("xgb", dense, seed=0, pool=0).tune(80, cost, batch_size=8)
+    indices = [config.index for config in cost.measured]
+    assert len(indices) == len(set(indices)) == 80
+    assert all(config.valid for config in cost.measured[1:])
+    assert tuner.best_config == cost.optimum
+
+
+def test_a_space_too_large_to_list_is_sampled(dense, monkeypatch):
+    """Past ENUMERATION_LIMIT a space is not listed: random draws are rejected until valid and new."""
+    monkeypatch.setattr(tuners, "ENUMERATION_LIMIT", 10)
+    cost = Bowl(dense.space)
+    tuner = make_tuner("random", dense, seed=5)
+    assert tuner.points.listed is None and tuner.remaining() == math.inf
+    tuner.tune(120, cost, batch_size=16)
+    indices = [config.index for config in cost.measured]
+    assert len(indices) == len(set(indices)) == 120
+    assert all(config.valid for config in cost.measured[1:])
