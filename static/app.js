@@ -14,6 +14,7 @@ const elements = Object.fromEntries(
     "file-input",
     "targets",
     "input-shapes",
+    "records-input",
     "compile-button",
     "zoo-links",
     "upload-error",
@@ -161,6 +162,8 @@ async function submit(event) {
   for (const name of checked) form.append("targets", name);
   const shapes = elements["input-shapes"].value.trim();
   if (shapes) form.append("input_shapes", shapes);
+  const records = elements["records-input"].files[0];
+  if (records) form.append("records", records, records.name);
   elements["compile-button"].disabled = true;
   showError(elements["upload-error"], "");
   try {

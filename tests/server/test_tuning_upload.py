@@ -20,9 +20,10 @@ def post(client, model: bytes, records: str | None = None, **fields):
     return client.post("/api/compile", files=files, data={"targets": "llvm", **fields})
 
 
-def log_choosing(config_of) -> str:
+def log_choosing(config_of, target: str = "llvm") -> str:
+    """A tuning log whose fastest record of each of conv_model's tasks has the config `config_of(task)`."""
     lines = []
-    for task in extract_tasks(conv_model(), "llvm"):
+    for task in extract_tasks(conv_model(), target):
         lines.append({"task": task.to_json(), "config": config_of(task), "seconds": 1e-6, "error": None})
     return "".join(json.dumps(line) + "\n" for line in lines)
 

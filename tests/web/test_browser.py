@@ -278,3 +278,23 @@ def test_a_file_that_is_not_onnx_gets_the_servers_message(server, page):
     error = page.wait_for_selector("#upload-error:not(.hidden)", timeout=30_000)
     assert "is not an ONNX model" in error.inner_text()
     assert page.is_hidden("#progress-card")
+
+
+def test_a_tuning_log_chosen_in_the_page_reaches_the_compile(server, page, tmp_path):
+    from tests.server.test_tuning_upload import log_choosing
+    from tests.tune.test_records import conv_model
+
+    model_path, log_path = tmp_path / "conv.onnx", tmp_path / "conv.jsonl"
+    model_path.write_bytes(conv_model().SerializeToString())
+    chosen = {}
+    last = lambda task: chosen.setdefault(task.key, list(task.space.valid_configs())[-1].to_json())  # noqa: E731
+    log_path.write_text(log_choosing(last, "wasm"))
+    page.goto(f"{server}/?backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", str(model_path))
+    page.set_input_files("#records-input", str(log_path))
+    page.click("#compile-button")
+    page.wait_for_selector(".result[data-target=wasm]", timeout=90_000)
+    bundle_id = page.evaluate("document.querySelector('.result [data-field=zip]').getAttribute('href')")
+    manifest = _get_json(f"{server}/bundles/{bundle_id.removeprefix('/bundles/').removesuffix('.zip')}/manifest.json")
+    assert [kernel["config"] for kernel in manifest["kernels"]] == list(chosen.values())
