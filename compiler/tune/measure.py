@@ -282,9 +282,9 @@ def time_candidate(built: Built) -> tuple[float | None, str | None]:
 
 
 def _serve(connection) -> None:
-    """A worker's loop: call (function, argument) pairs and send back (result, None) or (None, error)."""
-    # Ctrl-C reaches the whole process group: the driver handles it and stops its workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A worker's loop: call (function, argument) pairs and send back (result, None) or (None, error). Ctrl-C
+    reaches the whole process group, so a worker ignores SIGINT from its first line: the driver handles it and
+    stops its workers."""
     while True:
         try:
             function, argument = connection.recv()
@@ -299,7 +299,8 @@ def _serve(connection) -> None:
 # A worker is a fresh interpreter on the driver's import path, not a fork of the driver: it inherits no threads, no
 # loaded candidate and no Ray or display state, and it never re-runs the driver's __main__ (as spawn would).
 _WORKER = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 sys.path[:0] = json.loads(sys.argv[1])
 from multiprocessing.connection import Connection
 from compiler.tune.measure import _serve
@@ -443,7 +444,7 @@ class Measurer:
     """Measures configs of one task on one target; built once per task and reused for every batch. Builder and
     runner are shared between measurers when given (the caller closes them), else made here and closed by close().
     With `records` (a RecordLog), configs the log already holds for the task are answered from it (a resumed run
-    replays them at once) and every new measurement is appended to it. Each result is handed to every callback
+    replays them at once) and every new measurement is appended to it. Each new result is handed to every callback
     (task, result) as it is known. The fallback config is measured first, once: the report's "default"."""
 
     def __init__(
@@ -509,13 +510,14 @@ class Measurer:
         if self.default is None:
             fallback = self.task.space.fallback
             self.default = self._recorded(fallback) or self._measure([fallback])[0]
-        results = {index: self._recorded(config) for index, config in enumerate(configs)}
+        fallback = self.task.space.fallback
+        results = {
+            index: self.default if config == fallback else self._recorded(config)
+            for index, config in enumerate(configs)
+        }
+        # callbacks see fresh measurements only: the others were reported when they were measured
         fresh = [index for index, result in results.items() if result is None]
         results.update(zip(fresh, self._measure([configs[index] for index in fresh])))
-        for index in range(len(configs)):
-            if index not in fresh:
-                for callback in self.callbacks:
-                    callback(self.task, results[index])
         return [results[index] for index in range(len(configs))]
 
     def _measure(self, configs: list[Config]) -> list[MeasureResult]:
