@@ -298,3 +298,30 @@ def test_a_tuning_log_chosen_in_the_page_reaches_the_compile(server, page, tmp_p
     bundle_id = page.evaluate("document.querySelector('.result [data-field=zip]').getAttribute('href')")
     manifest = _get_json(f"{server}/bundles/{bundle_id.removeprefix('/bundles/').removesuffix('.zip')}/manifest.json")
     assert [kernel["config"] for kernel in manifest["kernels"]] == list(chosen.values())
+
+
+def test_tune_on_this_device_times_candidates_in_the_page_and_compiles_with_them(server, page, tmp_path):
+    """The service proposes, the page times each candidate in Chromium's own wasm engine and posts its time and its
+    outputs (checked by the service against the fallback's), and the bundle is compiled with the resulting log."""
+    from compiler.tune.records import best_records
+    from tests.tune.test_records import conv_model
+
+    model_path = tmp_path / "conv.onnx"
+    model_path.write_bytes(conv_model().SerializeToString())
+    page.goto(f"{server}/?backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", str(model_path))
+    page.fill("#tune-trials", "5")
+    page.click("#tune-button")
+    page.wait_for_selector(".result[data-target=wasm]", timeout=120_000)
+    session = page.evaluate("window.tesselTuning.session")
+    status = _get_json(f"{server}/api/tune/{session}")
+    assert status["state"] == "done" and status["measured"] >= 5, status
+    with urllib.request.urlopen(f"{server}/api/tune/{session}/records", timeout=10) as response:
+        records = [json.loads(line) for line in response.read().decode().splitlines()]
+    assert len(records) >= 5 and all(record["seconds"] > 0 and record["error"] is None for record in records)
+    assert all(record["task"]["target"]["kind"] == "wasm" for record in records)
+    bundle_id = page.evaluate("document.querySelector('.result [data-field=zip]').getAttribute('href')")
+    manifest = _get_json(f"{server}/bundles/{bundle_id.removeprefix('/bundles/').removesuffix('.zip')}/manifest.json")
+    best = [record["config"] for record in best_records(records).values()]
+    assert [kernel["config"] for kernel in manifest["kernels"]] == best
