@@ -345,6 +345,7 @@ def _configure_tune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", type=Path, metavar="LOG", help="print each task's default and best in LOG")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="with --report: plot the search curves")
     _add_input_shape(parser)
+    _add_threads(parser)
 
 
 def _run_tune(args: argparse.Namespace) -> int:
@@ -374,6 +375,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         workers=args.workers,
         timeout=args.timeout,
         repeat=args.repeat,
+        threads=args.threads,
     )
 
 

@@ -39,11 +39,12 @@ RTOL, ATOL = 1e-4, 1e-5
 @dataclass(frozen=True)
 class Timing:
     """How a runner times a candidate: `repeat` means of `number` calls each (None: enough calls to fill
-    MIN_REPEAT_SECONDS), and the seconds it may take in all before it counts as hung."""
+    MIN_REPEAT_SECONDS), the seconds it may take in all before it counts as hung, and the threads it runs on."""
 
     repeat: int = 3
     number: int | None = None
     timeout: float = 10.0
+    num_threads: int | None = None  # native kernels' threads (None: the runtime's default, as a model runs)
 
 
 @dataclass
@@ -150,7 +151,8 @@ def probe_arrays(specs: Sequence[ArgSpec], outputs: int, seed: int) -> list[np.n
 def _bind_native(built: Built, arrays: list[np.ndarray]):
     from compiler.runtime.native import NativeLibrary
 
-    library = NativeLibrary(built.library, default_num_threads())
+    threads = built.timing.num_threads
+    library = NativeLibrary(built.library, default_num_threads() if threads is None else threads)
     entry = getattr(library.handle, built.name)
     entry.restype = None
     entry.argtypes = [ctypes.c_void_p] * len(arrays)
@@ -460,10 +462,11 @@ class Measurer:
         records: RecordLog | None = None,
         callbacks: Sequence[Callable[[Task, MeasureResult], None]] = (),
         seed: int = 0,
+        num_threads: int | None = None,
     ):
         self.task = task
         self.target = Target.parse(target if target is not None else task.target)
-        self.timing = Timing(repeat, number, timeout)
+        self.timing = Timing(repeat, number, timeout, num_threads)
         self.records = records
         self.seed = seed
         self.callbacks = list(callbacks)
