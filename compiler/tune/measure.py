@@ -419,7 +419,7 @@ class LocalRunner:
     def outputs(self, built: Built) -> list[np.ndarray]:
         ((result, error),) = self.pool.map(candidate_outputs, [built], built.timing.timeout)
         if error is not None:
-            raise TuningError(f"the fallback config of {built.name!r} does not run ({error}); tuning cannot check it")
+            raise TuningError(f"the fallback config's kernel does not run ({error}); tuning cannot check candidates")
         return result
 
     def close(self) -> None:
