@@ -83,11 +83,13 @@ def test_ctrl_c_leaves_a_log_that_resumes(model_path, tmp_path):
     assert again[: len(done)] == done and len(again) == len(done) + 2
 
 
-def test_tune_errors_are_one_line(tmp_path, capsys):
+def test_tune_errors_are_one_line(model_path, tmp_path, capsys):
     assert main(["tune"]) == 2
     assert "name the .onnx model to tune" in capsys.readouterr().err
     assert main(["tune", str(tmp_path / "missing.onnx")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["tune", str(model_path), "--tuner", "annealing", "-o", str(tmp_path / "log.jsonl")]) == 2
+    assert "unknown tuner 'annealing'" in capsys.readouterr().err
     corrupted = tmp_path / "log.jsonl"
     corrupted.write_text("{not json\n")
     assert main(["tune", "--report", str(corrupted)]) == 2
