@@ -139,9 +139,8 @@ def probe_arrays(specs: Sequence[ArgSpec], outputs: int, seed: int) -> list[np.n
         if dtype.kind == "f":
             array[...] = np.nan if written else generator.standard_normal(spec.shape)
         elif written:
-            array.view(np.uint8)[...] = generator.integers(0, 256, array.nbytes, np.uint8).reshape(
-                array.view(np.uint8).shape
-            )
+            raw = array.reshape(-1).view(np.uint8)
+            raw[...] = generator.integers(0, 256, raw.shape, np.uint8)
         elif dtype.kind == "b":
             array[...] = generator.integers(0, 2, spec.shape).astype(bool)
         arrays.append(array)

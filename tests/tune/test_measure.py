@@ -140,3 +140,14 @@ def test_a_gpu_kind_is_measured_through_its_backend_or_says_it_has_none():
         assert seconds is None and error.startswith("run: ")
         if kind not in BACKENDS:
             assert f"target {kind!r} has no backend" in error
+
+
+def test_probe_arrays_are_seeded_aligned_and_prefill_outputs():
+    from compiler.runtime import ArgSpec
+    from compiler.tune.measure import probe_arrays
+
+    specs = [ArgSpec("x", (3, 5), "float32"), ArgSpec("index", (4,), "int64"), ArgSpec("y", (), "float32")]
+    first, again = probe_arrays(specs, 1, seed=3), probe_arrays(specs, 1, seed=3)
+    assert all(array.ctypes.data % 64 == 0 for array in first)
+    np.testing.assert_array_equal(first[0], again[0])
+    assert first[0].std() > 0.5 and not first[1].any() and np.isnan(first[2])
