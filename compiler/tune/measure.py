@@ -478,6 +478,7 @@ class Measurer:
             self._owned.append(runner)
         self.builder, self.runner = builder, runner
         self._reference: list[np.ndarray] | None = None
+        self._fallback_built: Built | None = None
         self.default: MeasureResult | None = None
         self.flops = flops(task)
 
@@ -494,6 +495,7 @@ class Measurer:
             runner = self.runner if hasattr(self.runner, "outputs") else LocalRunner()
             try:
                 self._reference = runner.outputs(built)
+                self._fallback_built = built
             finally:
                 if runner is not self.runner:
                     runner.close()
@@ -509,10 +511,11 @@ class Measurer:
 
     def measure(self, configs: list[Config]) -> list[MeasureResult]:
         """Build every config (in parallel), then time the ones that built, one after another."""
-        if self.default is None:
-            fallback = self.task.space.fallback
-            self.default = self._recorded(fallback) or self._measure([fallback])[0]
         fallback = self.task.space.fallback
+        if self.default is None:
+            self.reference()
+            # the reference run's build is the default's: the fallback is compiled once per task
+            self.default = self._recorded(fallback) or self._measure([fallback], [self._fallback_built])[0]
         results = {
             index: self.default if config == fallback else self._recorded(config)
             for index, config in enumerate(configs)
@@ -522,9 +525,10 @@ class Measurer:
         results.update(zip(fresh, self._measure([configs[index] for index in fresh])))
         return [results[index] for index in range(len(configs))]
 
-    def _measure(self, configs: list[Config]) -> list[MeasureResult]:
+    def _measure(self, configs: list[Config], built: list[Built] | None = None) -> list[MeasureResult]:
         reference = self.reference()
-        built = self.builder.build(self._jobs(configs)) if configs else []
+        if built is None:
+            built = self.builder.build(self._jobs(configs)) if configs else []
         for candidate in built:
             candidate.timing, candidate.seed, candidate.reference = self.timing, self.seed, reference
         # the runner gets as many candidates at a time as it has devices, so each is recorded as soon as it is timed
