@@ -305,21 +305,33 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 sys.path[:0] = json.loads(sys.argv[1])
 from multiprocessing.connection import Connection
 from compiler.tune.measure import _serve
-_serve(Connection(int(sys.argv[2])))
+connection = Connection(int(sys.argv[2]))
+connection.send("ready")
+_serve(connection)
 """
+# A worker is started when it has imported the compiler: none is still importing while a candidate is timed.
+START_SECONDS = 120.0
 
 
 class _Worker:
     def __init__(self):
-        self.start()
+        self.launch()
 
-    def start(self) -> None:
+    def launch(self) -> None:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WORKER, json.dumps(sys.path), str(theirs.fileno())], pass_fds=[theirs.fileno()]
         )
         theirs.close()
         self.connection = Connection(ours.detach())
+
+    def wait_ready(self) -> None:
+        try:
+            ready = self.connection.poll(START_SECONDS) and self.connection.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            raise TuningError(f"a measuring worker process did not start in {START_SECONDS:g} s ({self.death()})")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -329,7 +341,8 @@ class _Worker:
 
     def restart(self) -> None:
         self.stop()
-        self.start()
+        self.launch()
+        self.wait_ready()
 
     def death(self) -> str:
         """Why the worker is gone: the signal that killed it or its exit status."""
@@ -348,6 +361,8 @@ class WorkerPool:
 
     def __init__(self, size: int):
         self.workers = [_Worker() for _ in range(max(1, size))]
+        for worker in self.workers:
+            worker.wait_ready()
 
     def map(self, function: Callable, arguments: list, timeout: Callable | float) -> list[tuple[object, str | None]]:
         """(result, None) or (None, error) per argument, in order; `timeout`: seconds, or argument -> seconds."""
