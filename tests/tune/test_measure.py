@@ -103,12 +103,20 @@ def test_broken_candidates_are_recorded_and_the_search_goes_on():
     assert after[0].error is None and after[0].seconds > 0
 
 
-def test_wasm_candidates_run_in_wasmtime():
+def test_wasm_candidates_run_in_wasmtime_and_compute_what_native_ones_do():
     task = small_conv_task("wasm")
     configs = list(task.space.valid_configs())[:2]
     with Measurer(task, workers=2) as measurer:
         results = measurer.measure(configs)
+        wasm_outputs = measurer.reference()
     assert all(result.error is None and result.seconds > 0 for result in results)
+    # the same probe inputs through the native runner: the wasm binder really ran the kernel
+    native = small_conv_task("llvm")
+    with Measurer(native, workers=1) as measurer:
+        (native_outputs,) = measurer.reference()
+    (wasm_output,) = wasm_outputs
+    assert wasm_output.shape == native_outputs.shape and not np.isnan(wasm_output).any()
+    np.testing.assert_allclose(wasm_output, native_outputs, rtol=1e-4, atol=1e-5)
 
 
 def test_mismatch_tolerates_summation_order_and_names_the_first_difference():
