@@ -336,7 +336,7 @@ def _configure_tune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="llvm", help='"llvm" (default, this machine) or "wasm"')
     parser.add_argument("--trials", type=int, default=200, help="measurements for the whole model (default 200)")
     parser.add_argument("-o", "--output", type=Path, help="the tuning log to write or resume (default MODEL.jsonl)")
-    parser.add_argument("--tuner", default="xgb", choices=["xgb", "ga", "random", "grid"], help="default xgb")
+    parser.add_argument("--tuner", default="xgb", help="xgb (default), ga, random or grid (tune/tuners.py)")
     parser.add_argument("--early-stopping", type=int, help="stop a task after this many trials without progress")
     parser.add_argument("--ray", metavar="auto|ADDRESS", help="build and measure on a Ray cluster (pip tessel[ray])")
     parser.add_argument("--workers", type=int, help="builder processes (default: one per core)")
@@ -345,6 +345,7 @@ def _configure_tune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", type=Path, metavar="LOG", help="print each task's default and best in LOG")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="with --report: plot the search curves")
     _add_input_shape(parser)
+    _add_threads(parser)
 
 
 def _run_tune(args: argparse.Namespace) -> int:
@@ -374,6 +375,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         workers=args.workers,
         timeout=args.timeout,
         repeat=args.repeat,
+        threads=args.threads,
     )
 
 

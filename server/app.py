@@ -41,6 +41,7 @@ from server.jobs import (
     new_job_id,
 )
 from server.store import JOB_ID, Store
+from server.tuning import Sessions, parse_answer
 
 # Links to the repository's static/ and web_runtime/, which an install copies into the package.
 PAGES = Path(__file__).resolve().parent / "pages"
@@ -53,6 +54,8 @@ MAX_FILES = 256
 FORM_OVERHEAD = 64 * 1024
 KEEPALIVE_S = 15.0
 PREBUILT_WAIT_S = 30.0
+# A page asking for the next candidate to time waits this long before it is told to ask again.
+TUNE_POLL_S = 10.0
 IMMUTABLE = "public, max-age=31536000, immutable"
 # What static/demo.js draws and reads (its SIZE * SIZE pixels and ten digit scores).
 DEMO_PIXELS, DEMO_CLASSES = 64, 10
@@ -282,6 +285,71 @@ async def _submit(queue: JobQueue, job: Job) -> Response:
         return error(exception.body["status"], exception.body["message"], **details)
     body = {"job": submitted.id, "position": queue.position(submitted), "state": submitted.state}
     return JSONResponse({**body, "url": f"/api/jobs/{submitted.id}"}, status_code=202)
+
+
+# ---- tuning on the visitor's device (server/tuning.py) -------------------------------------------------
+
+
+async def tune_route(request: Request) -> Response:
+    """Start tuning an uploaded model (field 'file') for wasm, timed by the page that asked (field 'trials')."""
+    state = request.app.state
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > state.max_upload_bytes + FORM_OVERHEAD:
+        return _too_large(state.max_upload_bytes)
+    try:
+        async with request.form(max_files=1, max_fields=4) as form:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                return error(400, "attach the ONNX model to tune as the field 'file'")
+            if (upload.size or 0) > state.max_upload_bytes:
+                return _too_large(state.max_upload_bytes)
+            model = await upload.read()
+            trials_text = form.get("trials", "32")
+        trials = int(trials_text) if isinstance(trials_text, str) and trials_text.strip().isdigit() else -1
+        session = await asyncio.to_thread(state.tuning.start, model, trials)
+    except MultiPartException as exception:
+        return error(400, f"the upload is not valid multipart/form-data: {exception.message}")
+    except TesselError as exception:
+        return error(400, str(exception))
+    return JSONResponse(session.status(), status_code=202)
+
+
+def _session(request: Request):
+    return request.app.state.tuning.get(request.path_params["session_id"])
+
+
+def _no_session(request: Request) -> JSONResponse:
+    return error(404, f"no tuning session {request.path_params['session_id']!r}; start one with POST /api/tune")
+
+
+async def tune_status_route(request: Request) -> Response:
+    session = _session(request)
+    return _no_session(request) if session is None else JSONResponse({"state": session.state, **session.status()})
+
+
+async def tune_next_route(request: Request) -> Response:
+    session = _session(request)
+    if session is None:
+        return _no_session(request)
+    return JSONResponse(await asyncio.to_thread(session.next_candidate, TUNE_POLL_S))
+
+
+async def tune_answer_route(request: Request) -> Response:
+    session = _session(request)
+    if session is None:
+        return _no_session(request)
+    try:
+        session.answer(parse_answer(await request.body()))
+    except TesselError as exception:
+        return error(400, str(exception))
+    return JSONResponse({"ok": True})
+
+
+async def tune_records_route(request: Request) -> Response:
+    session = _session(request)
+    if session is None:
+        return _no_session(request)
+    return Response(request.app.state.tuning.records(session), media_type="application/x-ndjson")
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -551,6 +619,11 @@ def create_app(
         Route("/api/compile", compile_model_route, methods=["POST"]),
         Route("/api/jobs/{job_id}", job_route),
         Route("/api/jobs/{job_id}/events", job_events_route),
+        Route("/api/tune", tune_route, methods=["POST"]),
+        Route("/api/tune/{session_id}", tune_status_route),
+        Route("/api/tune/{session_id}/next", tune_next_route),
+        Route("/api/tune/{session_id}/answer", tune_answer_route, methods=["POST"]),
+        Route("/api/tune/{session_id}/records", tune_records_route),
         Route("/bundles/{bundle_id}.zip", bundle_zip_route),
         Route("/bundles/{bundle_id}/{name}", bundle_file_route),
         Route("/runtime/{path:path}", runtime_route),
@@ -569,6 +642,7 @@ def create_app(
     app.state.static_dir = Path(static_dir)
     app.state.runtime_dir = Path(runtime_dir)
     app.state.prebuilt = {}
+    app.state.tuning = Sessions(store.uploads)
     return app
 
 

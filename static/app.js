@@ -3,6 +3,7 @@
 // bundles in this tab with web_runtime/tessel.js. The last run is exposed as window.tesselLastRun.
 
 import * as tessel from "/runtime/tessel.js";
+import { tuneOnThisDevice } from "/static/tune.js";
 
 const query = new URLSearchParams(location.search);
 const elements = Object.fromEntries(
@@ -14,7 +15,10 @@ const elements = Object.fromEntries(
     "file-input",
     "targets",
     "input-shapes",
+    "records-input",
     "compile-button",
+    "tune-button",
+    "tune-trials",
     "zoo-links",
     "upload-error",
     "progress-card",
@@ -128,6 +132,7 @@ async function loadZooLinks() {
 function chooseFile(file) {
   chosenFile = file || null;
   elements["compile-button"].disabled = !chosenFile;
+  elements["tune-button"].disabled = !chosenFile;
   elements["drop-title"].textContent = chosenFile ? chosenFile.name : "Drop an .onnx file here";
   elements["drop-detail"].textContent = chosenFile ? formatBytes(chosenFile.size) : "or click to choose one";
   showError(elements["upload-error"], "");
@@ -148,8 +153,8 @@ function wireDropzone() {
   elements["file-input"].addEventListener("change", () => chooseFile(elements["file-input"].files[0]));
 }
 
-async function submit(event) {
-  event.preventDefault();
+async function submit(event, tunedRecords = null) {
+  event?.preventDefault();
   if (!chosenFile) return;
   const form = new FormData();
   form.append("file", chosenFile, chosenFile.name);
@@ -161,6 +166,8 @@ async function submit(event) {
   for (const name of checked) form.append("targets", name);
   const shapes = elements["input-shapes"].value.trim();
   if (shapes) form.append("input_shapes", shapes);
+  const records = tunedRecords || elements["records-input"].files[0];
+  if (records) form.append("records", records, tunedRecords ? "tuned-here.jsonl" : records.name);
   elements["compile-button"].disabled = true;
   showError(elements["upload-error"], "");
   try {
@@ -451,6 +458,29 @@ function outputView(name, tensor) {
 }
 
 wireDropzone();
+// Tuning times wasm kernels in this tab, so the log is for wasm: the compile that follows uses it for wasm bundles.
+async function tune() {
+  if (!chosenFile) return;
+  elements["tune-button"].disabled = elements["compile-button"].disabled = true;
+  showError(elements["upload-error"], "");
+  show(elements["progress-card"], true);
+  elements.log.textContent = "";
+  try {
+    const trials = Number(elements["tune-trials"].value) || 32;
+    const records = await tuneOnThisDevice(chosenFile, trials, (status) => {
+      const best = status.best_seconds ? `, best kernel ${formatMs(status.best_seconds * 1000)}` : "";
+      const model = status.estimated_seconds ? `, model ~${formatMs(status.estimated_seconds * 1000)}` : "";
+      setProgress(Math.min(1, status.measured / Math.max(1, status.trials)), `tuning on this device: ${status.measured} of ${status.trials} trials${best}${model}`);
+    });
+    await submit(null, records);
+  } catch (error) {
+    showError(elements["upload-error"], error.message);
+  } finally {
+    elements["tune-button"].disabled = elements["compile-button"].disabled = !chosenFile;
+  }
+}
+
 elements["upload-form"].addEventListener("submit", submit);
+elements["tune-button"].addEventListener("click", tune);
 loadTargets();
 loadZooLinks();

@@ -39,11 +39,12 @@ RTOL, ATOL = 1e-4, 1e-5
 @dataclass(frozen=True)
 class Timing:
     """How a runner times a candidate: `repeat` means of `number` calls each (None: enough calls to fill
-    MIN_REPEAT_SECONDS), and the seconds it may take in all before it counts as hung."""
+    MIN_REPEAT_SECONDS), the seconds it may take in all before it counts as hung, and the threads it runs on."""
 
     repeat: int = 3
     number: int | None = None
     timeout: float = 10.0
+    num_threads: int | None = None  # native kernels' threads (None: the runtime's default, as a model runs)
 
 
 @dataclass
@@ -138,9 +139,8 @@ def probe_arrays(specs: Sequence[ArgSpec], outputs: int, seed: int) -> list[np.n
         if dtype.kind == "f":
             array[...] = np.nan if written else generator.standard_normal(spec.shape)
         elif written:
-            array.view(np.uint8)[...] = generator.integers(0, 256, array.nbytes, np.uint8).reshape(
-                array.view(np.uint8).shape
-            )
+            raw = array.reshape(-1).view(np.uint8)
+            raw[...] = generator.integers(0, 256, raw.shape, np.uint8)
         elif dtype.kind == "b":
             array[...] = generator.integers(0, 2, spec.shape).astype(bool)
         arrays.append(array)
@@ -150,7 +150,8 @@ def probe_arrays(specs: Sequence[ArgSpec], outputs: int, seed: int) -> list[np.n
 def _bind_native(built: Built, arrays: list[np.ndarray]):
     from compiler.runtime.native import NativeLibrary
 
-    library = NativeLibrary(built.library, default_num_threads())
+    threads = built.timing.num_threads
+    library = NativeLibrary(built.library, default_num_threads() if threads is None else threads)
     entry = getattr(library.handle, built.name)
     entry.restype = None
     entry.argtypes = [ctypes.c_void_p] * len(arrays)
@@ -177,10 +178,7 @@ def _bind_wasm(built: Built, arrays: list[np.ndarray]):
 
     for offset, array in zip(offsets, arrays):
         ctypes.memmove(base() + offset, array.ctypes.data, array.nbytes)
-    entry = instance.exports[built.name]
-
-    def call() -> None:
-        entry(instance.store, *offsets)
+    call = _wasm_call(instance, instance.exports[built.name], offsets)
 
     def read() -> list[np.ndarray]:
         results = []
@@ -191,6 +189,34 @@ def _bind_wasm(built: Built, arrays: list[np.ndarray]):
         return results
 
     return call, read
+
+
+def _wasm_call(instance, entry, offsets: list[int]) -> Callable[[], None]:
+    """A call of `entry` on its i32 `offsets` straight through wasmtime's C API, the arguments converted once: the
+    Python binding's own call looks up the type and converts every argument each time, about 120 us a call on this
+    machine against 10 us this way, which would swamp a small kernel's time. Where the binding's internals are not
+    the ones this knows, its public call is used."""
+    import wasmtime
+
+    try:
+        from wasmtime import _ffi as ffi
+        from wasmtime._func import enter_wasm
+
+        results = (ffi.wasmtime_val_t * len(entry.type(instance.store).results))()
+        arguments = (ffi.wasmtime_val_t * len(offsets))()
+        for slot, offset in zip(arguments, offsets):
+            slot.kind, slot.of.i32 = ffi.WASMTIME_I32.value, offset
+        context, function = instance.store._context(), ctypes.byref(entry._func)
+    except (ImportError, AttributeError):
+        return lambda: entry(instance.store, *offsets)
+
+    def call() -> None:
+        with enter_wasm(instance.store) as trap:
+            error = ffi.wasmtime_func_call(context, function, arguments, len(offsets), results, len(results), trap)
+            if error:
+                raise wasmtime.WasmtimeError._from_ptr(error)
+
+    return call
 
 
 def _bind_runtime(built: Built, arrays: list[np.ndarray]):
@@ -282,9 +308,9 @@ def time_candidate(built: Built) -> tuple[float | None, str | None]:
 
 
 def _serve(connection) -> None:
-    """A worker's loop: call (function, argument) pairs and send back (result, None) or (None, error)."""
-    # Ctrl-C reaches the whole process group: the driver handles it and stops its workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A worker's loop: call (function, argument) pairs and send back (result, None) or (None, error). Ctrl-C
+    reaches the whole process group, so a worker ignores SIGINT from its first line: the driver handles it and
+    stops its workers."""
     while True:
         try:
             function, argument = connection.recv()
@@ -299,25 +325,38 @@ def _serve(connection) -> None:
 # A worker is a fresh interpreter on the driver's import path, not a fork of the driver: it inherits no threads, no
 # loaded candidate and no Ray or display state, and it never re-runs the driver's __main__ (as spawn would).
 _WORKER = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 sys.path[:0] = json.loads(sys.argv[1])
 from multiprocessing.connection import Connection
 from compiler.tune.measure import _serve
-_serve(Connection(int(sys.argv[2])))
+connection = Connection(int(sys.argv[2]))
+connection.send("ready")
+_serve(connection)
 """
+# A worker is started when it has imported the compiler: none is still importing while a candidate is timed.
+START_SECONDS = 120.0
 
 
 class _Worker:
     def __init__(self):
-        self.start()
+        self.launch()
 
-    def start(self) -> None:
+    def launch(self) -> None:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WORKER, json.dumps(sys.path), str(theirs.fileno())], pass_fds=[theirs.fileno()]
         )
         theirs.close()
         self.connection = Connection(ours.detach())
+
+    def wait_ready(self) -> None:
+        try:
+            ready = self.connection.poll(START_SECONDS) and self.connection.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            raise TuningError(f"a measuring worker process did not start in {START_SECONDS:g} s ({self.death()})")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -327,7 +366,8 @@ class _Worker:
 
     def restart(self) -> None:
         self.stop()
-        self.start()
+        self.launch()
+        self.wait_ready()
 
     def death(self) -> str:
         """Why the worker is gone: the signal that killed it or its exit status."""
@@ -346,6 +386,8 @@ class WorkerPool:
 
     def __init__(self, size: int):
         self.workers = [_Worker() for _ in range(max(1, size))]
+        for worker in self.workers:
+            worker.wait_ready()
 
     def map(self, function: Callable, arguments: list, timeout: Callable | float) -> list[tuple[object, str | None]]:
         """(result, None) or (None, error) per argument, in order; `timeout`: seconds, or argument -> seconds."""
@@ -416,7 +458,7 @@ class LocalRunner:
     def outputs(self, built: Built) -> list[np.ndarray]:
         ((result, error),) = self.pool.map(candidate_outputs, [built], built.timing.timeout)
         if error is not None:
-            raise TuningError(f"the fallback config of {built.name!r} does not run ({error}); tuning cannot check it")
+            raise TuningError(f"the fallback config's kernel does not run ({error}); tuning cannot check candidates")
         return result
 
     def close(self) -> None:
@@ -443,7 +485,7 @@ class Measurer:
     """Measures configs of one task on one target; built once per task and reused for every batch. Builder and
     runner are shared between measurers when given (the caller closes them), else made here and closed by close().
     With `records` (a RecordLog), configs the log already holds for the task are answered from it (a resumed run
-    replays them at once) and every new measurement is appended to it. Each result is handed to every callback
+    replays them at once) and every new measurement is appended to it. Each new result is handed to every callback
     (task, result) as it is known. The fallback config is measured first, once: the report's "default"."""
 
     def __init__(
@@ -459,10 +501,11 @@ class Measurer:
         records: RecordLog | None = None,
         callbacks: Sequence[Callable[[Task, MeasureResult], None]] = (),
         seed: int = 0,
+        num_threads: int | None = None,
     ):
         self.task = task
         self.target = Target.parse(target if target is not None else task.target)
-        self.timing = Timing(repeat, number, timeout)
+        self.timing = Timing(repeat, number, timeout, num_threads)
         self.records = records
         self.seed = seed
         self.callbacks = list(callbacks)
@@ -475,6 +518,7 @@ class Measurer:
             self._owned.append(runner)
         self.builder, self.runner = builder, runner
         self._reference: list[np.ndarray] | None = None
+        self._fallback_built: Built | None = None
         self.default: MeasureResult | None = None
         self.flops = flops(task)
 
@@ -491,6 +535,7 @@ class Measurer:
             runner = self.runner if hasattr(self.runner, "outputs") else LocalRunner()
             try:
                 self._reference = runner.outputs(built)
+                self._fallback_built = built
             finally:
                 if runner is not self.runner:
                     runner.close()
@@ -506,21 +551,24 @@ class Measurer:
 
     def measure(self, configs: list[Config]) -> list[MeasureResult]:
         """Build every config (in parallel), then time the ones that built, one after another."""
+        fallback = self.task.space.fallback
         if self.default is None:
-            fallback = self.task.space.fallback
-            self.default = self._recorded(fallback) or self._measure([fallback])[0]
-        results = {index: self._recorded(config) for index, config in enumerate(configs)}
+            self.reference()
+            # the reference run's build is the default's: the fallback is compiled once per task
+            self.default = self._recorded(fallback) or self._measure([fallback], [self._fallback_built])[0]
+        results = {
+            index: self.default if config == fallback else self._recorded(config)
+            for index, config in enumerate(configs)
+        }
+        # callbacks see fresh measurements only: the others were reported when they were measured
         fresh = [index for index, result in results.items() if result is None]
         results.update(zip(fresh, self._measure([configs[index] for index in fresh])))
-        for index in range(len(configs)):
-            if index not in fresh:
-                for callback in self.callbacks:
-                    callback(self.task, results[index])
         return [results[index] for index in range(len(configs))]
 
-    def _measure(self, configs: list[Config]) -> list[MeasureResult]:
+    def _measure(self, configs: list[Config], built: list[Built] | None = None) -> list[MeasureResult]:
         reference = self.reference()
-        built = self.builder.build(self._jobs(configs)) if configs else []
+        if built is None:
+            built = self.builder.build(self._jobs(configs)) if configs else []
         for candidate in built:
             candidate.timing, candidate.seed, candidate.reference = self.timing, self.seed, reference
         # the runner gets as many candidates at a time as it has devices, so each is recorded as soon as it is timed

@@ -43,6 +43,7 @@ class Display:
         self.measured_count = 0
         self.state = None
         self.live = None
+        self.flops: dict[str, int] = {}
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -79,9 +80,12 @@ class Display:
         from compiler.tune.measure import flops
 
         task = report.task
+        if task.key not in self.flops:
+            self.flops[task.key] = flops(task)
         numbers["task"] = f"{report.task_number}/{report.task_count} {task.template} ({'+'.join(task.ops)})"
         numbers["trials"] = f"{report.trials}/{report.budget} of this task"
-        numbers["best"] = f"{_gflops(flops(task), report.best_seconds)} GFLOP/s ({_milliseconds(report.best_seconds)})"
+        gflops = _gflops(self.flops[task.key], report.best_seconds)
+        numbers["best"] = f"{gflops} GFLOP/s ({_milliseconds(report.best_seconds)})"
         if report.model_trials is not None:
             numbers["trials"] += f", {report.model_trials}/{report.model_budget} in all"
             numbers["model"] = _milliseconds(report.estimated_seconds)

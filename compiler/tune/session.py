@@ -39,7 +39,7 @@ def history(tasks: list[Task], log: RecordLog) -> dict[str, list[MeasureResult]]
     return known
 
 
-def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat):
+def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads):
     from compiler.tune import report
     from compiler.tune.tuners import tune_model
 
@@ -58,8 +58,9 @@ def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers
 
     def measurer(task: Task) -> Measurer:
         return Measurer(
-            task, target, runner, repeat, timeout=timeout, builder=builder, records=log, callbacks=[display.measured]
-        )
+            task, target, runner, repeat, timeout=timeout, builder=builder, records=log, callbacks=[display.measured],
+            num_threads=threads,
+        )  # fmt: skip
 
     try:
         with display:
@@ -84,6 +85,7 @@ def tune_file(
     workers: int | None = None,
     timeout: float = 10.0,
     repeat: int = 3,
+    threads: int | None = None,
 ) -> int:
     from compiler.tune import report
 
@@ -93,7 +95,9 @@ def tune_file(
     tasks = extract_tasks(str(model), target, input_shapes)
     try:
         with RecordLog(output) as log:
-            results = _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat)
+            results = _tune(
+                tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads
+            )
     except KeyboardInterrupt:
         print(f"\ninterrupted: {output} holds every finished measurement; run the same command to resume")
         return INTERRUPTED

@@ -20,9 +20,10 @@ def post(client, model: bytes, records: str | None = None, **fields):
     return client.post("/api/compile", files=files, data={"targets": "llvm", **fields})
 
 
-def log_choosing(config_of) -> str:
+def log_choosing(config_of, target: str = "llvm") -> str:
+    """A tuning log whose fastest record of each of conv_model's tasks has the config `config_of(task)`."""
     lines = []
-    for task in extract_tasks(conv_model(), "llvm"):
+    for task in extract_tasks(conv_model(), target):
         lines.append({"task": task.to_json(), "config": config_of(task), "seconds": 1e-6, "error": None})
     return "".join(json.dumps(line) + "\n" for line in lines)
 
@@ -67,3 +68,13 @@ def test_a_corrupted_log_is_refused(serve):
     assert response.status_code == 400
     message = response.json()["error"]
     assert "'log.jsonl' line 1 is not a record" in message and "uploads" not in message
+
+
+def test_tuning_sessions_refuse_bad_requests(serve):
+    client = serve()
+    model = ("conv.onnx", conv_model().SerializeToString(), "application/octet-stream")
+    response = client.post("/api/tune", files={"file": model}, data={"trials": "0"})
+    assert response.status_code == 400 and "trials must be between 1 and" in response.json()["error"]
+    assert client.post("/api/tune", data={"trials": "4"}).status_code == 400
+    assert client.get("/api/tune/nosuchsession/next").status_code == 404
+    assert "no tuning session" in client.get("/api/tune/nosuchsession").json()["error"]

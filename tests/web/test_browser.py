@@ -278,3 +278,50 @@ def test_a_file_that_is_not_onnx_gets_the_servers_message(server, page):
     error = page.wait_for_selector("#upload-error:not(.hidden)", timeout=30_000)
     assert "is not an ONNX model" in error.inner_text()
     assert page.is_hidden("#progress-card")
+
+
+def test_a_tuning_log_chosen_in_the_page_reaches_the_compile(server, page, tmp_path):
+    from tests.server.test_tuning_upload import log_choosing
+    from tests.tune.test_records import conv_model
+
+    model_path, log_path = tmp_path / "conv.onnx", tmp_path / "conv.jsonl"
+    model_path.write_bytes(conv_model().SerializeToString())
+    chosen = {}
+    last = lambda task: chosen.setdefault(task.key, list(task.space.valid_configs())[-1].to_json())  # noqa: E731
+    log_path.write_text(log_choosing(last, "wasm"))
+    page.goto(f"{server}/?backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", str(model_path))
+    page.set_input_files("#records-input", str(log_path))
+    page.click("#compile-button")
+    page.wait_for_selector(".result[data-target=wasm]", timeout=90_000)
+    bundle_id = page.evaluate("document.querySelector('.result [data-field=zip]').getAttribute('href')")
+    manifest = _get_json(f"{server}/bundles/{bundle_id.removeprefix('/bundles/').removesuffix('.zip')}/manifest.json")
+    assert [kernel["config"] for kernel in manifest["kernels"]] == list(chosen.values())
+
+
+def test_tune_on_this_device_times_candidates_in_the_page_and_compiles_with_them(server, page, tmp_path):
+    """The service proposes, the page times each candidate in Chromium's own wasm engine and posts its time and its
+    outputs (checked by the service against the fallback's), and the bundle is compiled with the resulting log."""
+    from compiler.tune.records import best_records
+    from tests.tune.test_records import conv_model
+
+    model_path = tmp_path / "conv.onnx"
+    model_path.write_bytes(conv_model().SerializeToString())
+    page.goto(f"{server}/?backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", str(model_path))
+    page.fill("#tune-trials", "5")
+    page.click("#tune-button")
+    page.wait_for_selector(".result[data-target=wasm]", timeout=120_000)
+    session = page.evaluate("window.tesselTuning.session")
+    status = _get_json(f"{server}/api/tune/{session}")
+    assert status["state"] == "done" and status["measured"] >= 5, status
+    with urllib.request.urlopen(f"{server}/api/tune/{session}/records", timeout=10) as response:
+        records = [json.loads(line) for line in response.read().decode().splitlines()]
+    assert len(records) >= 5 and all(record["seconds"] > 0 and record["error"] is None for record in records)
+    assert all(record["task"]["target"]["kind"] == "wasm" for record in records)
+    bundle_id = page.evaluate("document.querySelector('.result [data-field=zip]').getAttribute('href')")
+    manifest = _get_json(f"{server}/bundles/{bundle_id.removeprefix('/bundles/').removesuffix('.zip')}/manifest.json")
+    best = [record["config"] for record in best_records(records).values()]
+    assert [kernel["config"] for kernel in manifest["kernels"]] == best
