@@ -29,6 +29,7 @@ from compiler.te.expr import (
     Var,
     is_float,
 )
+from compiler.tir.analysis import affine_coefficient, can_widen, clamped_run
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import (
     Allocate,
@@ -99,105 +100,6 @@ def _lanes(value: ir.Value) -> int:
 
 # the constant strides between lanes that a vector load reads as contiguous runs and shuffles (longer ones gather)
 STRIDED_LOADS = (2, 3, 4)
-
-
-def _coefficient(expr: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
-    """The constant c with expr = c*var + (terms free of var), or None if expr is not affine in var."""
-    if isinstance(expr, Var):
-        if expr is var:
-            return 1
-        return _coefficient(lets[expr], var, lets) if expr in lets else 0
-    if isinstance(expr, Const):
-        return 0
-    if isinstance(expr, Binary) and expr.op in ("add", "sub", "mul"):
-        left, right = _coefficient(expr.a, var, lets), _coefficient(expr.b, var, lets)
-        if left is None or right is None:
-            return None
-        if expr.op == "add":
-            return left + right
-        if expr.op == "sub":
-            return left - right
-        if left == 0 and right == 0:
-            return 0
-        if left == 0 and isinstance(expr.a, Const):
-            return int(expr.a.value) * right
-        if right == 0 and isinstance(expr.b, Const):
-            return left * int(expr.b.value)
-        return None
-    if isinstance(expr, Cast) and expr.dtype in _INT_TYPES and expr.value.dtype in _INT_TYPES:
-        return _coefficient(expr.value, var, lets)
-    depends = any(
-        node is var or (isinstance(node, Var) and node in lets and _coefficient(node, var, lets) != 0)
-        for node in walk(expr)
-    )
-    return None if depends else 0
-
-
-def _clamp_bounds(expr: Expr) -> tuple[Expr, int | None, int | None] | None:
-    """(x, low, high) when expr is max(min(x, high), low) or min(max(x, low), high) with constant bounds; a clamp on
-    one side only (max(x, low) or min(x, high), as a partitioned loop's border keeps) has None for the other."""
-    if not (isinstance(expr, Binary) and expr.op in ("min", "max") and isinstance(expr.b, Const)):
-        return None
-    inner = expr.a
-    other = "max" if expr.op == "min" else "min"
-    if not (isinstance(inner, Binary) and inner.op == other and isinstance(inner.b, Const)):
-        bound = int(expr.b.value)
-        return (inner, bound, None) if expr.op == "max" else (inner, None, bound)
-    bounds = sorted((int(expr.b.value), int(inner.b.value)))
-    return inner.a, bounds[0], bounds[1]
-
-
-def _without(expr: Expr, old: Expr, new: Expr) -> Expr:
-    """expr with the node `old` replaced by `new`, rebuilding the index arithmetic on the way."""
-    if expr is old:
-        return new
-    if isinstance(expr, Binary):
-        return Binary(expr.op, _without(expr.a, old, new), _without(expr.b, old, new))
-    if isinstance(expr, Cast):
-        return Cast(expr.dtype, _without(expr.value, old, new))
-    return expr
-
-
-def _clamped_run(index: Expr, var: Var, lets: dict[Var, Expr]) -> tuple[Expr, int, int, Expr] | None:
-    """(position, low, high, unclamped index) when `index` reads clamp(position, low, high) with position stepping
-    by one per lane of `var`, and is contiguous in `var` once that clamp is dropped: a padded row read in vectors
-    (compiler/ops/nn.py clamps pad reads into bounds so that the select around them stays a plain select)."""
-    for node in walk(index):
-        bounds = _clamp_bounds(node)
-        if bounds is None or _coefficient(bounds[0], var, lets) != 1:
-            continue
-        unclamped = _without(index, node, bounds[0])
-        if _coefficient(unclamped, var, lets) == 1:
-            return (*bounds, unclamped)
-    return None
-
-
-def _can_widen(body: Stmt, var: Var) -> bool:
-    """A body widens to vector operations when it is straight-line stores whose lanes cannot see
-    each other's writes: a buffer the body reads is written at one affine index (distinct per lane)
-    and read only at that index; a buffer it only writes may take any index that varies with the
-    lane, since a scatter in lane order leaves the last lane's value as the serial loop would."""
-    lets: dict[Var, Expr] = {}
-    stores: dict[Buffer, Expr] = {}
-    for node in walk(body):
-        if isinstance(node, (For, IfThen, Allocate, Barrier, IfThenElse)):
-            return False
-        if isinstance(node, (LetStmt, Let)):
-            lets[node.var] = node.value
-        elif isinstance(node, Store):
-            if node.buffer in stores and not structurally_equal(stores[node.buffer], node.index):
-                return False
-            stores[node.buffer] = node.index
-    loaded = {node.buffer for node in walk(body) if isinstance(node, Load)}
-    for buffer, index in stores.items():
-        coefficient = _coefficient(index, var, lets)
-        if coefficient == 0 or (coefficient is None and buffer in loaded):
-            return False
-    return all(
-        structurally_equal(node.index, stores[node.buffer])
-        for node in walk(body)
-        if isinstance(node, Load) and node.buffer in stores
-    )
 
 
 class _ModuleContext:
@@ -341,14 +243,14 @@ class _FunctionEmitter(StmtVisitor):
         index = self.expr(node.index)
         if not _lanes(index):
             return self.load_scalar(node.buffer, index)
-        stride = _coefficient(node.index, self.vector_var, self.lets)
+        stride = affine_coefficient(node.index, self.vector_var, self.lets)
         if stride == 1:
             return self.load_scalar(node.buffer, index)
         if stride in STRIDED_LOADS:
             return self.load_strided(node.buffer, index, stride)
-        clamped = _clamped_run(node.index, self.vector_var, self.lets)
+        clamped = clamped_run(node.index, self.vector_var, self.lets)
         if clamped is not None:
-            return self.load_clamped_run(node.buffer, *clamped)
+            return self.loadclamped_run(node.buffer, *clamped)
         return self.gather(node.buffer, index)
 
     def load_strided(self, buffer: Buffer, index: ir.Value, stride: int) -> ir.Value:
@@ -365,7 +267,7 @@ class _FunctionEmitter(StmtVisitor):
         picks = ir.Constant(ir.VectorType(_I32, lanes), [stride * lane for lane in range(lanes)])
         return self.from_memory(b.shuffle_vector(wide, wide, picks), buffer.dtype)
 
-    def load_clamped_run(
+    def loadclamped_run(
         self, buffer: Buffer, position: Expr, low: int | None, high: int | None, unclamped: Expr
     ) -> ir.Value:
         """A vector of buffer[... clamp(position, low, high) ...] where position steps by one per lane (no bound on
@@ -460,7 +362,7 @@ class _FunctionEmitter(StmtVisitor):
         align = element_bytes(node.buffer.dtype)
         if not lanes:
             b.store(value, self.element_pointer(node.buffer, index), align=align)
-        elif _coefficient(node.index, self.vector_var, self.lets) == 1:
+        elif affine_coefficient(node.index, self.vector_var, self.lets) == 1:
             b.store(value, self.element_pointer(node.buffer, b.extract_element(index, _zero())), align=align)
         else:
             for lane in range(lanes):
@@ -561,7 +463,7 @@ class _FunctionEmitter(StmtVisitor):
         start = self.expr(node.min)
         if node.kind == ForKind.VECTORIZED and isinstance(node.extent, Const) and self.vector_var is None:
             lanes = int(node.extent.value)
-            if 1 < lanes <= _MAX_LANES and _can_widen(node.body, node.var):
+            if 1 < lanes <= _MAX_LANES and can_widen(node.body, node.var):
                 self.widen(node, start, lanes)
                 return
         if node.kind in (ForKind.VECTORIZED, ForKind.UNROLLED) and isinstance(node.extent, Const):
