@@ -239,17 +239,22 @@ def _gpu_kernel_runtime(dialect: _CDialect, library: bytes, target: Target, num_
     return dialect.program(code["source"], code["kernels"], target)
 
 
-def _gpu_model(dialect: _CDialect, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
-    """Every kernel's launches lowered for the device in one source; the run entry becomes the manifest's dispatch
-    list, and the workspace of kernels split into several launches goes after the memory plan's arena."""
+def _gpu_plan(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target):
+    """Every kernel's launches lowered for the device, the manifest's dispatch list and its memory section: the
+    workspace of kernels split into several launches goes after the memory plan's arena."""
     launches = {func.name: _gpu_launches(func, target) for func in kernels}
     memory = manifest["memory"]
     workspace_offset = align(memory["arena_bytes"], memory["alignment"])
     dispatches, workspace = dispatch_list(run, launches, workspace_offset)
     if workspace:
         memory = {**memory, "arena_bytes": workspace_offset + workspace, "workspace_bytes": workspace}
+    return [part for parts in launches.values() for part in parts], dispatches, memory
+
+
+def _gpu_model(dialect: _CDialect, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
+    """Every kernel's launches in one source; the run entry becomes the manifest's dispatch list."""
+    lowered, dispatches, memory = _gpu_plan(kernels, run, manifest, target)
     additions = {"dispatches": dispatches, "memory": memory}
-    lowered = [part for parts in launches.values() for part in parts]
     source = f"{_DIGEST_LINE}{binding_digest({**manifest, **additions})}\n" + dialect.generate(lowered)
     return ModelCode(source.encode(), additions, {dialect.source_kind: source}, lowered)
 
@@ -331,11 +336,11 @@ def _webgpu_kernel_runtime(library: bytes, target: Target, num_threads: int | No
 def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
     """kernels.wgsl, and the manifest's dispatch list completed for WebGPU with its `webgpu` section (entry points,
     buffers, uniform size, features, limits used: docs/gpu.md describes every field for tessel.js)."""
-    lowered = [lower_gpu(func, target) for func in kernels]
-    module, dispatches = model_shader(lowered, dispatch_list(run, lowered), target.device.offset_alignment)
+    lowered, planned, memory = _gpu_plan(kernels, run, manifest, target)
+    module, dispatches = model_shader(lowered, planned, target.device.offset_alignment)
     buffers = [
         {"region": "params", "index": 0, "bytes": manifest["params"]["bytes"]},
-        {"region": "arena", "index": 0, "bytes": manifest["memory"]["arena_bytes"]},
+        {"region": "arena", "index": 0, "bytes": memory["arena_bytes"]},
     ]
     for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
         for position, spec in enumerate(specs):
@@ -349,7 +354,7 @@ def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target
         "features": ["shader-f16"] if module.uses_f16 else [],
         "limits": limits_used(module, [buffer["bytes"] for buffer in buffers]),
     }
-    additions = json.loads(json.dumps({"dispatches": dispatches, "webgpu": webgpu}))
+    additions = json.loads(json.dumps({"dispatches": dispatches, "webgpu": webgpu, "memory": memory}))
     source = f"{_DIGEST_LINE}{binding_digest({**manifest, **additions})}\n{module.code}"
     return ModelCode(source.encode(), additions, {"wgsl": source}, lowered)
 

@@ -207,6 +207,12 @@ class _GpuLowering:
                 "it has no thread-bound loop (a CPU schedule); GPU kernels come from compiler/schedules/gpu.py, "
                 "or bind axes with te.thread_axis"
             )
+        launches = len(split_launches(self.func))
+        if launches > 1:
+            self.fail(
+                f"its root stages read what earlier ones wrote, which needs {launches} launches (blocks of one launch "
+                "never wait for each other); lower each of tir/gpu.py split_launches's parts instead"
+            )
         self.launch_extents(loops)
         self.check_limits()
         self.check_dtypes()
