@@ -183,15 +183,16 @@ def _reduce_extent(stage: Stage) -> int:
 
 
 def _share_reduction(schedule: Schedule, stage: Stage, threads: int, host: Stage | None, at: IterVar | None) -> None:
-    """A cross-thread reduction: `threads` partial results in shared memory (rfactor), each thread's lane bound to
-    threadIdx.x, then one combine of them; computed at `at` of `host` (or, without a host, at the kernel's root)."""
+    """A cross-thread reduction: `threads` partial results in shared memory (Schedule.rfactor_tree), each thread's
+    lane bound to threadIdx.x, then halved step by step (a tree, one barrier per step) down to the one or two lanes
+    the stage combines; computed at `at` of `host` (or, without a host, at the kernel's root)."""
     lanes = min(threads, _reduce_extent(stage))
-    partial_tensor = schedule.rfactor(stage.op.output(0), lanes)
-    partial_stage = schedule[partial_tensor]
-    partial_stage.set_scope("shared")
-    partial_stage.bind(partial_stage.op.axis[0], te.thread_axis("threadIdx.x"))
-    if host is not None:
-        partial_stage.compute_at(host, at)
+    for tensor in schedule.rfactor_tree(stage.op.output(0), lanes):
+        partial_stage = schedule[tensor]
+        partial_stage.set_scope("shared")
+        partial_stage.bind(partial_stage.op.axis[0], te.thread_axis("threadIdx.x"))
+        if host is not None:
+            partial_stage.compute_at(host, at)
 
 
 def _define_cross_thread(cfg: ConfigSpace, stages: list[Stage], target: Target) -> bool:
@@ -250,15 +251,28 @@ def _schedule_host(
         _, thread = host.split(row, min(threads, row.extent))
         host.bind(thread, te.thread_axis("threadIdx.x"))
     for member in members:
+        if not member.op.reduce_axis and _row_bytes(member, kept) > target.device.shared_bytes // 2:
+            member.compute_inline()  # a row too long to hold in shared memory is recomputed by each reader
+            continue
         member.set_scope("shared")
         member.compute_at(host, block)
         if member.op.reduce_axis:
             _share_reduction(schedule, member, threads, host, block)
         else:
-            member_axes = list(member.op.axis)
-            fused = member.fuse(*member_axes) if len(member_axes) > 1 else member_axes[0]
+            # threads over the axes the block does not fix: fusing in the fixed ones (one element each per block)
+            # would make the region inference bound them by the thread split's rounded-up extent
+            fixed = [axis for axis, keep in zip(member.op.axis, kept) if keep]
+            row_axes = [axis for axis, keep in zip(member.op.axis, kept) if not keep]
+            member.reorder(*fixed, *row_axes)
+            fused = member.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
             _, member_thread = member.split(fused, min(threads, fused.extent))
             member.bind(member_thread, te.thread_axis("threadIdx.x"))
+
+
+def _row_bytes(stage: Stage, kept: list[bool]) -> int:
+    """The bytes of `stage` one block holds: its axes the block does not fix."""
+    count = math.prod(axis.extent for axis, keep in zip(stage.op.axis, kept) if not keep)
+    return count * np.dtype(stage.op.dtype).itemsize
 
 
 # -- anchor templates -----------------------------------------------------------------------------------------------

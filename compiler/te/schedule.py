@@ -470,6 +470,39 @@ class Schedule:
         self._insert(partial_stage, stage)
         return partial
 
+    def rfactor_tree(self, tensor: Tensor, factor: int) -> list[Tensor]:
+        """rfactor, then halve the partials instead of combining them all in one stage: stage k combines lane t with
+        lane t + ceil(n / 2) of the stage before (n lanes; past the end, the identity), until one or two lanes are
+        left for the reduction stage to combine. [partial, halving stages...]: bound to a thread axis, each halving is
+        one step of a tree reduction across the threads, log2(factor) steps instead of `factor` serial ones."""
+        partial = self.rfactor(tensor, factor)
+        stage = self[tensor]
+        op = stage.op
+        combiner, identity = op.body.combiner, op.body.identity
+        chain, lanes = [partial], factor
+        while lanes > 2:
+            half = -(-lanes // 2)
+            previous = chain[-1]
+            lane = IterVar(f"{op.name}.half{len(chain)}", dom=(0, half))
+            axis = tuple(IterVar(f"{iv.name}.h{len(chain)}", dom=iv.dom) for iv in op.axis)
+            low, high = previous[(lane, *axis)], previous[(lane + Const(half, "int32"), *axis)]
+            if 2 * half != lanes:
+                high = Select(lane + Const(half, "int32") < Const(lanes, "int32"), high, identity)
+            combined = low + high if combiner == "sum" else Binary(combiner, low, high)
+            halving = ComputeOp(f"{op.name}.half{len(chain)}", "", (lane, *axis), combined)
+            halving_stage = Stage(self, halving)
+            halving_stage.scope = stage.scope
+            self._insert(halving_stage, stage)
+            chain.append(halving.output(0))
+            lanes = half
+        last = IterVar(f"{op.name}.lanes", dom=(0, lanes), kind=REDUCE)
+        self._replace_op(
+            stage, ComputeOp(op.name, op.tag, op.axis, Reduce(combiner, chain[-1][(last, *op.axis)], (last,), identity))
+        )
+        stage.all_iter_vars = [*op.axis, last]
+        stage.leaf_iter_vars = [*op.axis, last]
+        return chain
+
 
 def _replace_reads(body: Expr, old: Operation, new: Tensor) -> Expr:
     def visit(node):

@@ -403,3 +403,12 @@ def test_blocks_beyond_the_grid_spill_into_the_next_grid_axis():
     tir = tir_of(kernels)
     assert re.search(r"0, 8\) thread_binding\(blockIdx\.y\)", tir), tir
     assert re.search(r"0, 4\) thread_binding\(blockIdx\.x\)", tir), tir
+
+
+def test_a_softmax_row_too_long_for_shared_memory_is_recomputed():
+    """8192 floats are 32 KB, beyond WebGPU's 16 KB of workgroup memory: the exponentials are not held per row but
+    recomputed by the sum and by the output, and the kernel stays within the device."""
+    graph, x, feeds = single_input((2, 8192))
+    graph.outputs = list(graph.add_node("Softmax", [x], {"axis": -1}))
+    tir = tir_of(check(graph, feeds))
+    assert not re.search(r"allocate \w+: float32\[1, 8192\] shared", tir), tir

@@ -277,3 +277,31 @@ def test_rfactor_errors():
         s.rfactor(c, 4)
     with pytest.raises(TEError, match="positive int"):
         te.create_schedule(c.op).rfactor(c, 0)
+
+
+def test_rfactor_tree_halves_the_partials_down_to_two_lanes():
+    """16 lanes halve to 8, 4 and 2 (three halving stages), 13 lanes to 7, 4 and 2 (the odd step selects the identity
+    past the end); the reduction combines the last two. Built on llvm, sum and max match numpy."""
+    import numpy as np
+
+    from compiler.build import build
+
+    a = te.placeholder((5, 7, 37), name="A")
+
+    def reduction(combiner):
+        i, j = te.reduce_axis((0, 7), "i"), te.reduce_axis((0, 37), "j")
+        return te.compute((5,), lambda n: combiner(a[n, i, j], axis=[i, j]), name="B")
+
+    for factor, widths in ((16, [16, 8, 4, 2]), (13, [13, 7, 4, 2])):
+        for combiner, reference in ((te.sum, np.sum), (te.max, np.max)):
+            b = reduction(combiner)
+            s = te.create_schedule(b.op)
+            chain = s.rfactor_tree(b, factor)
+            assert [tensor.shape[0] for tensor in chain] == widths
+            (lanes,) = s[b].op.reduce_axis
+            assert lanes.extent == 2
+            kernel = build(s, [a, b], target="llvm", name="tree")
+            data = np.random.default_rng(1).standard_normal((5, 7, 37)).astype(np.float32)
+            result = np.zeros(5, np.float32)
+            kernel(data, result)
+            np.testing.assert_allclose(result, reference(data, axis=(1, 2)), rtol=1e-5, atol=1e-5)
