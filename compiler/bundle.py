@@ -198,8 +198,40 @@ MANIFEST_SCHEMA = {
             ),
             "grid": _list_of(_count),
             "block": _list_of(_count),
+            # webgpu's (codegen/wgsl.model_shader): the entry point, the regions it binds and its uniform words
+            "entry?": _text,
+            "regions?": _list_of({"region": _one_of("input", "output", "params", "arena"), "index": _count}),
+            "uniform_offset?": _count,
+            "element_offsets?": _list_of(_count),
         }
     ),
+    "webgpu?": {
+        "entries": _list_of(
+            {
+                "name": _text,
+                "kernel": _text,
+                "regions": _list_of(
+                    {
+                        "binding": _count,
+                        "access": _one_of("read", "read_write"),
+                        "type": _one_of("f32", "i32", "u32", "f16"),
+                    }
+                ),
+                "param_regions": _list_of(_count),
+                "offsets_binding": _optional(_count),
+                "offsets_bytes": _count,
+                "grid": _list_of(_count),
+                "block": _list_of(_count),
+                "workgroup_bytes": _count,
+            }
+        ),
+        "buffers": _list_of(
+            {"region": _one_of("input", "output", "params", "arena"), "index": _count, "bytes": _count}
+        ),
+        "uniform_bytes": _count,
+        "features": _list_of(_one_of("shader-f16")),
+        "limits": _any,
+    },
 }
 
 
@@ -249,6 +281,7 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
                 f"{MANIFEST_FILE}: call {position} names unknown kernel {call['kernel']!r}; export the model again"
             )
     _check_dispatches(manifest)
+    _check_webgpu(manifest)
     for position, spec in enumerate(manifest["outputs"]):
         source = spec["source"]
         if source is None:
@@ -288,6 +321,33 @@ def _check_dispatches(manifest: dict) -> None:
                     f"{where} binds {binding['bytes']} bytes at {binding['offset']} of {binding['region']} "
                     f"{binding['index']}, outside it; export the model again"
                 )
+
+
+def _check_webgpu(manifest: dict) -> None:
+    """A webgpu dispatch names one of the bundle's entry points, binds as many regions as it declares, starts each
+    parameter at the element its binding's byte offset is, and reads its words inside the uniform buffer, so the
+    runtime (or tessel.js) never binds a buffer the manifest did not describe."""
+    if "webgpu" not in manifest:
+        return
+    entries = {entry["name"]: entry for entry in manifest["webgpu"]["entries"]}
+    for position, dispatch in enumerate(manifest.get("dispatches", [])):
+        where = f"{MANIFEST_FILE}: dispatch {position} ({dispatch['kernel']!r})"
+        entry = entries.get(dispatch.get("entry"))
+        if entry is None or entry["kernel"] != dispatch["kernel"]:
+            raise BundleError(f"{where} names no entry point of its kernel; export the model again")
+        words, regions = dispatch.get("element_offsets", []), dispatch.get("regions", [])
+        sizes = [2 if region["type"] == "f16" else 4 for region in entry["regions"]]
+        places = entry["param_regions"]
+        consistent = len(regions) == len(entry["regions"]) and len(words) == len(places) == len(dispatch["bindings"])
+        consistent = consistent and all(0 <= place < len(regions) for place in places)
+        consistent = consistent and all(
+            (binding["region"], binding["index"]) == (regions[place]["region"], regions[place]["index"])
+            and word * sizes[place] == binding["offset"]
+            for binding, word, place in zip(dispatch["bindings"], words, places)
+        )
+        end = dispatch.get("uniform_offset", 0) + entry["offsets_bytes"]
+        if not consistent or end > manifest["webgpu"]["uniform_bytes"]:
+            raise BundleError(f"{where} does not match its entry point's bindings; export the model again")
 
 
 def write_bundle(directory: str | Path, manifest: dict, files: dict[str, bytes]) -> Path:

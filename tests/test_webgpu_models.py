@@ -89,3 +89,12 @@ def test_cli_run_and_bench_on_a_webgpu_bundle(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "bundle"), "--repeat", "3"]) == 0
     printed = capsys.readouterr().out
     assert "(webgpu)" in printed and "median" in printed
+
+
+def test_a_dispatch_that_disagrees_with_its_entry_point_is_refused(tmp_path):
+    directory = compile_model(zoo.build_model("mlp"), target="webgpu").export(tmp_path / "mlp")
+    data = json.loads((directory / "manifest.json").read_text())
+    data["dispatches"][0]["element_offsets"][0] += 16
+    (directory / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="does not match its entry point"):
+        load_module(directory)
