@@ -351,6 +351,11 @@ def tune_and_time(name: str, arguments, factory) -> tuple[list[str], list[list[s
         [lambda: default.run(feeds), lambda: tuned.run(feeds), lambda: session.run(None, feeds)], arguments.repeat
     )
     default_ms, tuned_ms, ort_ms = (summary(samples)["median"] for samples in times)
+    # the kernels alone (Module.profile: each group's kernel timed on its own, medians), steadier than whole runs
+    # when the machine is busy
+    default_kernels, tuned_kernels = (
+        sum(entry["median_ms"] for entry in module.profile(repeat=20, feeds=feeds)) for module in (default, tuned)
+    )
     row = [
         name,
         str(len(results)),
@@ -359,6 +364,7 @@ def tune_and_time(name: str, arguments, factory) -> tuple[list[str], list[list[s
         f"{default_ms:.3f}",
         f"{tuned_ms:.3f}",
         f"{tuned_ms / default_ms:.2f}x",
+        f"{default_kernels:.3f} / {tuned_kernels:.3f} ({tuned_kernels / default_kernels:.2f}x)",
         f"{ort_ms:.3f}",
         f"{tuned_ms / ort_ms:.2f}x",
     ]
@@ -396,7 +402,19 @@ def models(arguments) -> None:
         runner.close()
     print(f"\nend to end, {arguments.target}, default threads, median of {arguments.repeat} interleaved runs (ms)")
     print_table(
-        ["model", "tasks", "trials", "tuning s", "default", "tuned", "tuned/default", "onnxruntime", "tuned/ort"], rows
+        [
+            "model",
+            "tasks",
+            "trials",
+            "tuning s",
+            "default",
+            "tuned",
+            "tuned/default",
+            "kernels alone: default / tuned",
+            "onnxruntime",
+            "tuned/ort",
+        ],
+        rows,
     )
     print("\nheaviest tasks: their fallback and best measured seconds during tuning")
     print_table(["model", "task", "trials", "fallback ms", "best ms", "best/fallback"], task_rows)

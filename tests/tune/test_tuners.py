@@ -213,3 +213,24 @@ def test_a_space_too_large_to_list_is_sampled(dense, monkeypatch):
     indices = [config.index for config in cost.measured]
     assert len(indices) == len(set(indices)) == 120
     assert all(config.valid for config in cost.measured[1:])
+
+
+def test_tune_model_resumes_from_history_without_measuring_it_again(bert_tasks):
+    tasks = [task for task in bert_tasks if task.template == "dense"][:2]
+    costs = {task.key: Bowl(task.space, seed=number) for number, task in enumerate(tasks)}
+
+    class Measurer:
+        def __init__(self, task):
+            self.measure = costs[task.key]
+
+    first = tune_model(tasks, Measurer, trials=30, tuner="random", batch_size=8)
+    history = {result.task.key: [Result(c, s) for c, s in result.tuner.measured] for result in first}
+    before = {key: len(cost.measured) for key, cost in costs.items()}
+    second = tune_model(tasks, Measurer, trials=20, tuner="xgb", batch_size=8, history=history)
+    assert sum(result.trials for result in second) == 20
+    for result in second:
+        cost = costs[result.task.key]
+        fresh = cost.measured[before[result.task.key] :]
+        assert result.task.space.fallback not in fresh  # known from the history
+        assert not {c.index for c in fresh} & {c.index for c, _ in first[second.index(result)].tuner.measured}
+        assert result.fallback_seconds == cost.seconds(result.task.space.fallback)
