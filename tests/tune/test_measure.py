@@ -88,7 +88,7 @@ def test_broken_candidates_are_recorded_and_the_search_goes_on():
     builder_hook = functools.partial(broken_build, plan)
     builder = LocalBuilder(2, builder_hook)
     try:
-        with Measurer(task, builder=builder, timeout=2.0) as measurer:
+        with Measurer(task, builder=builder, timeout=3.0) as measurer:
             results = measurer.measure(configs)
             after = measurer.measure(configs[-1:])
     finally:
