@@ -333,7 +333,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 def _configure_tune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=Path, nargs="?", help="an .onnx file (not with --report)")
-    parser.add_argument("--target", default="llvm", help='"llvm" (default, this machine) or "wasm"')
+    parser.add_argument(
+        "--target",
+        default="llvm",
+        help='"llvm" (default, this machine), "wasm", "opencl" or "webgpu" (this machine\'s)',
+    )
     parser.add_argument("--trials", type=int, default=200, help="measurements for the whole model (default 200)")
     parser.add_argument("-o", "--output", type=Path, help="the tuning log to write or resume (default MODEL.jsonl)")
     parser.add_argument("--tuner", default="xgb", help="xgb (default), ga, random or grid (tune/tuners.py)")

@@ -53,9 +53,14 @@ class BrowserRunner:
             if answer.get("error"):
                 answers.append((None, f"run: {answer['error']}"))
                 continue
-            outputs = self.session.decode_outputs(candidate, answer)
+            try:
+                outputs = self.session.decode_outputs(candidate, answer)
+                seconds = float(answer["seconds"])
+            except (TesselError, KeyError, TypeError, ValueError) as error:
+                answers.append((None, f"run: the page's answer is not a measurement ({error})"))
+                continue
             wrong = mismatch(outputs, candidate.reference) if candidate.reference is not None else None
-            answers.append((None, wrong) if wrong else (float(answer["seconds"]), None))
+            answers.append((None, wrong) if wrong else (seconds, None))
         return answers
 
     def outputs(self, built: Built) -> list[np.ndarray]:

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from compiler.graph.ir import Graph, TensorType
 from compiler.tune.measure import Built, LocalBuilder, Measurer, build_candidate, flops, mismatch
@@ -87,7 +88,7 @@ def test_broken_candidates_are_recorded_and_the_search_goes_on():
     builder_hook = functools.partial(broken_build, plan)
     builder = LocalBuilder(2, builder_hook)
     try:
-        with Measurer(task, builder=builder, timeout=2.0) as measurer:
+        with Measurer(task, builder=builder, timeout=3.0) as measurer:
             results = measurer.measure(configs)
             after = measurer.measure(configs[-1:])
     finally:
@@ -159,3 +160,15 @@ def test_probe_arrays_are_seeded_aligned_and_prefill_outputs():
     assert all(array.ctypes.data % 64 == 0 for array in first)
     np.testing.assert_array_equal(first[0], again[0])
     assert first[0].std() > 0.5 and not first[1].any() and np.isnan(first[2])
+
+
+@pytest.mark.parametrize("kind", ["opencl", "webgpu"])
+def test_gpu_candidates_are_timed_through_their_backends_runtime(kind):
+    """PoCL and lavapipe run the GPU templates' configs (num_thread, tiles) and their outputs are checked too."""
+    task = small_conv_task(kind)
+    assert "num_thread" in task.space.knobs
+    configs = [config for config in task.space.valid_configs() if config != task.space.fallback][:2]
+    with Measurer(task, workers=2, timeout=60.0) as measurer:
+        results = measurer.measure(configs)
+    assert measurer.default.error is None and measurer.default.seconds > 0
+    assert all(result.error is None and result.seconds > 0 for result in results), results

@@ -18,8 +18,6 @@ from compiler.cli import main
 from compiler.tune.records import read_records
 from tests.tune.test_records import RNG, conv_model
 
-pytest.importorskip("compiler.tune.tuners", reason="tune/tuners.py (the search engineer's tune_model) is not merged")
-
 
 @pytest.fixture
 def model_path(tmp_path):
