@@ -309,6 +309,27 @@ async def job_route(request: Request) -> Response:
     return JSONResponse(request.app.state.queue.snapshot(job), headers={"Cache-Control": "no-store"})
 
 
+def bundle_set(job: Job) -> dict:
+    """A job's browser bundles as the bundle set tessel.js chooses from (docs/web.md): backend name -> bundle URL."""
+    bundles = (job.result or {}).get("bundles", {})
+    return {
+        "bundles": {target: bundle["url"] for target, bundle in bundles.items() if BACKENDS[target].runs_in_browser}
+    }
+
+
+async def bundle_set_route(request: Request) -> Response:
+    job = _job(request)
+    if job is None:
+        return _no_job(request)
+    if job.state != "done":
+        return error(409, f"job {job.id} is {job.state}; its bundle set exists once it is done")
+    found = bundle_set(job)
+    if not found["bundles"]:
+        runnable = ", ".join(name for name in targets() if BACKENDS[name].runs_in_browser)
+        return error(404, f"job {job.id} made no bundle that runs in a browser; compile it for {runnable}")
+    return JSONResponse(found)
+
+
 def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
@@ -551,6 +572,7 @@ def create_app(
         Route("/api/compile", compile_model_route, methods=["POST"]),
         Route("/api/jobs/{job_id}", job_route),
         Route("/api/jobs/{job_id}/events", job_events_route),
+        Route("/api/jobs/{job_id}/bundle-set.json", bundle_set_route),
         Route("/bundles/{bundle_id}.zip", bundle_zip_route),
         Route("/bundles/{bundle_id}/{name}", bundle_file_route),
         Route("/runtime/{path:path}", runtime_route),
