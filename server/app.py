@@ -16,6 +16,7 @@ import time
 import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
@@ -377,6 +378,27 @@ async def job_route(request: Request) -> Response:
     return JSONResponse(request.app.state.queue.snapshot(job), headers={"Cache-Control": "no-store"})
 
 
+def bundle_set(job: Job) -> dict:
+    """A job's browser bundles as the bundle set tessel.js chooses from (docs/web.md): backend name -> bundle URL."""
+    bundles = (job.result or {}).get("bundles", {})
+    return {
+        "bundles": {target: bundle["url"] for target, bundle in bundles.items() if BACKENDS[target].runs_in_browser}
+    }
+
+
+async def bundle_set_route(request: Request) -> Response:
+    job = _job(request)
+    if job is None:
+        return _no_job(request)
+    if job.state != "done":
+        return error(409, f"job {job.id} is {job.state}; its bundle set exists once it is done")
+    found = bundle_set(job)
+    if not found["bundles"]:
+        runnable = ", ".join(name for name in targets() if BACKENDS[name].runs_in_browser)
+        return error(404, f"job {job.id} made no bundle that runs in a browser; compile it for {runnable}")
+    return JSONResponse(found)
+
+
 def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
@@ -513,8 +535,12 @@ async def demo_route(request: Request) -> Response:
         bundle_id = job.result["bundles"]["wasm"]["id"]
         if not demo_fits(state.store.manifest(bundle_id)):
             return error(404, f"the drawing demo takes an 8x8 digits model; {name} does not fit it")
-        query = f"?{request.url.query}" if request.url.query else ""
-        return RedirectResponse(f"/demo/{bundle_id}{query}", status_code=307)
+        # With a WebGPU build beside the wasm one, the page loads the job's bundle set and tessel.js picks.
+        query = dict(request.query_params)
+        if len(bundle_set(job)["bundles"]) > 1:
+            query["set"] = f"/api/jobs/{job.id}/bundle-set.json"
+        suffix = f"?{urlencode(query)}" if query else ""
+        return RedirectResponse(f"/demo/{bundle_id}{suffix}", status_code=307)
     if not state.store.has_bundle(name):
         return _no_bundle(name)
     return _page_file(state.static_dir, "demo.html", "demo page (static file)")
@@ -563,14 +589,16 @@ async def health_route(request: Request) -> Response:
 
 
 async def _prebuild(state, names: tuple[str, ...]) -> None:
-    """Queue the zoo models the demo pages use; a cached bundle makes this instant."""
+    """Queue the zoo models the demo pages use, for wasm and (where registered) webgpu, so the demo's `auto` has both
+    to choose from; a cached bundle makes this instant."""
     from compiler import zoo
 
     for name in names:
         data = await asyncio.to_thread(lambda name=name: zoo.build_model(name).SerializeToString())
         digest = hashlib.sha256(data).hexdigest()
         model = {"filename": f"{name}.onnx", "bytes": len(data), "sha256": digest}
-        job = Job(new_job_id(), {"wasm": bundle_key(digest, "wasm", {})}, {}, model)
+        targets_built = [name for name in ("wasm", "webgpu") if name in BACKENDS]
+        job = Job(new_job_id(), {name: bundle_key(digest, name, {}) for name in targets_built}, {}, model)
         state.store.upload_path(job.id).write_bytes(data)
         state.prebuilt[name] = state.queue.submit(job).id
 
@@ -624,6 +652,7 @@ def create_app(
         Route("/api/tune/{session_id}/next", tune_next_route),
         Route("/api/tune/{session_id}/answer", tune_answer_route, methods=["POST"]),
         Route("/api/tune/{session_id}/records", tune_records_route),
+        Route("/api/jobs/{job_id}/bundle-set.json", bundle_set_route),
         Route("/bundles/{bundle_id}.zip", bundle_zip_route),
         Route("/bundles/{bundle_id}/{name}", bundle_file_route),
         Route("/runtime/{path:path}", runtime_route),

@@ -217,7 +217,7 @@ function follow(jobId) {
     } else if (state.state === "done") {
       events.close();
       setProgress(1, "done");
-      showResults(state.result);
+      showResults(state.result, jobId);
     } else if (state.state === "failed") {
       events.close();
       elements["progress-step"].textContent = "failed";
@@ -229,12 +229,15 @@ function follow(jobId) {
 
 // ---- results -----------------------------------------------------------------------------------------
 
-function showResults(result) {
-  const cards = Object.entries(result.bundles).map(([target, bundle]) => resultCard(target, bundle));
+function showResults(result, jobId) {
+  // The job's browser bundles form a bundle set (docs/web.md): a card runs its own target from it, and
+  // ?backend=auto lets tessel.js choose among them.
+  const bundleSet = `/api/jobs/${jobId}/bundle-set.json`;
+  const cards = Object.entries(result.bundles).map(([target, bundle]) => resultCard(target, bundle, bundleSet));
   elements.results.replaceChildren(...cards);
 }
 
-function resultCard(target, bundle) {
+function resultCard(target, bundle, bundleSet) {
   const card = elements["result-template"].content.firstElementChild.cloneNode(true);
   const field = (name) => card.querySelector(`[data-field="${name}"]`);
   const files = Object.entries(bundle.files);
@@ -261,7 +264,7 @@ function resultCard(target, bundle) {
   const info = targetInfo.find((item) => item.name === target);
   show(field("run"), Boolean(info && info.runs_in_browser));
   card.dataset.target = target;
-  new RunPanel(card, bundle, field);
+  new RunPanel(card, { ...bundle, target, bundleSet }, field);
   return card;
 }
 
@@ -282,8 +285,8 @@ class RunPanel {
   async ensureModel() {
     if (this.model) return this.model;
     const started = performance.now();
-    this.model = await tessel.load(this.bundle.url, {
-      backend: query.get("backend") || "auto",
+    this.model = await tessel.load(this.bundle.bundleSet, {
+      backend: query.get("backend") || this.bundle.target,
       onProgress: ({ phase, loaded, total }) => {
         const percent = total ? Math.round((100 * loaded) / total) : 0;
         this.field("backend").textContent = `${phase} ${percent}%`;
@@ -291,6 +294,8 @@ class RunPanel {
     });
     this.field("load-ms").textContent = formatMs(performance.now() - started);
     this.field("backend").textContent = this.model.backend;
+    this.field("backend").title = this.model.backendReason;
+    this.field("backend-reason").textContent = this.model.backendReason;
     const [input] = this.model.inputs;
     const imageLike = this.model.inputs.length === 1 && input.dtype === "float32" && isImageShape(input.shape);
     show(this.field("image-picker"), imageLike);
@@ -341,6 +346,7 @@ class RunPanel {
       window.tesselLastRun = {
         bundle: this.bundle.id,
         backend: model.backend,
+        backendReason: model.backendReason,
         latencyMs: latency,
         inputs: plainTensors(feeds),
         outputs: plainTensors(outputs),

@@ -181,7 +181,9 @@ async function start() {
   const bundleId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop() || "");
   const started = performance.now();
   try {
-    model = await tessel.load(`/bundles/${bundleId}/`, { backend: query.get("backend") || "auto" });
+    // ?set= names a bundle set (the same model for WebGPU and wasm), of which `auto` takes what this browser runs.
+    const bundle = query.get("set") || `/bundles/${bundleId}/`;
+    model = await tessel.load(bundle, { backend: query.get("backend") || "auto" });
   } catch (error) {
     document.getElementById("backend").textContent = "unavailable";
     showError(error.message);
@@ -199,6 +201,7 @@ async function start() {
     return;
   }
   document.getElementById("backend").textContent = model.backend;
+  document.getElementById("backend").title = model.backendReason;
   document.getElementById("load").textContent = `${(performance.now() - started).toFixed(0)} ms`;
   document.body.dataset.ready = "true";
 }

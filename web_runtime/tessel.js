@@ -449,26 +449,36 @@ const wasmBackend = {
   },
 };
 
-// The WebGPU slot: a bundle announces GPU code with a `dispatches` list and the adapter limits it needs
-// (`webgpu_limits`). Choosing the backend lives here; the executor (`create`) arrives with the WebGPU code
-// generator, through registerBackend({name: "webgpu", create}), and until then `auto` passes over it.
+// WebGPU: a bundle carries WGSL when its manifest has a `dispatches` list and a `webgpu` section (its entry points,
+// buffers, and the adapter limits and features it needs). The executor lives in tessel-webgpu.js, imported only when
+// this backend is chosen, so wasm-only pages never download it.
+function webgpuShortfall(adapter, manifest) {
+  for (const [limit, needed] of Object.entries(manifest.webgpu.limits || {})) {
+    const has = adapter.limits[limit];
+    if (has !== undefined && !(has >= needed)) return `the WebGPU adapter's ${limit} is ${has}, the bundle needs ${needed}`;
+  }
+  for (const feature of manifest.webgpu.features || []) {
+    if (!adapter.features.has(feature)) return `the WebGPU adapter lacks ${feature}, which the bundle's code uses`;
+  }
+  return null;
+}
+
 const webgpuBackend = {
   name: "webgpu",
   describe(manifest) {
-    if (Array.isArray(manifest.dispatches)) return null;
+    if (Array.isArray(manifest.dispatches) && manifest.webgpu) return null;
     return "the bundle has no WebGPU code (its manifest lists no dispatches)";
   },
   async probe(manifest) {
     const gpu = typeof navigator === "object" && navigator ? navigator.gpu : undefined;
-    if (!gpu) return "this browser has no WebGPU (navigator.gpu is missing)";
+    if (!gpu) return "this browser has no WebGPU (navigator.gpu is missing; it needs a secure context: https or localhost)";
     const adapter = await gpu.requestAdapter();
     if (!adapter) return "WebGPU gave no adapter on this machine";
-    for (const [limit, needed] of Object.entries(manifest.webgpu_limits || {})) {
-      if (!(adapter.limits[limit] >= needed)) {
-        return `the WebGPU adapter's ${limit} is ${adapter.limits[limit]}, the bundle needs ${needed}`;
-      }
-    }
-    return null;
+    return webgpuShortfall(adapter, manifest);
+  },
+  async create(manifest, source, options) {
+    const { createExecutor } = await import("./tessel-webgpu.js");
+    return createExecutor(manifest, source, TYPED_ARRAYS, options);
   },
 };
 
@@ -500,13 +510,25 @@ async function unusableReason(backend, manifest) {
   );
 }
 
-async function chooseBackend(manifest, requested) {
+/**
+ * The backend to use, the bundle it runs and why: `candidates(name)` gives the {manifest, source} of the bundle a
+ * backend would run (one bundle for every backend, or a bundle set's bundle for it), or null when there is none.
+ */
+async function chooseBackend(candidates, requested) {
+  const reasonFor = async (backend) => {
+    const candidate = await candidates(backend.name);
+    if (!candidate) return { reason: `the bundle set has no ${backend.name} bundle` };
+    return { candidate, reason: await unusableReason(backend, candidate.manifest) };
+  };
   if (requested === "auto") {
     const reasons = [];
     for (const backend of backends.values()) {
-      const reason = await unusableReason(backend, manifest);
-      if (!reason) return backend;
-      reasons.push(`${backend.name}: ${reason}`);
+      const { candidate, reason } = await reasonFor(backend);
+      if (!reason) {
+        const passed = reasons.length ? `, passing over ${reasons.join("; ")}` : "";
+        return { backend, ...candidate, reason: `auto chose ${backend.name}: the first that can run here${passed}` };
+      }
+      reasons.push(`${backend.name} (${reason})`);
     }
     throw new Error(`tessel: no backend can run this bundle here (${reasons.join("; ")})`);
   }
@@ -514,13 +536,17 @@ async function chooseBackend(manifest, requested) {
   if (!backend) {
     throw new Error(`tessel: unknown backend "${requested}"; choose auto, ${[...backends.keys()].join(", ")}`);
   }
-  const reason = await unusableReason(backend, manifest);
+  const { candidate, reason } = await reasonFor(backend);
   if (reason) {
-    const others = [...backends.values()].filter((other) => other !== backend && !other.describe(manifest));
-    const hint = others.length ? `; load it with {backend: "${others[0].name}"} or "auto"` : "";
+    const others = [];
+    for (const other of backends.values()) {
+      const found = other === backend ? null : await candidates(other.name);
+      if (found && !other.describe(found.manifest)) others.push(other.name);
+    }
+    const hint = others.length ? `; load it with {backend: "${others[0]}"} or "auto"` : "";
     throw new Error(`tessel: cannot use the ${requested} backend: ${reason}${hint}`);
   }
-  return backend;
+  return { backend, ...candidate, reason: `asked for ${backend.name}` };
 }
 
 // ---- the model -----------------------------------------------------------------------------------------
@@ -531,9 +557,11 @@ function describeSpec(spec) {
 
 /** A loaded bundle; create it with load(). */
 export class Model {
-  constructor(manifest, backend, executor) {
+  constructor(manifest, backend, executor, backendReason = "") {
     this.manifest = manifest;
     this.backend = backend;
+    // why this backend runs the model: "asked for wasm", "auto chose wasm: ..., passing over webgpu (...)"
+    this.backendReason = executor.adapter ? `${backendReason} (adapter: ${executor.adapter})` : backendReason;
     this.executor = executor;
     this.inputs = manifest.inputs.map(describeSpec);
     this.outputs = manifest.outputs.map(describeSpec);
@@ -560,6 +588,12 @@ export class Model {
     );
   }
 
+  /** Make the backend's device state again, e.g. after a lost WebGPU device (run rejects saying so). */
+  async reload() {
+    if (!this.executor) throw new Error("tessel: this model was disposed; load the bundle again");
+    if (this.executor.reload) await this.executor.reload();
+  }
+
   /** Release the backend's memory; the model cannot run afterwards. */
   dispose() {
     if (this.executor) this.executor.dispose();
@@ -567,14 +601,15 @@ export class Model {
   }
 }
 
-/**
- * Load a bundle directory: an http(s) or relative URL in a browser, a path or file: URL in Node.
- * options.backend: "auto" (default), "wasm" or "webgpu"; options.onProgress({phase, loaded, total}) is called
- * as the manifest, code and params arrive (phase "manifest", "code", "params", then "ready").
- */
-export async function load(bundleUrl, options = {}) {
-  const { backend = "auto", onProgress } = options;
-  const source = await openSource(bundleUrl);
+// A bundle set's URLs are relative to its file, which is a URL in a browser and may be a path in Node.
+function resolveAgainst(relative, file) {
+  const scheme = /^[a-z][a-z0-9+.-]*:/i;
+  if (scheme.test(file)) return new URL(relative, file).href;
+  if (scheme.test(relative) || relative.startsWith("/")) return relative;
+  return file.slice(0, file.lastIndexOf("/") + 1) + relative;
+}
+
+async function readManifest(source, onProgress) {
   reportProgress(onProgress, "manifest", 0, 1);
   let manifest;
   try {
@@ -585,8 +620,67 @@ export async function load(bundleUrl, options = {}) {
   }
   checkManifest(manifest);
   reportProgress(onProgress, "manifest", 1, 1);
-  const chosen = await chooseBackend(manifest, backend);
+  return manifest;
+}
+
+/**
+ * What load() was given, as a function from a backend's name to the {manifest, source} of the bundle it would run.
+ * A bundle set is {bundles: {webgpu: url, wasm: url}} or the URL of a .json file holding it (its URLs relative to
+ * the file): the same model compiled for several backends, so that the one chosen runs its own bundle. Manifests
+ * are read when a backend is considered, so a page that takes WebGPU never fetches the wasm bundle's.
+ */
+async function bundleCandidates(bundle, onProgress) {
+  let set = bundle && typeof bundle === "object" && !(bundle instanceof URL) ? bundle : null;
+  let file = typeof location === "object" ? location.href : undefined;
+  const text = bundle instanceof URL ? bundle.href : String(bundle);
+  if (!set && /\.json$/i.test(text)) {
+    file = file ? new URL(text, file).href : text;
+    const name = file.slice(file.lastIndexOf("/") + 1);
+    const source = await openSource(resolveAgainst("./", file));
+    try {
+      set = JSON.parse(await source.text(name));
+    } catch (error) {
+      if (error instanceof SyntaxError) throw new Error(`tessel: the bundle set ${name} is not JSON (${error.message})`);
+      throw error;
+    }
+  }
+  if (!set) {
+    const source = await openSource(bundle);
+    const manifest = await readManifest(source, onProgress);
+    return async () => ({ manifest, source });
+  }
+  if (!set.bundles || typeof set.bundles !== "object") {
+    throw new Error('tessel: a bundle set is {bundles: {webgpu: "<url>", wasm: "<url>"}}; see docs/web.md');
+  }
+  const loaded = new Map();
+  return (name) => {
+    const url = set.bundles[name];
+    if (typeof url !== "string") return null;
+    if (!loaded.has(name)) {
+      loaded.set(
+        name,
+        (async () => {
+          const source = await openSource(file ? resolveAgainst(url, file) : url);
+          return { manifest: await readManifest(source, onProgress), source };
+        })(),
+      );
+    }
+    return loaded.get(name);
+  };
+}
+
+/**
+ * Load a bundle directory: an http(s) or relative URL in a browser, a path or file: URL in Node; or a bundle set
+ * (the URL of its .json, or the object itself), of which the chosen backend's bundle is loaded.
+ * options.backend: "auto" (default), "wasm" or "webgpu"; options.onProgress({phase, loaded, total}) is called
+ * as the manifest, code and params arrive (phase "manifest", "code", "params", then "ready").
+ * model.backend names the backend chosen and model.backendReason says why.
+ */
+export async function load(bundleUrl, options = {}) {
+  const { backend = "auto", onProgress } = options;
+  const candidates = await bundleCandidates(bundleUrl, onProgress);
+  const { backend: chosen, manifest, source, reason } = await chooseBackend(candidates, backend);
   const executor = await chosen.create(manifest, source, { onProgress });
   reportProgress(onProgress, "ready", 1, 1);
-  return new Model(manifest, chosen.name, executor);
+  return new Model(manifest, chosen.name, executor, reason);
 }

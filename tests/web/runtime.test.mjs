@@ -3,8 +3,9 @@
 // error a caller can cause and the backend choice. Run through pytest, which passes TESSEL_WEB_CASES.
 
 import assert from "node:assert/strict";
-import { cp, readFile, writeFile } from "node:fs/promises";
+import { cp, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:http";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { pathToFileURL } from "node:url";
@@ -238,19 +239,20 @@ describe("backends", () => {
   });
 
   // A bundle that also lists WebGPU dispatches, and a fake navigator.gpu: `auto` must pick WebGPU only when an
-  // executor is registered and the adapter's limits fit, and fall back to wasm otherwise.
+  // adapter exists and its limits fit, and fall back to wasm otherwise, saying why; the same through a bundle set.
   describe("the WebGPU slot", () => {
     let bundle;
     before(async () => {
       bundle = await copyBundle("with-dispatches", async (path) => {
         const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
-        const gpu = { dispatches: [], webgpu_limits: { maxStorageBufferBindingSize: 1 << 20 } };
+        const webgpu = { limits: { maxStorageBufferBindingSize: 1 << 20 }, features: [] };
+        const gpu = { dispatches: [], webgpu };
         await writeFile(join(path, "manifest.json"), JSON.stringify({ ...manifest, ...gpu }));
       });
     });
 
     function withAdapter(limits) {
-      const adapter = { limits };
+      const adapter = limits && { limits, features: new Set() };
       Object.defineProperty(globalThis, "navigator", {
         value: { gpu: { requestAdapter: async () => adapter } },
         configurable: true,
@@ -258,10 +260,30 @@ describe("backends", () => {
       });
     }
 
-    test("without an executor, auto uses wasm and webgpu says why not", async () => {
-      withAdapter({ maxStorageBufferBindingSize: 1 << 30 });
-      assert.equal((await tessel.load(bundle)).backend, "wasm");
-      await assert.rejects(tessel.load(bundle, { backend: "webgpu" }), /no webgpu executor yet/);
+    test("without an adapter, auto uses wasm and says why; webgpu is refused with the way out", async () => {
+      withAdapter(null);
+      const model = await tessel.load(bundle);
+      assert.equal(model.backend, "wasm");
+      assert.match(model.backendReason, /auto chose wasm.*passing over webgpu \(WebGPU gave no adapter/);
+      await assert.rejects(
+        tessel.load(bundle, { backend: "webgpu" }),
+        /cannot use the webgpu backend: WebGPU gave no adapter.*\{backend: "wasm"\}/,
+      );
+    });
+
+    test("a bundle set: each backend runs its own bundle, the set's URLs relative to its file", async () => {
+      const setDir = await mkdtemp(join(tmpdir(), "tessel-set-"));
+      const setFile = join(setDir, "set.json");
+      await cp(digits.bundle, join(setDir, "digits-wasm"), { recursive: true });
+      await writeFile(setFile, JSON.stringify({ bundles: { webgpu: bundle, wasm: "digits-wasm/" } }));
+      withAdapter(null);
+      const model = await tessel.load(setFile);
+      assert.equal(model.backend, "wasm");
+      assert.match(model.backendReason, /passing over webgpu \(WebGPU gave no adapter/);
+      const only = await tessel.load({ bundles: { wasm: digits.bundle } });
+      assert.match(only.backendReason, /passing over webgpu \(the bundle set has no webgpu bundle\)/);
+      await assert.rejects(tessel.load({ bundles: { webgpu: bundle } }, { backend: "wasm" }), /set has no wasm bundle/);
+      await assert.rejects(tessel.load({ webgpu: bundle }), /a bundle set is \{bundles:/);
     });
 
     test("with an executor, auto picks webgpu when the adapter fits and wasm when it does not", async () => {

@@ -1,0 +1,229 @@
+"""tessel.js's WebGPU executor in a real browser: Debian's chromium, headless, with --enable-unsafe-webgpu, which gives
+Chromium's own SwiftShader adapter here (docs/web.md lists the flags tried). Zoo models are uploaded to the real app for
+both webgpu and wasm, loaded in the page through the job's bundle set with backend "auto", and compared with
+onnxruntime on the same input; the fallbacks (no adapter, limits not covered), a lost device and a damaged manifest are
+checked in the page too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+import test_browser
+from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _get_json, _run_onnxruntime
+
+from compiler import zoo
+
+server = test_browser.server  # the real app under uvicorn, its fixture reused
+
+MODELS = ["mlp", "digits", "dwconv_block", "mobilenet_v2"]
+WEBGPU_ARGS = [*CHROMIUM_ARGS, "--enable-unsafe-webgpu"]
+
+# Loads a bundle (or bundle set) with tessel.js, runs it once on the given inputs and returns what the test compares.
+RUN_IN_PAGE = """async ({ bundle, backend, inputs }) => {
+  const tessel = await import("/runtime/tessel.js");
+  const model = await tessel.load(bundle, { backend });
+  const feeds = {};
+  for (const [name, { data, dims }] of Object.entries(inputs)) feeds[name] = { data: Float32Array.from(data), dims };
+  const outputs = await model.run(feeds);
+  const result = { backend: model.backend, reason: model.backendReason, outputs: {} };
+  for (const [name, tensor] of Object.entries(outputs)) {
+    result.outputs[name] = { data: Array.from(tensor.data), dims: tensor.dims };
+  }
+  model.dispose();
+  return result;
+}"""
+
+
+@pytest.fixture(scope="module")
+def chromium_with(tmp_path_factory):
+    """A function giving a headless chromium launched with the given flags (a fresh profile each), all closed at the end
+    of the module; the test fails (it does not skip) when chromium is missing."""
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
+    with sync_playwright() as playwright:
+        contexts = {}
+
+        def launch(args: tuple[str, ...]):
+            if args not in contexts:
+                contexts[args] = playwright.chromium.launch_persistent_context(
+                    str(tmp_path_factory.mktemp("chromium-profile")),
+                    executable_path=executable,
+                    headless=True,
+                    args=args,
+                )
+            return contexts[args]
+
+        yield launch
+        for context in contexts.values():
+            context.close()
+
+
+def _page(context, server_url: str, init_script: str | None = None):
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    if init_script:
+        page.add_init_script(init_script)
+    page.goto(f"{server_url}/")
+    return page, errors
+
+
+@pytest.fixture(scope="module")
+def gpu_page(chromium_with, server):
+    page, errors = _page(chromium_with(tuple(WEBGPU_ARGS)), server)
+    adapter = page.evaluate("navigator.gpu.requestAdapter().then((adapter) => adapter && adapter.info.architecture)")
+    assert adapter, "chromium with --enable-unsafe-webgpu gave no WebGPU adapter (see docs/web.md for the flags)"
+    yield page
+    page.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+@pytest.fixture(scope="module")
+def bundle_sets(server, gpu_page):
+    """Each model uploaded once for webgpu and wasm: name -> the job's bundle set URL and its bundles."""
+    jobs = {}
+    for name in MODELS:
+        data = zoo.build_model(name).SerializeToString()
+        file = {"name": f"{name}.onnx", "mimeType": "application/octet-stream", "buffer": data}
+        response = gpu_page.request.post(f"{server}/api/compile", multipart={"file": file, "targets": "webgpu,wasm"})
+        assert response.status == 202, response.text()
+        jobs[name] = response.json()["job"]
+    sets = {}
+    deadline = time.monotonic() + 300
+    for name, job_id in jobs.items():
+        while (job := _get_json(f"{server}/api/jobs/{job_id}"))["state"] not in ("done", "failed"):
+            assert time.monotonic() < deadline, f"{name} did not compile within 300 s: {job}"
+            time.sleep(0.2)
+        assert job["state"] == "done", job["error"]
+        url = f"/api/jobs/{job_id}/bundle-set.json"
+        sets[name] = {"url": url, **_get_json(f"{server}{url}")}
+    return sets
+
+
+def _inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    model = zoo.build_model(name)
+    random = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = [dim.dim_value for dim in value.type.tensor_type.shape.dim]
+        feeds[value.name] = random.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def _run(page, bundle, backend: str, feeds: dict[str, np.ndarray]) -> dict:
+    inputs = {name: {"data": array.ravel().tolist(), "dims": list(array.shape)} for name, array in feeds.items()}
+    return page.evaluate(RUN_IN_PAGE, {"bundle": bundle, "backend": backend, "inputs": inputs})
+
+
+def _assert_matches_onnxruntime(name: str, feeds: dict[str, np.ndarray], result: dict) -> None:
+    expected = _run_onnxruntime(zoo.build_model(name), feeds)
+    for output, want in expected.items():
+        got = np.array(result["outputs"][output]["data"], np.float32).reshape(result["outputs"][output]["dims"])
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=f"{name}: output {output}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_model_on_webgpu_matches_onnxruntime(gpu_page, bundle_sets, name):
+    feeds = _inputs(name)
+    result = _run(gpu_page, bundle_sets[name]["url"], "auto", feeds)
+    assert result["backend"] == "webgpu", result["reason"]
+    assert result["reason"].startswith("auto chose webgpu") and "adapter: google swiftshader" in result["reason"]
+    _assert_matches_onnxruntime(name, feeds, result)
+
+
+@pytest.mark.slow
+def test_no_adapter_falls_back_to_wasm_saying_why(chromium_with, server, bundle_sets):
+    """Without --enable-unsafe-webgpu, chromium here has navigator.gpu but gives no adapter."""
+    page, errors = _page(chromium_with(tuple(CHROMIUM_ARGS)), server)
+    feeds = _inputs("dwconv_block", seed=1)
+    result = _run(page, bundle_sets["dwconv_block"]["url"], "auto", feeds)
+    assert result["backend"] == "wasm"
+    assert "passing over webgpu (WebGPU gave no adapter on this machine)" in result["reason"]
+    _assert_matches_onnxruntime("dwconv_block", feeds, result)
+    refused = page.evaluate(
+        "(bundle) => import('/runtime/tessel.js').then((tessel) => tessel.load(bundle, {backend: 'webgpu'}))"
+        ".then(() => 'loaded', (error) => error.message)",
+        bundle_sets["dwconv_block"]["url"],
+    )
+    assert "cannot use the webgpu backend: WebGPU gave no adapter" in refused and '{backend: "wasm"}' in refused
+    page.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+# The adapter as tessel.js sees it, with maxStorageBufferBindingSize shrunk below what mobilenet_v2's params need.
+SMALL_ADAPTER = """(() => {
+  const request = GPU.prototype.requestAdapter;
+  GPU.prototype.requestAdapter = async function (options) {
+    const adapter = await request.call(this, options);
+    if (!adapter) return adapter;
+    const limits = {};
+    for (const name in adapter.limits) limits[name] = adapter.limits[name];
+    limits.maxStorageBufferBindingSize = 1 << 20;
+    return new Proxy(adapter, {
+      get: (target, key) => (key === "limits" ? limits : typeof target[key] === "function" ? target[key].bind(target) : target[key]),
+    });
+  };
+})()"""
+
+
+@pytest.mark.slow
+def test_limits_not_covered_fall_back_to_wasm(chromium_with, server, bundle_sets):
+    page, errors = _page(chromium_with(tuple(WEBGPU_ARGS)), server, SMALL_ADAPTER)
+    feeds = _inputs("mlp", seed=2)
+    result = _run(page, bundle_sets["mlp"]["url"], "auto", feeds)
+    assert result["backend"] == "wasm"
+    needed = _get_json(f"{server}{bundle_sets['mlp']['bundles']['webgpu']}manifest.json")["webgpu"]["limits"]
+    shortfall = f"maxStorageBufferBindingSize is 1048576, the bundle needs {needed['maxStorageBufferBindingSize']}"
+    assert f"passing over webgpu (the WebGPU adapter's {shortfall})" in result["reason"]
+    _assert_matches_onnxruntime("mlp", feeds, result)
+    page.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+@pytest.mark.slow
+def test_a_lost_device_fails_the_run_and_reload_recovers(gpu_page, bundle_sets):
+    feeds = _inputs("digits", seed=3)
+    outcome = gpu_page.evaluate(
+        """async ({ bundle, data }) => {
+          const tessel = await import("/runtime/tessel.js");
+          const model = await tessel.load(bundle, { backend: "webgpu" });
+          const input = Float32Array.from(data);
+          model.executor.device.destroy();
+          const lost = await model.run({ input }).then(() => "ran", (error) => error.message);
+          await model.reload();
+          const again = await model.run({ input });
+          model.dispose();
+          return { lost, again: Array.from(again.probabilities.data) };
+        }""",
+        {"bundle": bundle_sets["digits"]["bundles"]["webgpu"], "data": feeds["input"].ravel().tolist()},
+    )
+    assert "the WebGPU device was lost (destroyed" in outcome["lost"] and "model.reload()" in outcome["lost"]
+    result = {"outputs": {"probabilities": {"data": outcome["again"], "dims": [1, 10]}}}
+    _assert_matches_onnxruntime("digits", feeds, result)
+
+
+@pytest.mark.slow
+def test_a_damaged_webgpu_manifest_is_refused_by_name(gpu_page, server, bundle_sets):
+    """The executor checks the manifest's dispatches against its entry points and buffers before making anything."""
+    webgpu = bundle_sets["mlp"]["bundles"]["webgpu"]
+    manifest = _get_json(f"{server}{webgpu}manifest.json")
+    manifest["dispatches"][1]["entry"] = "entry_missing"
+    pattern = f"{server}{webgpu}manifest.json"
+    gpu_page.route(pattern, lambda route: route.fulfill(body=json.dumps(manifest), content_type="application/json"))
+    try:
+        message = gpu_page.evaluate(
+            "(bundle) => import('/runtime/tessel.js').then((tessel) => tessel.load(bundle, {backend: 'webgpu'}))"
+            ".then(() => 'loaded', (error) => error.message)",
+            webgpu,
+        )
+    finally:
+        gpu_page.unroute(pattern)
+    assert "not a valid WebGPU manifest: dispatch 1 names entry point entry_missing" in message
