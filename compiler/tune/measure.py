@@ -553,9 +553,20 @@ class Measurer:
         """Build every config (in parallel), then time the ones that built, one after another."""
         fallback = self.task.space.fallback
         if self.default is None:
-            self.reference()
-            # the reference run's build is the default's: the fallback is compiled once per task
-            self.default = self._recorded(fallback) or self._measure([fallback], [self._fallback_built])[0]
+            try:
+                self.reference()
+            except TuningError as error:
+                # no candidate can be checked without the fallback's outputs: this task's configs fail (and are
+                # logged so), the model's other tasks go on
+                self.default = MeasureResult(fallback, None, f"no reference: {error}", 0.0)
+            else:
+                # the reference run's build is the default's: the fallback is compiled once per task
+                self.default = self._recorded(fallback) or self._measure([fallback], [self._fallback_built])[0]
+        if self._reference is None:
+            failed = [
+                Built(config.to_json(), self.target, "candidate", None, error=self.default.error) for config in configs
+            ]
+            return [self._finish(config, built, fallback, iter(())) for config, built in zip(configs, failed)]
         results = {
             index: self.default if config == fallback else self._recorded(config)
             for index, config in enumerate(configs)

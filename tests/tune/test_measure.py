@@ -172,3 +172,20 @@ def test_gpu_candidates_are_timed_through_their_backends_runtime(kind):
         results = measurer.measure(configs)
     assert measurer.default.error is None and measurer.default.seconds > 0
     assert all(result.error is None and result.seconds > 0 for result in results), results
+
+
+def test_a_task_whose_fallback_fails_is_recorded_as_failed_not_fatal(tmp_path):
+    from compiler.tune.records import RecordLog, read_records
+
+    task = small_conv_task()
+    configs = list(task.space.valid_configs())[:2]
+    plan = {json.dumps(task.space.fallback.to_json(), sort_keys=True): "build error"}
+    builder = LocalBuilder(1, functools.partial(broken_build, plan))
+    try:
+        with RecordLog(tmp_path / "log.jsonl") as log, Measurer(task, builder=builder, records=log) as measurer:
+            results = measurer.measure(configs)
+    finally:
+        builder.close()
+    assert all(result.seconds is None and "no reference" in result.error for result in results)
+    assert "a template bug" in results[0].error
+    assert [record["error"] for record in read_records(tmp_path / "log.jsonl")] == [r.error for r in results]
