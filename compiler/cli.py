@@ -344,7 +344,12 @@ def _configure_tune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--early-stopping", type=int, help="stop a task after this many trials without progress")
     parser.add_argument("--ray", metavar="auto|ADDRESS", help="build and measure on a Ray cluster (pip tessel[ray])")
     parser.add_argument("--workers", type=int, help="builder processes (default: one per core)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds one candidate may run (default 10)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds one candidate may run, its first call (a GPU driver's compile) included; default 10",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate, the fastest counts")
     parser.add_argument("--report", type=Path, metavar="LOG", help="print each task's default and best in LOG")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="with --report: plot the search curves")
