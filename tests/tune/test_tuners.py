@@ -68,11 +68,21 @@ class Bowl:
 BUDGETS = {"grid": 1.0, "random": 1.0, "ga": 0.6, "xgb": 0.35}
 
 
+@pytest.fixture(scope="module")
+def depthwise():
+    """mobilenet_v2's first depthwise conv: tile_blocks x tile_ow x padding (a knob of strings), 126 configs, 99
+    valid."""
+    tasks = extract_tasks(zoo.build_model("mobilenet_v2"), "llvm")
+    return next(task for task in tasks if task.template == "depthwise_conv2d_nchwc")
+
+
+@pytest.mark.parametrize("space", ["dense", "depthwise"])
 @pytest.mark.parametrize("name", sorted(TUNERS))
-def test_every_tuner_finds_the_optimum_within_its_budget(name, dense):
-    budget = math.ceil(BUDGETS[name] * len(valid_indices(dense.space))) + 1
-    cost = Bowl(dense.space, seed=1)
-    tuner = make_tuner(name, dense, seed=0).tune(budget, cost, batch_size=8)
+def test_every_tuner_finds_the_optimum_within_its_budget(name, space, request):
+    task = request.getfixturevalue(space)
+    budget = math.ceil(BUDGETS[name] * len(valid_indices(task.space))) + 1
+    cost = Bowl(task.space, seed=1)
+    tuner = make_tuner(name, task, seed=0).tune(budget, cost, batch_size=8)
     assert tuner.trials <= budget
     assert tuner.best_config == cost.optimum, f"{name} stopped at {tuner.best_config} after {tuner.trials} trials"
     assert tuner.best_seconds == cost.seconds(cost.optimum)
