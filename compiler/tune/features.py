@@ -210,8 +210,12 @@ def loop_features(func: PrimFunc) -> list[float]:
             outer_step += weight * _log(sum(access.itemsize * abs(access.step(path[0][0].var)) for access in accesses))
         copies += math.prod(extent for loop, extent in path if loop.kind in (ForKind.UNROLLED, ForKind.VECTORIZED))
         for prefix, grid in (("threadIdx", threads), ("blockIdx", blocks)):
-            bound = [extent for loop, extent in path if (loop.thread_tag or "").startswith(prefix)]
-            grid.append(math.prod(bound))
+            # a loop bound again to a tag its nest already binds (a cooperative copy) runs on the same threads
+            extents: dict[str, int] = {}
+            for loop, extent in path:
+                if (loop.thread_tag or "").startswith(prefix):
+                    extents[loop.thread_tag] = max(extent, extents.get(loop.thread_tag, 1))
+            grid.append(math.prod(extents.values()))
         parallel = [extent for loop, extent in path if loop.kind == ForKind.PARALLEL]
         if parallel:
             parallel_extent = max(parallel_extent, math.prod(parallel))
