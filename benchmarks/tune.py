@@ -5,6 +5,8 @@
           are replayed over the table with several seeds, and we count the trials xgb needs to reach random
           search's best. Curves (best-so-far over trials) are printed. A live run of the xgb tuner measures for
           real and says where its pick ranks in the table.
+  transfer the same tables; each task's xgb search cold, and warm-started by a cost model pretrained on the other
+          tasks' tables (cost_model.pretrain_records), replayed with several seeds.
   models  end to end: tune_model over a model's tasks, its records written as JSON lines, the model compiled
           with and without them and timed against each other and onnxruntime (interleaved, default threads).
 
@@ -12,8 +14,9 @@ The models mode measures through compiler.tune.measure's Measurer (worker proces
 models at default threads to match; the search tables use TableMeasurer below (one thread, each build kept for the
 rounds). Timings on the shared 2-core machine are noisy: each time is a min over repeats of a mean.
 
-    python benchmarks/tune.py search [--models bert_tiny,mobilenet_v2] [--tasks 4] [--seeds 10]
-    python benchmarks/tune.py models [--models mlp,unusual_convs] [--trials 300]
+    python benchmarks/tune.py search [--models bert_tiny,mobilenet_v2,vit_tiny] [--tasks 4] [--seeds 10]
+    python benchmarks/tune.py transfer [--tasks 6] [--seeds 5]
+    python benchmarks/tune.py models [--models odd_convs,vit_tiny,mlp] [--trials 300] [--target llvm|wasm]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from common import check_close, interleaved, onnxruntime_session, print_table, s
 import compiler  # noqa: E402
 from compiler import zoo  # noqa: E402
 from compiler.build import build_func  # noqa: E402
+from compiler.tune.cost_model import pretrain_records  # noqa: E402
 from compiler.tune.features import lower_config  # noqa: E402
 from compiler.tune.measure import LocalBuilder, LocalRunner, Measurer  # noqa: E402
 from compiler.tune.space import Config  # noqa: E402
@@ -162,7 +166,7 @@ def measure_table(task: Task) -> tuple[dict[int, float], float]:
     return table, float(np.median(spreads))
 
 
-def replay(name: str, task: Task, table: dict[int, float], trials: int, seed: int) -> list[float]:
+def replay(name: str, task: Task, table: dict[int, float], trials: int, seed: int, **options) -> list[float]:
     """Best-so-far seconds after each trial of tuner `name` measuring from the table."""
     curve: list[float] = []
 
@@ -175,7 +179,7 @@ def replay(name: str, task: Task, table: dict[int, float], trials: int, seed: in
             curve.append(min(best, result.seconds if result.seconds is not None else math.inf))
         return results
 
-    make_tuner(name, task, seed=seed).tune(trials, measure, batch_size=8)
+    make_tuner(name, task, seed=seed, **options).tune(trials, measure, batch_size=8)
     return curve
 
 
@@ -261,6 +265,47 @@ def search(arguments) -> None:
             "ga: trials to best",
             "live xgb (30%) rank",
         ],
+        rows,
+    )
+
+
+def transfer(arguments) -> None:
+    """Each task's xgb search warm-started by a model pretrained on the other tasks' tables (every config, as
+    records), against a cold start, over the task's own table."""
+    chosen = largest_tasks(arguments.models.split(","), arguments.tasks)
+    tables = {}
+    for model, task in chosen:
+        tables[task.key], noise = measure_table(task)
+        print(f"{model} {task.template}: {len(tables[task.key])} configs timed, spread {100 * noise:.1f}%", flush=True)
+    rows = []
+    for model, task in chosen:
+        records = [
+            {"task": other.to_json(), "config": other.space.get(index).to_json(), "seconds": seconds}
+            for _, other in chosen
+            if other.key != task.key
+            for index, seconds in tables[other.key].items()
+            if math.isfinite(seconds)
+        ]
+        pretrained = pretrain_records(records)
+        table = tables[task.key]
+        best = min(table.values())
+        trials = len(table)
+        cold = [replay("xgb", task, table, trials, seed) for seed in range(arguments.seeds)]
+        warm = [replay("xgb", task, table, trials, seed, pretrained=pretrained) for seed in range(arguments.seeds)]
+        after_batch = [np.median([curve[min(8, len(curve)) - 1] / best for curve in curves]) for curves in (cold, warm)]
+        cold_reach, warm_reach = ([reach(curve, best) for curve in curves] for curves in (cold, warm))
+        rows.append(
+            [
+                f"{model} {task.template} {' '.join('x'.join(map(str, s)) for s, _ in task.workload['inputs'][:2])}",
+                str(trials),
+                f"{np.median(cold_reach):.0f} {cold_reach}",
+                f"{np.median(warm_reach):.0f} {warm_reach}",
+                f"{after_batch[0]:.2f}x / {after_batch[1]:.2f}x",
+            ]
+        )
+    print(f"\nxgb cold against warm-started by the other {len(chosen) - 1} tasks' tables ({arguments.seeds} seeds)")
+    print_table(
+        ["task", "configs", "cold: trials to best", "warm: trials to best", "best after 8 trials / best: cold / warm"],
         rows,
     )
 
@@ -422,7 +467,7 @@ def models(arguments) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["search", "models"])
+    parser.add_argument("mode", choices=["search", "transfer", "models"])
     parser.add_argument("--models", default=None)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=10)
@@ -432,9 +477,9 @@ def main() -> None:
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--repeat", type=int, default=50)
     arguments = parser.parse_args()
-    if arguments.mode == "search":
+    if arguments.mode in ("search", "transfer"):
         arguments.models = arguments.models or "bert_tiny,mobilenet_v2,vit_tiny"
-        search(arguments)
+        (search if arguments.mode == "search" else transfer)(arguments)
     else:
         arguments.models = arguments.models or "odd_convs,vit_tiny,mlp"
         models(arguments)
