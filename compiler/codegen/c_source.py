@@ -163,13 +163,13 @@ class _Printer:
             text = repr(float(value))
             return f"{text}f" if width == "float32" else text
         value = int(value)
+        suffix = self.dialect.long_suffix if dtype == "int64" else ""
         if dtype in _BITS and value == -(2 ** (_BITS[dtype] - 1)):
-            text = f"({value + 1} - 1)"
+            # the literal of the most negative value would not fit its type before the minus applies
+            text = f"(-{-value - 1}{suffix} - 1{suffix})"
         else:
-            text = str(value) if value >= 0 else f"({value})"
-        if dtype == "int64":
-            return f"{text}{self.dialect.long_suffix}"
-        if dtype != "int32":
+            text = f"{value}{suffix}" if value >= 0 else f"(-{-value}{suffix})"
+        if dtype not in ("int32", "int64"):
             return f"(({self.type(dtype)}){text})"
         return text
 

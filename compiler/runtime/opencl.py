@@ -54,12 +54,13 @@ def device_name() -> str:
 def _build(source: str):
     cl = _opencl()
     context, _ = opencl_queue()
+    program = cl.Program(context, source)
     try:
-        return cl.Program(context, source).build(options=["-cl-std=CL1.2"])
-    except cl.Error as error:
+        return program.build(options=["-cl-std=CL1.2"])
+    except cl.Error:
+        log = program.get_build_info(context.devices[0], cl.program_build_info.LOG).strip()
         raise TargetError(
-            f"the OpenCL driver refused the generated kernels.cl ({str(error).strip()[:2000]}); report this with "
-            "the model"
+            f"the OpenCL driver refused the generated kernels.cl ({log[:2000]}); report this with the model"
         ) from None
 
 

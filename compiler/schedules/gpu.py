@@ -126,7 +126,7 @@ def _bind_blocks(stage: Stage, axis: IterVar, target: Target, first: int = 0) ->
 def _bind_threads(stage: Stage, axes: list[IterVar], threads: int, target: Target) -> tuple[IterVar, IterVar]:
     """Fuse `axes` and run them as blocks of `threads` threads (fewer when the axes are shorter); (block, thread)."""
     fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
-    blocks, thread = stage.split(fused, min(threads, fused.extent))
+    blocks, thread = stage.split(fused, max(1, min(threads, fused.extent)))  # an empty tensor has no outputs
     stage.bind(thread, te.thread_axis("threadIdx.x"))
     return _bind_blocks(stage, blocks, target), thread
 

@@ -144,8 +144,9 @@ class _GpuLowering:
             buffer = stmt.buffer
             if buffer.scope == "global":
                 self.fail(
-                    f"it allocates the global buffer {buffer.name}, which a kernel cannot; inline that stage or "
-                    "give it shared or local scope"
+                    f"it allocates the global buffer {buffer.name}, which a kernel cannot; inline that stage, give "
+                    "it shared or local scope, or lower the parts of tir/gpu.py split_launches (a root one becomes "
+                    "their workspace)"
                 )
             if buffer.scope != "local":
                 continue
@@ -202,6 +203,14 @@ class _GpuLowering:
 
     def run(self) -> PrimFunc:
         loops = _thread_loops(self.func.body)
+        if not any(isinstance(stmt, Store) for stmt in walk_stmts(self.func.body)):
+            # nothing to compute (the outputs are empty tensors): one thread that does nothing
+            return PrimFunc(
+                self.func.name,
+                self.func.params,
+                Seq(()),
+                {**self.func.attrs, "launch": {"grid": [1, 1, 1], "block": [1, 1, 1]}},
+            )
         if not loops:
             self.fail(
                 "it has no thread-bound loop (a CPU schedule); GPU kernels come from compiler/schedules/gpu.py, "
@@ -285,35 +294,74 @@ def _globals(stmt: Stmt) -> tuple[set, set]:
     return read, written
 
 
+def _spans_blocks(stmt: Stmt) -> bool:
+    return any(
+        loop.thread_tag in GRID_TAGS and not (isinstance(loop.extent, Const) and loop.extent.value == 1)
+        for loop in _thread_loops(stmt)
+    )
+
+
 def split_launches(func: PrimFunc) -> list[PrimFunc]:
     """`func` as the kernels to launch one after another. Lowering runs a kernel's root stages in order, which a CPU
-    keeps; on a GPU the blocks of one launch do not wait for each other, so a root stage that reads (or overwrites)
-    what an earlier one wrote starts a new launch. Global buffers the kernel allocates (a root intermediate) become
-    parameters after the kernel's own, its workspace. One launch without workspace is `func` itself; otherwise the
-    parts are named `<name>_part<i>` and each takes every parameter and every workspace buffer."""
-    workspace, body = [], func.body
-    while isinstance(body, Allocate) and body.buffer.scope == "global":
-        workspace.append(body.buffer)
+        keeps. On a GPU the blocks of one launch do not wait for each other, so a root stage that reads (or overwrites)
+        what an earlier one wrote starts a new launch, unless both run in one block (outside every block loop), where a
+    barrier between them is enough. Global
+        buffers the kernel allocates at its root (an intermediate) become parameters after the kernel's own, its
+        workspace; shared and local ones stay around the launch that uses them. One launch without workspace is `func`
+        itself; otherwise the parts are named `<name>_part<i>` and each takes every parameter and every workspace buffer."""
+    workspace, wrappers, body = [], [], func.body
+    while isinstance(body, Allocate):
+        (workspace if body.buffer.scope == "global" else wrappers).append(body.buffer)
         body = body.body
-    nests = [stmt for stmt in (body.stmts if isinstance(body, Seq) else (body,)) if not isinstance(stmt, Barrier)]
-    launches: list[list[Stmt]] = []
-    read: set = set()
-    written: set = set()
-    for nest in nests:
-        nest_read, nest_written = _globals(nest)
-        if not launches or (nest_read | nest_written) & written or nest_written & read:
+    launches: list[list[Stmt]] = [[]]
+    launch_read, launch_written, spanning = set(), set(), False  # since the launch began
+    synced_read, synced_written, threaded = set(), set(), False  # since its last barrier
+    barriers = 0
+    for stmt in body.stmts if isinstance(body, Seq) else (body,):
+        if isinstance(stmt, Barrier):
+            launches[-1].append(stmt)
+            synced_read, synced_written, threaded = set(), set(), False
+            continue
+        stmt_read, stmt_written = _globals(stmt)
+        stmt_spans = _spans_blocks(stmt)
+        stmt_threaded = any(loop.thread_tag in BLOCK_TAGS for loop in _thread_loops(stmt))
+        if ((stmt_read | stmt_written) & launch_written or stmt_written & launch_read) and (spanning or stmt_spans):
             launches.append([])
-            read, written = set(), set()
-        launches[-1].append(nest)
-        read |= nest_read
-        written |= nest_written
-    if len(launches) <= 1 and not workspace:
+            launch_read, launch_written, spanning = set(), set(), False
+            synced_read, synced_written, threaded = set(), set(), False
+        elif ((stmt_read | stmt_written) & synced_written or stmt_written & synced_read) and (
+            threaded or stmt_threaded
+        ):
+            # both sides run in block 0 only (lower_gpu's once rule), so its threads can wait for each other; work
+            # outside every thread loop runs on thread 0 alone, in program order
+            launches[-1].append(Barrier("global"))
+            barriers += 1
+            synced_read, synced_written, threaded = set(), set(), False
+        launches[-1].append(stmt)
+        launch_read |= stmt_read
+        launch_written |= stmt_written
+        synced_read |= stmt_read
+        synced_written |= stmt_written
+        spanning = spanning or stmt_spans
+        threaded = threaded or stmt_threaded
+    if len(launches) == 1 and not workspace and not barriers:
         return [func]
     params = [*func.params, *workspace]
-    return [
-        PrimFunc(f"{func.name}_part{position}", params, Seq(tuple(launch)), dict(func.attrs))
-        for position, launch in enumerate(launches)
-    ]
+    parts = []
+    for position, launch in enumerate(launches):
+        part: Stmt = Seq(tuple(launch))
+        for buffer in reversed(wrappers):
+            if len(launches) == 1 or _touches(part, buffer):
+                part = Allocate(buffer, part)
+        parts.append(PrimFunc(f"{func.name}_part{position}", params, part, dict(func.attrs)))
+    for buffer in wrappers:
+        users = [part.name for part in parts if _touches(part.body, buffer)]
+        if len(users) > 1:
+            raise GpuKernelError(
+                f"kernel {func.name}: its {buffer.scope} buffer {buffer.name} is used by launches {', '.join(users)}, "
+                "which cannot share it; compute that stage at a block loop of the stage that reads it"
+            )
+    return parts
 
 
 def _region(buffer) -> tuple[str, int]:

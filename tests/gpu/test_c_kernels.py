@@ -108,6 +108,13 @@ EXPRESSIONS = {
         lambda a, b: a.astype("float32") * b + (a * 3).astype("float32"),
         1e-5,  # a multiply-add may be contracted into one rounding
     ),
+    "int64_extreme_literals": (
+        ["int64", "int64"],
+        "int64",
+        lambda a, b: te.maximum(a, te.const(-(2**63), "int64")) - te.minimum(b, te.const(2**63 - 1, "int64")) - 1,
+        lambda a, b: a - b - 1,
+        0,
+    ),
     "float16_storage": (
         ["float16", "float16"],
         "float16",

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gpu_schedules import injective, matmul_shared, random_inputs, root_stages, serial_shared_copy, two_extents
 
+import compiler
 import compiler.te as te
 from compiler.build import build_func
 from compiler.errors import GpuKernelError
@@ -175,7 +176,7 @@ def test_global_intermediate_refused():
     s = te.create_schedule(c.op)
     for stage in (s[b], s[c]):
         stage.bind(stage.op.axis[0], te.thread_axis("threadIdx.x"))
-    with pytest.raises(GpuKernelError, match="needs 2 launches"):
+    with pytest.raises(GpuKernelError, match="allocates the global buffer B"):
         lower_gpu(lower(s, [a, c], "f"), "opencl")
 
 
@@ -222,3 +223,43 @@ def test_independent_root_stages_stay_one_launch():
         stage.bind(stage.op.axis[0], te.thread_axis("threadIdx.x"))
     func = lower(s, [a, b, c], "f")
     assert split_launches(func) == [func]
+
+
+def test_stages_of_one_block_get_a_barrier_instead_of_a_launch():
+    """A whole-tensor sum (64 lanes in shared memory, then one combine) that 64 threads of a second root stage read:
+    both run in block 0 only, so a barrier orders them and the kernel stays one launch, the sum its workspace."""
+    a = te.placeholder((256,), name="A")
+    k = te.reduce_axis((0, 256), name="k")
+    total = te.compute((), lambda: te.sum(a[k], axis=k), name="total")
+    scaled = te.compute((64,), lambda i: total[()] * i.astype("float32"), name="scaled")
+    s = te.create_schedule(scaled.op)
+    partial = s.rfactor(total, 64)
+    s[partial].set_scope("shared")
+    s[partial].bind(s[partial].op.axis[0], te.thread_axis("threadIdx.x"))
+    s[scaled].bind(scaled.op.axis[0], te.thread_axis("threadIdx.x"))
+    func = lower(s, [a, scaled], "f")
+    (part,) = split_launches(func)
+    assert [buffer.name for buffer in part.params] == ["A", "scaled", "total"]
+    # the combine and its initialisation run on thread 0 in order; the scaling threads wait for them
+    assert sum(isinstance(stmt, Barrier) and stmt.scope == "global" for stmt in walk_stmts(part.body)) == 1
+    gpu = lower_gpu(part, "opencl")
+    assert gpu.attrs["launch"] == {"grid": [1, 1, 1], "block": [64, 1, 1]}
+    source, out, workspace = (
+        RNG.standard_normal(256).astype("float32"),
+        np.zeros(64, "float32"),
+        np.zeros((), "float32"),
+    )
+    build_func(gpu, "llvm")(source, out, workspace)
+    np.testing.assert_allclose(out, source.sum() * np.arange(64), rtol=1e-4, atol=1e-4)
+    kernel = compiler.build(s, [a, scaled], target="opencl")
+    on_device = np.zeros(64, "float32")
+    kernel(source, on_device)
+    np.testing.assert_allclose(on_device, out, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_with_nothing_to_compute_launches_one_idle_thread():
+    a = te.placeholder((0, 4), name="A")
+    b = te.compute((0, 4), lambda i, j: a[i, j] + 1.0, name="B")
+    s = te.create_schedule(b.op)
+    func = lower_gpu(lower(s, [a, b], "f"), "opencl")
+    assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [1, 1, 1]}
