@@ -42,11 +42,29 @@ from compiler.tir import (
 )
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import walk_stmts
-from compiler.tir.simplify import Bounds, bounds, loop_bounds
+from compiler.tir.simplify import Bounds, bounds, loop_bounds, structural_key
 
-TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
+# Register types. 8- and 16-bit integers compute in i32, wrapped to their width after every operation, as the other
+# targets compute them.
+TYPES = {
+    "float32": "f32",
+    "float16": "f16",
+    "int32": "i32",
+    "uint32": "u32",
+    "bool": "bool",
+    "int8": "i32",
+    "uint8": "i32",
+    "int16": "i32",
+    "uint16": "i32",
+}
+# Tensors narrower than a word (bool and 8/16-bit integers, laid out as bytes by the memory plan) live in u32 words
+# of their region: a read extracts the lanes, a write clears and sets them with atomicAnd/atomicOr, because the other
+# lanes of the word may belong to another invocation; a region written that way is array<atomic<u32>> throughout.
+# dtype -> (bytes, whether the value is signed)
+SUBWORD = {"bool": (1, False), "int8": (1, True), "uint8": (1, False), "int16": (2, True), "uint16": (2, False)}
+ATOMIC = "atomic<u32>"
 # What a storage buffer may hold: WGSL has no 64-bit, 8-bit or bool storage, and f16 only behind `enable f16;`.
-STORAGE_DTYPES = ("float32", "int32", "uint32", "float16")
+STORAGE_DTYPES = ("float32", "int32", "uint32", "float16", *SUBWORD)
 # Math the WGSL builtins compute to float32 accuracy; tir/fast_math.py expands the rest (erf, sigmoid, pow) into these.
 NATIVE_MATH = {
     "exp": "exp",
@@ -194,6 +212,16 @@ def _wgsl_type(dtype: str, what: str) -> str:
     return TYPES[dtype]
 
 
+def _wrapped(text: str, dtype: str) -> str:
+    """An i32 holding an 8- or 16-bit integer's result, wrapped to that width (two's complement, as in C)."""
+    if dtype not in SUBWORD or dtype == "bool":
+        return text
+    size, signed = SUBWORD[dtype]
+    if signed:
+        return f"(({text} << {32 - 8 * size}u) >> {32 - 8 * size}u)"
+    return f"({text} & {hex((1 << 8 * size) - 1)}i)"
+
+
 def _float_literal(value: float, dtype: str) -> str:
     if math.isnan(value):
         return "bitcast<f32>(tessel_float_bits.z)"
@@ -256,8 +284,13 @@ class _EntryWriter:
                 )
             dtypes.setdefault(region, set()).add(buffer.dtype)
         types = {}
+        written = {self.layout.regions[self.params[buffer]] for buffer in self.written}
         for region, kinds in dtypes.items():
-            if len(kinds) == 1:
+            if kinds & set(SUBWORD):
+                if "float16" in kinds:
+                    raise WGSLError(f"kernel {self.func.name!r} keeps float16 and byte tensors in one region")
+                types[region] = ATOMIC if region in written else "u32"
+            elif len(kinds) == 1:
                 types[region] = self.type(next(iter(kinds)), "a buffer")
             elif "float16" in kinds:
                 raise WGSLError(f"kernel {self.func.name!r} keeps float16 and 32-bit tensors in one region")
@@ -273,20 +306,86 @@ class _EntryWriter:
     def emit(self, text: str) -> None:
         self.lines.append("  " * self.indent + text)
 
+    def element(self, buffer: Buffer, index: Expr) -> str:
+        """The element index of a global buffer's `index` in its region."""
+        base = f"{self.name(buffer)}_base + " if self.layout.offsets else ""
+        return f"{base}{self.expr(index)}"
+
     def address(self, buffer: Buffer, index: Expr) -> str:
         if buffer.scope != "global":
             return f"{self.name(buffer)}[{self.expr(index)}]"
-        position = self.params[buffer]
-        base = f"{self.name(buffer)}_base + " if self.layout.offsets else ""
-        return f"{self.region_name(self.layout.regions[position])}[{base}{self.expr(index)}]"
+        return f"{self.region_of(buffer)}[{self.element(buffer, index)}]"
+
+    def region_of(self, buffer: Buffer) -> str:
+        return self.region_name(self.layout.regions[self.params[buffer]])
+
+    def region_type(self, buffer: Buffer) -> str:
+        return self.region_types[self.layout.regions[self.params[buffer]]]
+
+    def lanes(self, buffer: Buffer, index: Expr) -> tuple[str, str]:
+        """The word index and the bit shift of a narrow element, bound to lets before the statement being written."""
+        size = SUBWORD[buffer.dtype][0]
+        byte = self.fresh("byte")
+        element = self.element(buffer, index)
+        self.emit(f"let {byte}: i32 = {f'({element}) * {size}i' if size > 1 else element};")
+        return f"({byte} >> 2u)", f"(u32({byte} & 3i) * 8u)"
+
+    def fresh(self, base: str) -> str:
+        """A new name no IR variable has (those start with one underscore)."""
+        name, suffix = f"tessel_{base}", 0
+        while name in self.taken:
+            suffix += 1
+            name = f"tessel_{base}_{suffix}"
+        self.taken.add(name)
+        return name
 
     def load(self, node: Load) -> str:
-        text = self.address(node.buffer, node.index)
-        if node.buffer.scope == "global":
-            region = self.layout.regions[self.params[node.buffer]]
-            if self.region_types[region] != TYPES[node.buffer.dtype]:
-                return f"bitcast<{TYPES[node.buffer.dtype]}>({text})"
+        buffer = node.buffer
+        if buffer.scope != "global":
+            return self.address(buffer, node.index)
+        atomic = self.region_type(buffer) == ATOMIC
+        if buffer.dtype in SUBWORD:
+            size, signed = SUBWORD[buffer.dtype]
+            word, shift = self.lanes(buffer, node.index)
+            word_text = f"{self.region_of(buffer)}[{word}]"
+            raw = f"(({f'atomicLoad(&{word_text})' if atomic else word_text} >> {shift}) & {hex((1 << 8 * size) - 1)}u)"
+            if buffer.dtype == "bool":
+                return f"({raw} != 0u)"
+            if signed:
+                unused = 32 - 8 * size
+                return f"((i32({raw}) << {unused}u) >> {unused}u)"
+            return f"i32({raw})"
+        text = self.address(buffer, node.index)
+        if atomic:
+            text = f"atomicLoad(&{text})"
+        if self.region_type(buffer) not in (TYPES[buffer.dtype], ATOMIC) or atomic and buffer.dtype != "uint32":
+            return f"bitcast<{TYPES[buffer.dtype]}>({text})"
         return text
+
+    def store(self, node: Store) -> None:
+        buffer = node.buffer
+        value = self.expr(node.value)
+        if buffer.scope != "global":
+            self.emit(f"{self.address(buffer, node.index)} = {value};")
+            return
+        if buffer.dtype in SUBWORD:
+            size = SUBWORD[buffer.dtype][0]
+            word, shift = self.lanes(buffer, node.index)
+            target = f"&{self.region_of(buffer)}[{word}]"
+            mask = f"{hex((1 << 8 * size) - 1)}u"
+            # the value first: it may read the lane being cleared (an accumulation)
+            bits = self.fresh("lane")
+            lane = f"select(0u, 1u, {value})" if buffer.dtype == "bool" else f"(u32({value}) & {mask})"
+            self.emit(f"let {bits}: u32 = {lane};")
+            self.emit(f"atomicAnd({target}, ~({mask} << {shift}));")
+            self.emit(f"atomicOr({target}, {bits} << {shift});")
+            return
+        if self.region_type(buffer) == ATOMIC:
+            self.emit(f"atomicStore(&{self.address(buffer, node.index)}, bitcast<u32>({value}));")
+            return
+        if self.region_type(buffer) != TYPES[buffer.dtype]:
+            value = f"bitcast<u32>({value})"
+        self.emit(f"{self.address(buffer, node.index)} = {value};")
 
     def const(self, node: Const) -> str:
         if node.dtype == "bool":
@@ -315,6 +414,9 @@ class _EntryWriter:
         if isinstance(node, Binary):
             return self.binary(node)
         if isinstance(node, Compare):
+            if node.op == "ne" and node.a.dtype == "float32" and structural_key(node.a) == structural_key(node.b):
+                # x != x is IsNaN, but WGSL lets a compiler assume there are no NaNs and fold it away: test the bits
+                return f"((bitcast<u32>({self.expr(node.a)}) & 0x7fffffffu) > 0x7f800000u)"
             return f"({self.expr(node.a)} {_INFIX[node.op]} {self.expr(node.b)})"
         if isinstance(node, Logical):
             if node.op == "not":
@@ -338,11 +440,16 @@ class _EntryWriter:
         raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}")
 
     def binary(self, node: Binary) -> str:
+        return _wrapped(self.binary_value(node), node.dtype)
+
+    def binary_value(self, node: Binary) -> str:
         a, b = self.expr(node.a), self.expr(node.b)
         dtype = node.dtype
         if node.op in ("add", "sub", "mul", "div"):
             return f"({a} {_INFIX[node.op]} {b})"
         if node.op in ("min", "max"):
+            if dtype == "bool":
+                return f"({a} {'&&' if node.op == 'min' else '||'} {b})"
             return f"{node.op}({a}, {b})"
         floating = dtype in ("float32", "float16")
         if node.op in ("floordiv", "floormod") and not floating:
@@ -362,7 +469,7 @@ class _EntryWriter:
         raise WGSLError(f"WGSL codegen cannot handle operator {node.op!r}")
 
     def helper(self, kind: str, dtype: str, *args: str) -> str:
-        if dtype != "int32":
+        if TYPES.get(dtype) != "i32":
             self.type(dtype, f"{kind} operand")
             raise WGSLError(f"WGSL codegen has no {kind} for {dtype}")
         self.helpers.add(f"{kind}_i32")
@@ -376,7 +483,7 @@ class _EntryWriter:
             return f"({value} != {zero})"
         target = self.type(node.dtype, "a cast")
         self.type(source, "a cast's operand")
-        return f"{target}({value})"
+        return _wrapped(f"{target}({value})", node.dtype)
 
     def call(self, node: Call) -> str:
         args = [self.expr(arg) for arg in node.args]
@@ -385,8 +492,8 @@ class _EntryWriter:
             return f"tessel_index_check({args[0]}, {args[1]})"
         dtype = node.args[0].dtype
         if dtype not in ("float32", "float16"):
-            if node.name == "abs" and dtype == "int32":
-                return f"abs({args[0]})"
+            if node.name == "abs" and TYPES.get(dtype) == "i32":
+                return _wrapped(f"abs({args[0]})", dtype)
             if node.name in ("floor", "ceil", "round", "abs"):
                 return args[0]
             converted = ", ".join(f"f32({arg})" for arg in args)
@@ -408,12 +515,7 @@ class _EntryWriter:
         elif isinstance(node, For):
             self.loop(node)
         elif isinstance(node, Store):
-            value = self.expr(node.value)
-            if node.buffer.scope == "global":
-                region = self.layout.regions[self.params[node.buffer]]
-                if self.region_types[region] != TYPES[node.buffer.dtype]:
-                    value = f"bitcast<u32>({value})"
-            self.emit(f"{self.address(node.buffer, node.index)} = {value};")
+            self.store(node)
         elif isinstance(node, IfThen):
             self.emit(f"if ({self.expr(node.cond)}) {{")
             self.block_of(node.then_body)
@@ -560,10 +662,6 @@ def generate_wgsl(kernels: list[tuple[PrimFunc, str, Layout]], shader_f16: bool 
     return ShaderModule("\n\n".join([*prelude, *parts]) + "\n", tuple(entries), uses_f16)
 
 
-def _element_bytes(region_type: str) -> int:
-    return 2 if region_type == "f16" else 4
-
-
 def model_shader(
     kernels: list[PrimFunc], dispatches: list[dict], uniform_alignment: int = 256, shader_f16: bool = False
 ) -> tuple[ShaderModule, list[dict]]:
@@ -571,7 +669,7 @@ def model_shader(
     GPU dispatch list (kernel, bindings: per parameter its region, index and byte offset, grid, block). Each
     kernel gets an entry point per pattern in which its calls place parameters in regions (usually one), each
     region bound whole once; each dispatch gains its entry point, the regions it binds in binding order, and the
-    element offsets its parameters start at, which the runtime writes once into a uniform buffer at `uniform_offset`
+    element offsets its parameters start at (byte offset over the parameter's element size), which the runtime writes once into a uniform buffer at `uniform_offset`
     (a multiple of `uniform_alignment`)."""
     by_name = {func.name: func for func in kernels}
     entries: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -593,8 +691,8 @@ def model_shader(
     for position, (dispatch, (name, regions)) in enumerate(zip(dispatches, patterns)):
         entry = described[name]
         words = []
-        for binding, region in zip(dispatch["bindings"], entry.param_regions):
-            size = _element_bytes(entry.regions[region]["type"])
+        for binding, param in zip(dispatch["bindings"], by_name[dispatch["kernel"]].params):
+            size = np.dtype(param.dtype).itemsize
             if binding["offset"] % size:
                 raise WGSLError(
                     f"kernel {dispatch['kernel']!r} reads {binding['region']} at byte {binding['offset']}, which is "

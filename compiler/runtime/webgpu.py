@@ -179,7 +179,7 @@ class _KernelCall:
         self.sizes = [max(4, math.ceil(size / 4) * 4) for size in sizes]
         offsets = None
         if entry["offsets_binding"] is not None:
-            words = [offset // 4 for _, offset in self.places]
+            words = [offset // np.dtype(spec.dtype).itemsize for spec, (_, offset) in zip(specs, self.places)]
             data = struct.pack(f"<{len(words)}i", *words)
             data += b"\0" * (entry["offsets_bytes"] - len(data))
             import wgpu
