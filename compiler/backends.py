@@ -369,6 +369,7 @@ def _webgpu_model_runtime(image: ModelImage, target: Target, num_threads: int | 
         manifest["memory"]["arena_bytes"],
         image.inputs,
         image.outputs,
+        image.calls,
     )
 
 

@@ -223,6 +223,7 @@ MANIFEST_SCHEMA = {
                 "grid": _list_of(_count),
                 "block": _list_of(_count),
                 "workgroup_bytes": _count,
+                "status_binding?": _optional(_count),
             }
         ),
         "buffers": _list_of(

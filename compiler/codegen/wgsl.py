@@ -165,6 +165,7 @@ class EntryPoint:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     workgroup_bytes: int = 0
+    status_binding: int | None = None
 
     def as_json(self) -> dict:
         """The form a manifest and runtime/webgpu.py read."""
@@ -178,6 +179,7 @@ class EntryPoint:
             "grid": list(self.grid),
             "block": list(self.block),
             "workgroup_bytes": self.workgroup_bytes,
+            "status_binding": self.status_binding,
         }
 
 
@@ -249,6 +251,8 @@ class _EntryWriter:
         self.written = written_params(func)
         # ranges of the variables in scope, so a division or modulo of a value known not negative is WGSL's own
         self.env: dict[Var, Bounds] = {}
+        self.arms = 0  # depth of select arms being printed
+        self.uses_status = False
         self.region_types = self._region_types()
 
     # ---- names and types ----------------------------------------------------------------------------------------
@@ -424,7 +428,10 @@ class _EntryWriter:
             return f"({self.expr(node.args[0])} {_INFIX[node.op]} {self.expr(node.args[1])})"
         if isinstance(node, Select | IfThenElse):
             # Both branches are evaluated: WebGPU clamps every out-of-bounds access, so a guarded read is harmless.
-            cond, true, false = self.expr(node.cond), self.expr(node.true_value), self.expr(node.false_value)
+            cond = self.expr(node.cond)
+            self.arms += 1
+            true, false = self.expr(node.true_value), self.expr(node.false_value)
+            self.arms -= 1
             return f"select({false}, {true}, {cond})"
         if isinstance(node, Cast):
             return self.cast(node)
@@ -475,6 +482,23 @@ class _EntryWriter:
         self.helpers.add(f"{kind}_i32")
         return f"tessel_{kind}_i32({', '.join(args)})"
 
+    def index_check(self, index: str, extent: str) -> str:
+        """The index where it lies in [0, extent), else 0. In a model's kernel (which has a uniform) an index outside
+        also records the dispatch's call number in the status word, which the run raises as RunError; not under a
+        select's arm, which is evaluated even where it is not taken."""
+        if self.arms or not self.layout.offsets:
+            self.helpers.add("index_check")
+            return f"tessel_index_check({index}, {extent})"
+        self.uses_status = True
+        name = self.fresh("index")
+        inside = f"({name} >= 0i && {name} < {extent})"
+        self.emit(f"let {name}: i32 = {index};")
+        call = len(self.func.params)
+        self.emit(
+            f"if (!{inside}) {{ atomicMax(&{self.entry}_status[0], u32({self.entry}_offsets[{call // 4}][{call % 4}])); }}"
+        )
+        return f"select(0i, {name}, {inside})"
+
     def cast(self, node: Cast) -> str:
         value = self.expr(node.value)
         source = node.value.dtype
@@ -488,8 +512,7 @@ class _EntryWriter:
     def call(self, node: Call) -> str:
         args = [self.expr(arg) for arg in node.args]
         if node.name == "index_check":
-            self.helpers.add("index_check")
-            return f"tessel_index_check({args[0]}, {args[1]})"
+            return self.index_check(*args)
         dtype = node.args[0].dtype
         if dtype not in ("float32", "float16"):
             if node.name == "abs" and TYPES.get(dtype) == "i32":
@@ -612,12 +635,18 @@ class _EntryWriter:
                 f"array<{self.region_types[region]}>;"
             )
             regions.append({"binding": region, "access": access, "type": self.region_types[region]})
-        offsets_binding, offsets_bytes = None, 0
+        offsets_binding, offsets_bytes, status_binding = None, 0, None
         if self.layout.offsets:
             offsets_binding = count
-            words = max(1, math.ceil(len(self.func.params) / 4))
+            # an element offset per parameter, then the dispatch's call number
+            words = math.ceil((len(self.func.params) + 1) / 4)
             offsets_bytes = 16 * words
             header.append(f"@group(0) @binding({count}) var<uniform> {self.entry}_offsets: array<vec4<i32>, {words}>;")
+        if self.uses_status:
+            status_binding = count + 1
+            header.append(
+                f"@group(0) @binding({status_binding}) var<storage, read_write> {self.entry}_status: array<atomic<u32>>;"
+            )
         header += self.shared
         size = ", ".join(str(extent) for extent in self.block)
         signature = (
@@ -635,6 +664,7 @@ class _EntryWriter:
             self.grid,
             self.block,
             self.workgroup_bytes,
+            status_binding,
         )
         return text, entry
 

@@ -201,17 +201,17 @@ def test_a_model_runs_its_dispatch_list_over_regions_with_offsets():
     func = scaled_kernel("kernel_0", size, 2.0)
     nbytes = size * 4
 
-    def dispatch(source, destination):
+    def dispatch(call, source, destination):
         bindings = [
-            {"region": region, "index": index, "offset": offset, "bytes": nbytes}
+            {"region": region, "index": index, "offset": offset, "bytes": nbytes, "dtype": "float32"}
             for region, index, offset in (source, destination)
         ]
-        return {"kernel": "kernel_0", "bindings": bindings, **func.attrs["launch"]}
+        return {"kernel": "kernel_0", "call": call, "bindings": bindings, **func.attrs["launch"]}
 
     dispatches = [
-        dispatch(("input", 0, 0), ("arena", 0, 256)),
-        dispatch(("arena", 0, 256), ("arena", 0, 0)),
-        dispatch(("arena", 0, 0), ("output", 0, 0)),
+        dispatch(0, ("input", 0, 0), ("arena", 0, 256)),
+        dispatch(1, ("arena", 0, 256), ("arena", 0, 0)),
+        dispatch(2, ("arena", 0, 0), ("output", 0, 0)),
     ]
     module, completed = model_shader([func], dispatches)
     assert [dispatch["entry"] for dispatch in completed] == ["entry_kernel_0", "entry_kernel_0_1", "entry_kernel_0"]
