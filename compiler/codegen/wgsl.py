@@ -746,7 +746,9 @@ def limits_used(module: ShaderModule, buffer_bytes: list[int]) -> dict:
     before it loads anything; each is within the spec's defaults for a bundle compiled for target webgpu."""
     entries = module.entries
     return {
-        "maxStorageBuffersPerShaderStage": max((len(entry.regions) for entry in entries), default=0),
+        "maxStorageBuffersPerShaderStage": max(
+            (len(entry.regions) + (entry.status_binding is not None) for entry in entries), default=0
+        ),
         "maxUniformBuffersPerShaderStage": int(any(entry.offsets_binding is not None for entry in entries)),
         "maxComputeInvocationsPerWorkgroup": max((math.prod(entry.block) for entry in entries), default=1),
         "maxComputeWorkgroupSizeX": max((entry.block[0] for entry in entries), default=1),
