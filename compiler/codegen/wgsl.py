@@ -4,7 +4,8 @@ local ones function arrays, barriers `workgroupBarrier()`. The runtime (runtime/
 
 Parameters reach memory through regions: an entry point binds one storage buffer per region its parameters live in,
 and when several parameters share a region (a model's arena) their element offsets come from a uniform, so a kernel
-stays within WebGPU's 8 storage buffers however many tensors it reads, and no binding needs a 256-byte offset.
+stays within WebGPU's 8 storage buffers however many tensors it reads, and no binding needs a 256-byte offset. Tensors
+narrower than a word (bool, 8/16-bit integers) live in the lanes of u32 words. docs/gpu.md describes all of it.
 """
 
 from __future__ import annotations
@@ -494,9 +495,8 @@ class _EntryWriter:
         inside = f"({name} >= 0i && {name} < {extent})"
         self.emit(f"let {name}: i32 = {index};")
         call = len(self.func.params)
-        self.emit(
-            f"if (!{inside}) {{ atomicMax(&{self.entry}_status[0], u32({self.entry}_offsets[{call // 4}][{call % 4}])); }}"
-        )
+        number = f"u32({self.entry}_offsets[{call // 4}][{call % 4}])"
+        self.emit(f"if (!{inside}) {{ atomicMax(&{self.entry}_status[0], {number}); }}")
         return f"select(0i, {name}, {inside})"
 
     def cast(self, node: Cast) -> str:
@@ -644,9 +644,8 @@ class _EntryWriter:
             header.append(f"@group(0) @binding({count}) var<uniform> {self.entry}_offsets: array<vec4<i32>, {words}>;")
         if self.uses_status:
             status_binding = count + 1
-            header.append(
-                f"@group(0) @binding({status_binding}) var<storage, read_write> {self.entry}_status: array<atomic<u32>>;"
-            )
+            status = f"var<storage, read_write> {self.entry}_status: array<atomic<u32>>;"
+            header.append(f"@group(0) @binding({status_binding}) {status}")
         header += self.shared
         size = ", ".join(str(extent) for extent in self.block)
         signature = (
@@ -699,8 +698,8 @@ def model_shader(
     GPU dispatch list (kernel, bindings: per parameter its region, index and byte offset, grid, block). Each
     kernel gets an entry point per pattern in which its calls place parameters in regions (usually one), each
     region bound whole once; each dispatch gains its entry point, the regions it binds in binding order, and the
-    element offsets its parameters start at (byte offset over the parameter's element size), which the runtime writes once into a uniform buffer at `uniform_offset`
-    (a multiple of `uniform_alignment`)."""
+    element offsets its parameters start at (byte offset over the parameter's element size), which the runtime writes
+    once into a uniform buffer at `uniform_offset` (a multiple of `uniform_alignment`)."""
     by_name = {func.name: func for func in kernels}
     entries: dict[tuple[str, tuple[int, ...]], str] = {}
     planned: list[tuple[PrimFunc, str, Layout]] = []
