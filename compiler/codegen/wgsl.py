@@ -716,8 +716,8 @@ def model_shader(
         patterns.append((entries[func.name, pattern], regions))
     module = generate_wgsl(planned, shader_f16)
     described = {name: entry for (_, name, _), entry in zip(planned, module.entries)}
-    completed = []
-    for position, (dispatch, (name, regions)) in enumerate(zip(dispatches, patterns)):
+    completed, uniform_offset = [], 0
+    for dispatch, (name, regions) in zip(dispatches, patterns):
         entry = described[name]
         words = []
         for binding, param in zip(dispatch["bindings"], by_name[dispatch["kernel"]].params):
@@ -733,10 +733,12 @@ def model_shader(
                 **dispatch,
                 "entry": entry.name,
                 "regions": [{"region": region, "index": index} for region, index in regions],
-                "uniform_offset": position * uniform_alignment,
+                "uniform_offset": uniform_offset,
                 "element_offsets": words,
             }
         )
+        # each dispatch's words start on an alignment boundary (a kernel of more than 63 parameters spans several)
+        uniform_offset += max(1, math.ceil(entry.offsets_bytes / uniform_alignment)) * uniform_alignment
     return module, completed
 
 

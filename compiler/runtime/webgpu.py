@@ -261,7 +261,13 @@ class WebGPUModel:
         self.buffers = {key: _buffer(size) for key, size in self.sizes.items()}
         if params:
             gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
-        uniform_bytes = max([dispatch["uniform_offset"] for dispatch in dispatches], default=0) + 256
+        uniform_bytes = max(
+            (
+                dispatch["uniform_offset"] + self.pipelines.entries[dispatch["entry"]]["offsets_bytes"]
+                for dispatch in dispatches
+            ),
+            default=4,
+        )
         uniform = _buffer(
             uniform_bytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         )
