@@ -346,7 +346,8 @@ def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target
         for position, spec in enumerate(specs):
             size = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
             buffers.append({"region": region, "index": position, "bytes": size})
-    uniform = max((dispatch["uniform_offset"] for dispatch in dispatches), default=0) + target.device.offset_alignment
+    sizes = {entry.name: entry.offsets_bytes for entry in module.entries}
+    uniform = max((dispatch["uniform_offset"] + sizes[dispatch["entry"]] for dispatch in dispatches), default=4)
     webgpu = {
         "entries": [entry.as_json() for entry in module.entries],
         "buffers": buffers,
@@ -369,6 +370,7 @@ def _webgpu_model_runtime(image: ModelImage, target: Target, num_threads: int | 
         manifest["memory"]["arena_bytes"],
         image.inputs,
         image.outputs,
+        image.calls,
     )
 
 

@@ -214,7 +214,7 @@ MANIFEST_SCHEMA = {
                     {
                         "binding": _count,
                         "access": _one_of("read", "read_write"),
-                        "type": _one_of("f32", "i32", "u32", "f16"),
+                        "type": _one_of("f32", "i32", "u32", "f16", "atomic<u32>"),
                     }
                 ),
                 "param_regions": _list_of(_count),
@@ -223,6 +223,7 @@ MANIFEST_SCHEMA = {
                 "grid": _list_of(_count),
                 "block": _list_of(_count),
                 "workgroup_bytes": _count,
+                "status_binding?": _optional(_count),
             }
         ),
         "buffers": _list_of(
@@ -336,13 +337,12 @@ def _check_webgpu(manifest: dict) -> None:
         if entry is None or entry["kernel"] != dispatch["kernel"]:
             raise BundleError(f"{where} names no entry point of its kernel; export the model again")
         words, regions = dispatch.get("element_offsets", []), dispatch.get("regions", [])
-        sizes = [2 if region["type"] == "f16" else 4 for region in entry["regions"]]
         places = entry["param_regions"]
         consistent = len(regions) == len(entry["regions"]) and len(words) == len(places) == len(dispatch["bindings"])
         consistent = consistent and all(0 <= place < len(regions) for place in places)
         consistent = consistent and all(
             (binding["region"], binding["index"]) == (regions[place]["region"], regions[place]["index"])
-            and word * sizes[place] == binding["offset"]
+            and word * ITEMSIZE[binding["dtype"]] == binding["offset"]
             for binding, word, place in zip(dispatch["bindings"], words, places)
         )
         end = dispatch.get("uniform_offset", 0) + entry["offsets_bytes"]

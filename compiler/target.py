@@ -50,8 +50,8 @@ _ALL_DTYPES = frozenset(
     ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 )
 # WebGPU: the limits every adapter guarantees (the spec's defaults), which a bundle must fit to run anywhere;
-# WGSL has no 64-bit types and no 8- or 16-bit storage (f16 only behind the shader-f16 feature), and a bool is
-# not host-shareable.
+# WGSL has no 64-bit types (f16 only behind the shader-f16 feature); bools and 8/16-bit integers, which it cannot
+# store, codegen/wgsl.py keeps in the lanes of u32 words.
 _WEBGPU = DeviceLimits(
     max_threads=256,
     max_block=(256, 256, 64),
@@ -61,7 +61,7 @@ _WEBGPU = DeviceLimits(
     offset_alignment=256,
     max_buffers=8,
     max_buffer_bytes=134217728,
-    dtypes=frozenset(("float32", "int32", "uint32")),
+    dtypes=frozenset(("float32", "int32", "uint32", "bool", "int8", "uint8", "int16", "uint16")),
 )
 # OpenCL 1.2 full-profile minimums (32 KB local memory) with the work-group size of common GPUs; CL_DEVICE_MEM_BASE_ADDR
 # _ALIGN is 1024 bits on the devices we know. The warp size is not exposed by OpenCL 1.2: 32 is a tiling hint only.

@@ -98,3 +98,24 @@ def test_a_dispatch_that_disagrees_with_its_entry_point_is_refused(tmp_path):
     (directory / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(BundleError, match="does not match its entry point"):
         load_module(directory)
+
+
+def test_an_out_of_range_gather_index_raises_run_error_like_the_cpu_targets():
+    from onnx import TensorProto, helper
+
+    from compiler.errors import RunError
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "i"], ["y"], axis=0)],
+        "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3]), helper.make_tensor_value_info("i", 6, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    module = compile_model(model, target="webgpu")
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    for bad in (5, -6, 1000):
+        with pytest.raises(RunError, match="index is out of range in Gather"):
+            module.run({"x": x, "i": np.array([2, bad], np.int32)})
+    got = module.run({"x": x, "i": np.array([2, -1], np.int32)})["y"]
+    np.testing.assert_array_equal(got, x[[2, -1]])

@@ -187,6 +187,9 @@ class WebGPUExecutor {
           ...(entry.offsets_binding == null
             ? []
             : [{ binding: entry.offsets_binding, visibility: GPUShaderStage.COMPUTE, buffer: { type: "uniform" } }]),
+          ...(entry.status_binding == null
+            ? []
+            : [{ binding: entry.status_binding, visibility: GPUShaderStage.COMPUTE, buffer: { type: "storage" } }]),
         ],
       });
       this.layouts.set(entry.name, layout);
@@ -219,8 +222,11 @@ class WebGPUExecutor {
     const uniform = new ArrayBuffer(wordBytes(manifest.webgpu.uniform_bytes));
     for (const dispatch of manifest.dispatches) {
       if (this.entries.get(dispatch.entry).offsets_binding == null) continue;
-      new Int32Array(uniform, dispatch.uniform_offset, dispatch.element_offsets.length).set(dispatch.element_offsets);
+      // the element offsets, then the call number (from 1) that a failed index check records in the status word
+      const words = [...dispatch.element_offsets, dispatch.call + 1];
+      new Int32Array(uniform, dispatch.uniform_offset, words.length).set(words);
     }
+    this.status = device.createBuffer({ size: 4, usage: storage });
     this.uniform = device.createBuffer({ size: uniform.byteLength, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
     device.queue.writeBuffer(this.uniform, 0, uniform);
     // Outputs land in one readback buffer at 256-byte aligned offsets, so a run maps once.
@@ -230,7 +236,8 @@ class WebGPUExecutor {
       total += roundUp(wordBytes(this.byteSize(spec)), READBACK_ALIGNMENT);
       return offset;
     });
-    this.readback = device.createBuffer({ size: Math.max(total, 4), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    this.statusOffset = total;
+    this.readback = device.createBuffer({ size: total + 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
     if (params) await this.streamParams(params);
   }
 
@@ -272,6 +279,9 @@ class WebGPUExecutor {
         const resource = { buffer: this.uniform, offset: dispatch.uniform_offset, size: entry.offsets_bytes };
         items.push({ binding: entry.offsets_binding, resource });
       }
+      if (entry.status_binding != null) {
+        items.push({ binding: entry.status_binding, resource: { buffer: this.status, offset: 0, size: 4 } });
+      }
       const group = device.createBindGroup({ layout: this.layouts.get(entry.name), entries: items });
       return { pipeline: this.pipelines.get(entry.name), group, grid: entry.grid };
     });
@@ -299,6 +309,7 @@ class WebGPUExecutor {
       const data = bytes.byteLength % 4 ? copyPadded(bytes) : bytes;
       device.queue.writeBuffer(this.buffers.get(`input:${position}`), 0, data);
     });
+    device.queue.writeBuffer(this.status, 0, new Uint32Array(1));
     const encoder = device.createCommandEncoder();
     const pass = encoder.beginComputePass();
     for (const { pipeline, group, grid } of this.steps) {
@@ -316,6 +327,7 @@ class WebGPUExecutor {
         encoder.copyBufferToBuffer(this.buffers.get("params:0"), from.offset, this.readback, this.readbackOffsets[position], size);
       }
     });
+    encoder.copyBufferToBuffer(this.status, 0, this.readback, this.statusOffset, 4);
     device.queue.submit([encoder.finish()]);
     const mapped = this.readback.mapAsync(GPUMapMode.READ);
     const outcome = await Promise.race([mapped.then(() => null), this.lost]);
@@ -323,24 +335,29 @@ class WebGPUExecutor {
       mapped.catch(() => {});
       throw outcome;
     }
+    let failed = 0;
+    let results;
     try {
       const data = this.readback.getMappedRange();
-      const results = manifest.outputs.map((spec, position) => {
+      failed = new Uint32Array(data, this.statusOffset, 1)[0];
+      results = manifest.outputs.map((spec, position) => {
         const Type = this.typedArrays[spec.dtype];
         const start = this.readbackOffsets[position];
         return new Type(data.slice(start, start + this.byteSize(spec)));
       });
-      // Outputs that are an input or another output passed straight through, as in compiler/build.py.
-      manifest.outputs.forEach((spec, position) => {
-        const from = spec.source;
-        const Type = this.typedArrays[spec.dtype];
-        if (from && from.region === "input") results[position] = Type.from(arrays[from.index]);
-        else if (from && from.region === "output") results[position] = Type.from(results[from.index]);
-      });
-      return results;
     } finally {
       this.readback.unmap();
     }
+    // the number (from 1) of a call whose index check failed, as compiler/runtime/webgpu.py reads it
+    if (failed) throw new Error(`tessel: ${this.options.describeFailure(manifest, failed)}`);
+    // Outputs that are an input or another output passed straight through, as in compiler/build.py.
+    manifest.outputs.forEach((spec, position) => {
+      const from = spec.source;
+      const Type = this.typedArrays[spec.dtype];
+      if (from && from.region === "input") results[position] = Type.from(arrays[from.index]);
+      else if (from && from.region === "output") results[position] = Type.from(results[from.index]);
+    });
+    return results;
   }
 
   /** A new device, buffers and pipelines after a loss; params.bin and the code are fetched again. */

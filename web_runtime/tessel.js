@@ -478,7 +478,7 @@ const webgpuBackend = {
   },
   async create(manifest, source, options) {
     const { createExecutor } = await import("./tessel-webgpu.js");
-    return createExecutor(manifest, source, TYPED_ARRAYS, options);
+    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure });
   },
 };
 

@@ -4,7 +4,8 @@ local ones function arrays, barriers `workgroupBarrier()`. The runtime (runtime/
 
 Parameters reach memory through regions: an entry point binds one storage buffer per region its parameters live in,
 and when several parameters share a region (a model's arena) their element offsets come from a uniform, so a kernel
-stays within WebGPU's 8 storage buffers however many tensors it reads, and no binding needs a 256-byte offset.
+stays within WebGPU's 8 storage buffers however many tensors it reads, and no binding needs a 256-byte offset. Tensors
+narrower than a word (bool, 8/16-bit integers) live in the lanes of u32 words. docs/gpu.md describes all of it.
 """
 
 from __future__ import annotations
@@ -42,11 +43,29 @@ from compiler.tir import (
 )
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import walk_stmts
-from compiler.tir.simplify import Bounds, bounds, loop_bounds
+from compiler.tir.simplify import Bounds, bounds, loop_bounds, structural_key
 
-TYPES = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
+# Register types. 8- and 16-bit integers compute in i32, wrapped to their width after every operation, as the other
+# targets compute them.
+TYPES = {
+    "float32": "f32",
+    "float16": "f16",
+    "int32": "i32",
+    "uint32": "u32",
+    "bool": "bool",
+    "int8": "i32",
+    "uint8": "i32",
+    "int16": "i32",
+    "uint16": "i32",
+}
+# Tensors narrower than a word (bool and 8/16-bit integers, laid out as bytes by the memory plan) live in u32 words
+# of their region: a read extracts the lanes, a write clears and sets them with atomicAnd/atomicOr, because the other
+# lanes of the word may belong to another invocation; a region written that way is array<atomic<u32>> throughout.
+# dtype -> (bytes, whether the value is signed)
+SUBWORD = {"bool": (1, False), "int8": (1, True), "uint8": (1, False), "int16": (2, True), "uint16": (2, False)}
+ATOMIC = "atomic<u32>"
 # What a storage buffer may hold: WGSL has no 64-bit, 8-bit or bool storage, and f16 only behind `enable f16;`.
-STORAGE_DTYPES = ("float32", "int32", "uint32", "float16")
+STORAGE_DTYPES = ("float32", "int32", "uint32", "float16", *SUBWORD)
 # Math the WGSL builtins compute to float32 accuracy; tir/fast_math.py expands the rest (erf, sigmoid, pow) into these.
 NATIVE_MATH = {
     "exp": "exp",
@@ -147,6 +166,7 @@ class EntryPoint:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     workgroup_bytes: int = 0
+    status_binding: int | None = None
 
     def as_json(self) -> dict:
         """The form a manifest and runtime/webgpu.py read."""
@@ -160,6 +180,7 @@ class EntryPoint:
             "grid": list(self.grid),
             "block": list(self.block),
             "workgroup_bytes": self.workgroup_bytes,
+            "status_binding": self.status_binding,
         }
 
 
@@ -194,6 +215,16 @@ def _wgsl_type(dtype: str, what: str) -> str:
     return TYPES[dtype]
 
 
+def _wrapped(text: str, dtype: str) -> str:
+    """An i32 holding an 8- or 16-bit integer's result, wrapped to that width (two's complement, as in C)."""
+    if dtype not in SUBWORD or dtype == "bool":
+        return text
+    size, signed = SUBWORD[dtype]
+    if signed:
+        return f"(({text} << {32 - 8 * size}u) >> {32 - 8 * size}u)"
+    return f"({text} & {hex((1 << 8 * size) - 1)}i)"
+
+
 def _float_literal(value: float, dtype: str) -> str:
     if math.isnan(value):
         return "bitcast<f32>(tessel_float_bits.z)"
@@ -221,6 +252,8 @@ class _EntryWriter:
         self.written = written_params(func)
         # ranges of the variables in scope, so a division or modulo of a value known not negative is WGSL's own
         self.env: dict[Var, Bounds] = {}
+        self.arms = 0  # depth of select arms being printed
+        self.uses_status = False
         self.region_types = self._region_types()
 
     # ---- names and types ----------------------------------------------------------------------------------------
@@ -256,8 +289,13 @@ class _EntryWriter:
                 )
             dtypes.setdefault(region, set()).add(buffer.dtype)
         types = {}
+        written = {self.layout.regions[self.params[buffer]] for buffer in self.written}
         for region, kinds in dtypes.items():
-            if len(kinds) == 1:
+            if kinds & set(SUBWORD):
+                if "float16" in kinds:
+                    raise WGSLError(f"kernel {self.func.name!r} keeps float16 and byte tensors in one region")
+                types[region] = ATOMIC if region in written else "u32"
+            elif len(kinds) == 1:
                 types[region] = self.type(next(iter(kinds)), "a buffer")
             elif "float16" in kinds:
                 raise WGSLError(f"kernel {self.func.name!r} keeps float16 and 32-bit tensors in one region")
@@ -273,20 +311,86 @@ class _EntryWriter:
     def emit(self, text: str) -> None:
         self.lines.append("  " * self.indent + text)
 
+    def element(self, buffer: Buffer, index: Expr) -> str:
+        """The element index of a global buffer's `index` in its region."""
+        base = f"{self.name(buffer)}_base + " if self.layout.offsets else ""
+        return f"{base}{self.expr(index)}"
+
     def address(self, buffer: Buffer, index: Expr) -> str:
         if buffer.scope != "global":
             return f"{self.name(buffer)}[{self.expr(index)}]"
-        position = self.params[buffer]
-        base = f"{self.name(buffer)}_base + " if self.layout.offsets else ""
-        return f"{self.region_name(self.layout.regions[position])}[{base}{self.expr(index)}]"
+        return f"{self.region_of(buffer)}[{self.element(buffer, index)}]"
+
+    def region_of(self, buffer: Buffer) -> str:
+        return self.region_name(self.layout.regions[self.params[buffer]])
+
+    def region_type(self, buffer: Buffer) -> str:
+        return self.region_types[self.layout.regions[self.params[buffer]]]
+
+    def lanes(self, buffer: Buffer, index: Expr) -> tuple[str, str]:
+        """The word index and the bit shift of a narrow element, bound to lets before the statement being written."""
+        size = SUBWORD[buffer.dtype][0]
+        byte = self.fresh("byte")
+        element = self.element(buffer, index)
+        self.emit(f"let {byte}: i32 = {f'({element}) * {size}i' if size > 1 else element};")
+        return f"({byte} >> 2u)", f"(u32({byte} & 3i) * 8u)"
+
+    def fresh(self, base: str) -> str:
+        """A new name no IR variable has (those start with one underscore)."""
+        name, suffix = f"tessel_{base}", 0
+        while name in self.taken:
+            suffix += 1
+            name = f"tessel_{base}_{suffix}"
+        self.taken.add(name)
+        return name
 
     def load(self, node: Load) -> str:
-        text = self.address(node.buffer, node.index)
-        if node.buffer.scope == "global":
-            region = self.layout.regions[self.params[node.buffer]]
-            if self.region_types[region] != TYPES[node.buffer.dtype]:
-                return f"bitcast<{TYPES[node.buffer.dtype]}>({text})"
+        buffer = node.buffer
+        if buffer.scope != "global":
+            return self.address(buffer, node.index)
+        atomic = self.region_type(buffer) == ATOMIC
+        if buffer.dtype in SUBWORD:
+            size, signed = SUBWORD[buffer.dtype]
+            word, shift = self.lanes(buffer, node.index)
+            word_text = f"{self.region_of(buffer)}[{word}]"
+            raw = f"(({f'atomicLoad(&{word_text})' if atomic else word_text} >> {shift}) & {hex((1 << 8 * size) - 1)}u)"
+            if buffer.dtype == "bool":
+                return f"({raw} != 0u)"
+            if signed:
+                unused = 32 - 8 * size
+                return f"((i32({raw}) << {unused}u) >> {unused}u)"
+            return f"i32({raw})"
+        text = self.address(buffer, node.index)
+        if atomic:
+            text = f"atomicLoad(&{text})"
+        if self.region_type(buffer) not in (TYPES[buffer.dtype], ATOMIC) or atomic and buffer.dtype != "uint32":
+            return f"bitcast<{TYPES[buffer.dtype]}>({text})"
         return text
+
+    def store(self, node: Store) -> None:
+        buffer = node.buffer
+        value = self.expr(node.value)
+        if buffer.scope != "global":
+            self.emit(f"{self.address(buffer, node.index)} = {value};")
+            return
+        if buffer.dtype in SUBWORD:
+            size = SUBWORD[buffer.dtype][0]
+            word, shift = self.lanes(buffer, node.index)
+            target = f"&{self.region_of(buffer)}[{word}]"
+            mask = f"{hex((1 << 8 * size) - 1)}u"
+            # the value first: it may read the lane being cleared (an accumulation)
+            bits = self.fresh("lane")
+            lane = f"select(0u, 1u, {value})" if buffer.dtype == "bool" else f"(u32({value}) & {mask})"
+            self.emit(f"let {bits}: u32 = {lane};")
+            self.emit(f"atomicAnd({target}, ~({mask} << {shift}));")
+            self.emit(f"atomicOr({target}, {bits} << {shift});")
+            return
+        if self.region_type(buffer) == ATOMIC:
+            self.emit(f"atomicStore(&{self.address(buffer, node.index)}, bitcast<u32>({value}));")
+            return
+        if self.region_type(buffer) != TYPES[buffer.dtype]:
+            value = f"bitcast<u32>({value})"
+        self.emit(f"{self.address(buffer, node.index)} = {value};")
 
     def const(self, node: Const) -> str:
         if node.dtype == "bool":
@@ -315,6 +419,9 @@ class _EntryWriter:
         if isinstance(node, Binary):
             return self.binary(node)
         if isinstance(node, Compare):
+            if node.op == "ne" and node.a.dtype == "float32" and structural_key(node.a) == structural_key(node.b):
+                # x != x is IsNaN, but WGSL lets a compiler assume there are no NaNs and fold it away: test the bits
+                return f"((bitcast<u32>({self.expr(node.a)}) & 0x7fffffffu) > 0x7f800000u)"
             return f"({self.expr(node.a)} {_INFIX[node.op]} {self.expr(node.b)})"
         if isinstance(node, Logical):
             if node.op == "not":
@@ -322,7 +429,10 @@ class _EntryWriter:
             return f"({self.expr(node.args[0])} {_INFIX[node.op]} {self.expr(node.args[1])})"
         if isinstance(node, Select | IfThenElse):
             # Both branches are evaluated: WebGPU clamps every out-of-bounds access, so a guarded read is harmless.
-            cond, true, false = self.expr(node.cond), self.expr(node.true_value), self.expr(node.false_value)
+            cond = self.expr(node.cond)
+            self.arms += 1
+            true, false = self.expr(node.true_value), self.expr(node.false_value)
+            self.arms -= 1
             return f"select({false}, {true}, {cond})"
         if isinstance(node, Cast):
             return self.cast(node)
@@ -338,11 +448,16 @@ class _EntryWriter:
         raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}")
 
     def binary(self, node: Binary) -> str:
+        return _wrapped(self.binary_value(node), node.dtype)
+
+    def binary_value(self, node: Binary) -> str:
         a, b = self.expr(node.a), self.expr(node.b)
         dtype = node.dtype
         if node.op in ("add", "sub", "mul", "div"):
             return f"({a} {_INFIX[node.op]} {b})"
         if node.op in ("min", "max"):
+            if dtype == "bool":
+                return f"({a} {'&&' if node.op == 'min' else '||'} {b})"
             return f"{node.op}({a}, {b})"
         floating = dtype in ("float32", "float16")
         if node.op in ("floordiv", "floormod") and not floating:
@@ -362,11 +477,27 @@ class _EntryWriter:
         raise WGSLError(f"WGSL codegen cannot handle operator {node.op!r}")
 
     def helper(self, kind: str, dtype: str, *args: str) -> str:
-        if dtype != "int32":
+        if TYPES.get(dtype) != "i32":
             self.type(dtype, f"{kind} operand")
             raise WGSLError(f"WGSL codegen has no {kind} for {dtype}")
         self.helpers.add(f"{kind}_i32")
         return f"tessel_{kind}_i32({', '.join(args)})"
+
+    def index_check(self, index: str, extent: str) -> str:
+        """The index where it lies in [0, extent), else 0. In a model's kernel (which has a uniform) an index outside
+        also records the dispatch's call number in the status word, which the run raises as RunError; not under a
+        select's arm, which is evaluated even where it is not taken."""
+        if self.arms or not self.layout.offsets:
+            self.helpers.add("index_check")
+            return f"tessel_index_check({index}, {extent})"
+        self.uses_status = True
+        name = self.fresh("index")
+        inside = f"({name} >= 0i && {name} < {extent})"
+        self.emit(f"let {name}: i32 = {index};")
+        call = len(self.func.params)
+        number = f"u32({self.entry}_offsets[{call // 4}][{call % 4}])"
+        self.emit(f"if (!{inside}) {{ atomicMax(&{self.entry}_status[0], {number}); }}")
+        return f"select(0i, {name}, {inside})"
 
     def cast(self, node: Cast) -> str:
         value = self.expr(node.value)
@@ -376,17 +507,16 @@ class _EntryWriter:
             return f"({value} != {zero})"
         target = self.type(node.dtype, "a cast")
         self.type(source, "a cast's operand")
-        return f"{target}({value})"
+        return _wrapped(f"{target}({value})", node.dtype)
 
     def call(self, node: Call) -> str:
         args = [self.expr(arg) for arg in node.args]
         if node.name == "index_check":
-            self.helpers.add("index_check")
-            return f"tessel_index_check({args[0]}, {args[1]})"
+            return self.index_check(*args)
         dtype = node.args[0].dtype
         if dtype not in ("float32", "float16"):
-            if node.name == "abs" and dtype == "int32":
-                return f"abs({args[0]})"
+            if node.name == "abs" and TYPES.get(dtype) == "i32":
+                return _wrapped(f"abs({args[0]})", dtype)
             if node.name in ("floor", "ceil", "round", "abs"):
                 return args[0]
             converted = ", ".join(f"f32({arg})" for arg in args)
@@ -408,12 +538,7 @@ class _EntryWriter:
         elif isinstance(node, For):
             self.loop(node)
         elif isinstance(node, Store):
-            value = self.expr(node.value)
-            if node.buffer.scope == "global":
-                region = self.layout.regions[self.params[node.buffer]]
-                if self.region_types[region] != TYPES[node.buffer.dtype]:
-                    value = f"bitcast<u32>({value})"
-            self.emit(f"{self.address(node.buffer, node.index)} = {value};")
+            self.store(node)
         elif isinstance(node, IfThen):
             self.emit(f"if ({self.expr(node.cond)}) {{")
             self.block_of(node.then_body)
@@ -510,12 +635,17 @@ class _EntryWriter:
                 f"array<{self.region_types[region]}>;"
             )
             regions.append({"binding": region, "access": access, "type": self.region_types[region]})
-        offsets_binding, offsets_bytes = None, 0
+        offsets_binding, offsets_bytes, status_binding = None, 0, None
         if self.layout.offsets:
             offsets_binding = count
-            words = max(1, math.ceil(len(self.func.params) / 4))
+            # an element offset per parameter, then the dispatch's call number
+            words = math.ceil((len(self.func.params) + 1) / 4)
             offsets_bytes = 16 * words
             header.append(f"@group(0) @binding({count}) var<uniform> {self.entry}_offsets: array<vec4<i32>, {words}>;")
+        if self.uses_status:
+            status_binding = count + 1
+            status = f"var<storage, read_write> {self.entry}_status: array<atomic<u32>>;"
+            header.append(f"@group(0) @binding({status_binding}) {status}")
         header += self.shared
         size = ", ".join(str(extent) for extent in self.block)
         signature = (
@@ -533,6 +663,7 @@ class _EntryWriter:
             self.grid,
             self.block,
             self.workgroup_bytes,
+            status_binding,
         )
         return text, entry
 
@@ -560,10 +691,6 @@ def generate_wgsl(kernels: list[tuple[PrimFunc, str, Layout]], shader_f16: bool 
     return ShaderModule("\n\n".join([*prelude, *parts]) + "\n", tuple(entries), uses_f16)
 
 
-def _element_bytes(region_type: str) -> int:
-    return 2 if region_type == "f16" else 4
-
-
 def model_shader(
     kernels: list[PrimFunc], dispatches: list[dict], uniform_alignment: int = 256, shader_f16: bool = False
 ) -> tuple[ShaderModule, list[dict]]:
@@ -571,8 +698,8 @@ def model_shader(
     GPU dispatch list (kernel, bindings: per parameter its region, index and byte offset, grid, block). Each
     kernel gets an entry point per pattern in which its calls place parameters in regions (usually one), each
     region bound whole once; each dispatch gains its entry point, the regions it binds in binding order, and the
-    element offsets its parameters start at, which the runtime writes once into a uniform buffer at `uniform_offset`
-    (a multiple of `uniform_alignment`)."""
+    element offsets its parameters start at (byte offset over the parameter's element size), which the runtime writes
+    once into a uniform buffer at `uniform_offset` (a multiple of `uniform_alignment`)."""
     by_name = {func.name: func for func in kernels}
     entries: dict[tuple[str, tuple[int, ...]], str] = {}
     planned: list[tuple[PrimFunc, str, Layout]] = []
@@ -589,12 +716,12 @@ def model_shader(
         patterns.append((entries[func.name, pattern], regions))
     module = generate_wgsl(planned, shader_f16)
     described = {name: entry for (_, name, _), entry in zip(planned, module.entries)}
-    completed = []
-    for position, (dispatch, (name, regions)) in enumerate(zip(dispatches, patterns)):
+    completed, uniform_offset = [], 0
+    for dispatch, (name, regions) in zip(dispatches, patterns):
         entry = described[name]
         words = []
-        for binding, region in zip(dispatch["bindings"], entry.param_regions):
-            size = _element_bytes(entry.regions[region]["type"])
+        for binding, param in zip(dispatch["bindings"], by_name[dispatch["kernel"]].params):
+            size = np.dtype(param.dtype).itemsize
             if binding["offset"] % size:
                 raise WGSLError(
                     f"kernel {dispatch['kernel']!r} reads {binding['region']} at byte {binding['offset']}, which is "
@@ -606,10 +733,12 @@ def model_shader(
                 **dispatch,
                 "entry": entry.name,
                 "regions": [{"region": region, "index": index} for region, index in regions],
-                "uniform_offset": position * uniform_alignment,
+                "uniform_offset": uniform_offset,
                 "element_offsets": words,
             }
         )
+        # each dispatch's words start on an alignment boundary (a kernel of more than 63 parameters spans several)
+        uniform_offset += max(1, math.ceil(entry.offsets_bytes / uniform_alignment)) * uniform_alignment
     return module, completed
 
 
@@ -618,7 +747,9 @@ def limits_used(module: ShaderModule, buffer_bytes: list[int]) -> dict:
     before it loads anything; each is within the spec's defaults for a bundle compiled for target webgpu."""
     entries = module.entries
     return {
-        "maxStorageBuffersPerShaderStage": max((len(entry.regions) for entry in entries), default=0),
+        "maxStorageBuffersPerShaderStage": max(
+            (len(entry.regions) + (entry.status_binding is not None) for entry in entries), default=0
+        ),
         "maxUniformBuffersPerShaderStage": int(any(entry.offsets_binding is not None for entry in entries)),
         "maxComputeInvocationsPerWorkgroup": max((math.prod(entry.block) for entry in entries), default=1),
         "maxComputeWorkgroupSizeX": max((entry.block[0] for entry in entries), default=1),

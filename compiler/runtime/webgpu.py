@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 
 from compiler.errors import PlatformError, TargetError
-from compiler.runtime import ArgSpec, check_args
+from compiler.runtime import ArgSpec, check_args, check_status
 
 _MISSING = (
     "no WebGPU adapter was found: install a Vulkan driver (on Debian, mesa-vulkan-drivers gives lavapipe, a CPU "
@@ -106,11 +106,20 @@ class _Pipelines:
                     "buffer": {"type": wgpu.BufferBindingType.uniform},
                 }
             )
+        if entry.get("status_binding") is not None:
+            items.append(
+                {
+                    "binding": entry["status_binding"],
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": wgpu.BufferBindingType.storage},
+                }
+            )
         return device().create_bind_group_layout(entries=items)
 
-    def bind_group(self, name: str, regions: list, offsets: tuple | None):
+    def bind_group(self, name: str, regions: list, offsets: tuple | None, status=None):
         """`regions`: per region of the entry, (GPU buffer, byte size); `offsets`: the uniform buffer, its byte
-        offset and size, when the entry reads element offsets."""
+        offset and size, when the entry reads element offsets; `status`: the 4-byte buffer where an entry that checks
+        indices records a failed call."""
         entry = self.entries[name]
         layout = self.layouts[name]
         items = [
@@ -122,6 +131,8 @@ class _Pipelines:
             items.append(
                 {"binding": entry["offsets_binding"], "resource": {"buffer": buffer, "offset": offset, "size": size}}
             )
+        if entry.get("status_binding") is not None:
+            items.append({"binding": entry["status_binding"], "resource": {"buffer": status, "offset": 0, "size": 4}})
         return device().create_bind_group(layout=layout, entries=items)
 
     def encode(self, encoder, steps) -> None:
@@ -179,7 +190,7 @@ class _KernelCall:
         self.sizes = [max(4, math.ceil(size / 4) * 4) for size in sizes]
         offsets = None
         if entry["offsets_binding"] is not None:
-            words = [offset // 4 for _, offset in self.places]
+            words = [offset // np.dtype(spec.dtype).itemsize for spec, (_, offset) in zip(specs, self.places)] + [0]
             data = struct.pack(f"<{len(words)}i", *words)
             data += b"\0" * (entry["offsets_bytes"] - len(data))
             import wgpu
@@ -187,7 +198,8 @@ class _KernelCall:
             uniform = _buffer(len(data), wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
             device().queue.write_buffer(uniform, 0, data)
             offsets = (uniform, 0, entry["offsets_bytes"])
-        self.group = pipelines.bind_group(name, list(zip(self.buffers, self.sizes)), offsets)
+        # a lone kernel's index checks clamp, as on the CPU targets, where only a model's run reports them
+        self.group = pipelines.bind_group(name, list(zip(self.buffers, self.sizes)), offsets, _buffer(4))
         self.written = {binding["binding"] for binding in entry["regions"] if binding["access"] == "read_write"}
 
     def __call__(self, *arrays) -> None:
@@ -223,9 +235,11 @@ class WebGPUModel:
         arena_bytes: int,
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
+        calls: list[str] | None = None,
     ):
         self.parts = (code, entries, dispatches, params, arena_bytes)
         self.inputs, self.outputs = inputs, outputs
+        self.calls = calls or []
         self.loaded = False
 
     def load(self) -> None:
@@ -247,20 +261,29 @@ class WebGPUModel:
         self.buffers = {key: _buffer(size) for key, size in self.sizes.items()}
         if params:
             gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
-        uniform_bytes = max([dispatch["uniform_offset"] for dispatch in dispatches], default=0) + 256
+        uniform_bytes = max(
+            (
+                dispatch["uniform_offset"] + self.pipelines.entries[dispatch["entry"]]["offsets_bytes"]
+                for dispatch in dispatches
+            ),
+            default=4,
+        )
         uniform = _buffer(
             uniform_bytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
         )
         data = bytearray(uniform_bytes)
+        self.status = _buffer(4)
         self.steps = []
         for dispatch in dispatches:
             entry = self.pipelines.entries[dispatch["entry"]]
-            words = dispatch["element_offsets"]
+            # the call number (from 1) an index check records on failure, after the element offsets
+            words = [*dispatch["element_offsets"], dispatch["call"] + 1]
             struct.pack_into(f"<{len(words)}i", data, dispatch["uniform_offset"], *words)
             regions = [(region["region"], region["index"]) for region in dispatch["regions"]]
             bound = [(self.buffers[key], max(4, math.ceil(self.sizes[key] / 4) * 4)) for key in regions]
             offsets = (uniform, dispatch["uniform_offset"], entry["offsets_bytes"])
-            self.steps.append((dispatch["entry"], self.pipelines.bind_group(dispatch["entry"], bound, offsets)))
+            group = self.pipelines.bind_group(dispatch["entry"], bound, offsets, self.status)
+            self.steps.append((dispatch["entry"], group))
         gpu.queue.write_buffer(uniform, 0, bytes(data))
         self.uniform = uniform
         # every output lands in one readback buffer, at 256-byte aligned offsets, so a run maps once
@@ -268,7 +291,9 @@ class WebGPUModel:
         for size in nbytes:
             self.readback_offsets.append(total)
             total += math.ceil(max(size, 4) / 256) * 256
-        self.readback = _buffer(total or 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        # then the status word: the number of a call whose index check failed, 0 when none did
+        self.status_offset = total
+        self.readback = _buffer(total + 4, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self.loaded = True
 
     def write_inputs(self, inputs: list[np.ndarray]) -> None:
@@ -285,6 +310,7 @@ class WebGPUModel:
         for position, offset in enumerate(self.readback_offsets):
             size = max(4, math.ceil(self.sizes["output", position] / 4) * 4)
             encoder.copy_buffer_to_buffer(self.buffers["output", position], 0, self.readback, offset, size)
+        encoder.copy_buffer_to_buffer(self.status, 0, self.readback, self.status_offset, 4)
         gpu.queue.submit([encoder.finish()])
         self.readback.map_sync(wgpu.MapMode.READ)
         try:
@@ -293,6 +319,7 @@ class WebGPUModel:
             for spec, offset in zip(self.outputs, self.readback_offsets):
                 count = int(np.prod(spec.shape, dtype=np.int64))
                 results.append(np.frombuffer(data, spec.dtype, count, offset).reshape(spec.shape).copy())
+            self.failed_call = int(np.frombuffer(data, np.uint32, 1, self.status_offset)[0])
         finally:
             self.readback.unmap()
         return results
@@ -300,9 +327,12 @@ class WebGPUModel:
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         self.load()
         self.write_inputs(inputs)
+        device().queue.write_buffer(self.status, 0, bytes(4))
         encoder = device().create_command_encoder()
         self.pipelines.encode(encoder, self.steps)
-        return self.read_outputs(encoder)
+        results = self.read_outputs(encoder)
+        check_status(self.failed_call, self.calls)
+        return results
 
     def replay(self, inputs: list[np.ndarray]) -> WebGPUReplay:
         return WebGPUReplay(self, inputs)

@@ -201,17 +201,17 @@ def test_a_model_runs_its_dispatch_list_over_regions_with_offsets():
     func = scaled_kernel("kernel_0", size, 2.0)
     nbytes = size * 4
 
-    def dispatch(source, destination):
+    def dispatch(call, source, destination):
         bindings = [
-            {"region": region, "index": index, "offset": offset, "bytes": nbytes}
+            {"region": region, "index": index, "offset": offset, "bytes": nbytes, "dtype": "float32"}
             for region, index, offset in (source, destination)
         ]
-        return {"kernel": "kernel_0", "bindings": bindings, **func.attrs["launch"]}
+        return {"kernel": "kernel_0", "call": call, "bindings": bindings, **func.attrs["launch"]}
 
     dispatches = [
-        dispatch(("input", 0, 0), ("arena", 0, 256)),
-        dispatch(("arena", 0, 256), ("arena", 0, 0)),
-        dispatch(("arena", 0, 0), ("output", 0, 0)),
+        dispatch(0, ("input", 0, 0), ("arena", 0, 256)),
+        dispatch(1, ("arena", 0, 256), ("arena", 0, 0)),
+        dispatch(2, ("arena", 0, 0), ("output", 0, 0)),
     ]
     module, completed = model_shader([func], dispatches)
     assert [dispatch["entry"] for dispatch in completed] == ["entry_kernel_0", "entry_kernel_0_1", "entry_kernel_0"]
@@ -243,3 +243,58 @@ def test_math_of_constants_is_folded_so_a_non_finite_result_compiles():
     s[b].bind(s[b].op.axis[0], te.thread_axis("threadIdx.x"))
     x = RNG.standard_normal(4).astype("float32")
     np.testing.assert_allclose(run(s, [a, b], [x]), x + np.exp(np.float32(1)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16"])
+def test_narrow_integers_live_in_word_lanes_and_wrap_like_numpy(dtype):
+    """Adjacent bytes of one word are written by different invocations at once: the lanes are set atomically."""
+    a = te.placeholder((37,), dtype, name="A")
+    b = te.placeholder((37,), dtype, name="B")
+    c = te.compute((37,), lambda i: a[i] * b[i] + a[i], name="C")
+    s = te.create_schedule(c.op)
+    s[c].bind(s[c].op.axis[0], te.thread_axis("threadIdx.x"))
+    info = np.iinfo(dtype)
+    x = RNG.integers(info.min, info.max, 37, endpoint=True).astype(dtype)
+    y = RNG.integers(info.min, info.max, 37, endpoint=True).astype(dtype)
+    code = generate_wgsl([(with_launch(lower(s, [a, b, c], "k")), "k", Layout.separate(3))]).code
+    assert "array<atomic<u32>>" in code and "atomicOr" in code
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(run(s, [a, b, c], [x, y]), x * y + x)
+
+
+def test_bool_tensors_are_read_and_written_as_bytes():
+    a = te.placeholder((45,), name="A")
+    mask = te.compute((45,), lambda i: a[i] > 0.0, name="Mask")
+    s = te.create_schedule(mask.op)
+    s[mask].bind(s[mask].op.axis[0], te.thread_axis("threadIdx.x"))
+    x = RNG.standard_normal(45).astype("float32")
+    np.testing.assert_array_equal(run(s, [a, mask], [x]), x > 0)
+
+    flags = te.placeholder((45,), "bool", name="Flags")
+    picked = te.compute((45,), lambda i: te.select(flags[i], a[i], -a[i]), name="Picked")
+    s = te.create_schedule(picked.op)
+    s[picked].bind(s[picked].op.axis[0], te.thread_axis("threadIdx.x"))
+    chosen = RNG.random(45) < 0.5
+    np.testing.assert_array_equal(run(s, [flags, a, picked], [chosen, x]), np.where(chosen, x, -x))
+
+
+def test_nan_tests_bool_reductions_and_narrow_modulo():
+    from compiler.te.expr import Compare
+
+    a = te.placeholder((6,), name="A")
+    flags = te.placeholder((6, 3), "bool", name="Flags")
+    small = te.placeholder((6,), "int8", name="Small")
+    k = te.reduce_axis((0, 3), name="k")
+    nan = te.compute((6,), lambda i: Compare("ne", a[i], a[i]), name="IsNaN")
+    every = te.compute((6,), lambda i: te.min(flags[i, k], axis=k), name="Every")
+    modulo = te.compute((6,), lambda i: small[i] % -3, name="Modulo")
+    s = te.create_schedule([nan.op, every.op, modulo.op])
+    for tensor in (nan, every, modulo):
+        s[tensor].bind(s[tensor].op.axis[0], te.thread_axis("threadIdx.x"))
+    x = np.array([1.0, np.nan, -np.inf, 0.0, np.nan, 3.0], "float32")
+    chosen = RNG.random((6, 3)) < 0.7
+    narrow = np.array([-7, 7, -128, 127, 0, 5], "int8")
+    got = run(s, [a, flags, small, nan, every, modulo], [x, chosen, narrow])
+    np.testing.assert_array_equal(got[0], np.isnan(x))
+    np.testing.assert_array_equal(got[1], chosen.all(axis=1))
+    np.testing.assert_array_equal(got[2], narrow % np.int8(-3))
