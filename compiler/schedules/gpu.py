@@ -123,10 +123,16 @@ def _bind_blocks(stage: Stage, axis: IterVar, target: Target, first: int = 0) ->
     return axis
 
 
+def _thread_count(threads: int, extent: int) -> int:
+    """The threads a loop of `extent` is split over: at most `threads`, at least one (an empty tensor's loop, of extent
+    0, still gets its thread loop, which runs no iteration)."""
+    return max(1, min(threads, extent))
+
+
 def _bind_threads(stage: Stage, axes: list[IterVar], threads: int, target: Target) -> tuple[IterVar, IterVar]:
     """Fuse `axes` and run them as blocks of `threads` threads (fewer when the axes are shorter); (block, thread)."""
     fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
-    blocks, thread = stage.split(fused, min(threads, fused.extent))
+    blocks, thread = stage.split(fused, _thread_count(threads, fused.extent))
     stage.bind(thread, te.thread_axis("threadIdx.x"))
     return _bind_blocks(stage, blocks, target), thread
 
@@ -186,7 +192,7 @@ def _share_reduction(schedule: Schedule, stage: Stage, threads: int, host: Stage
     """A cross-thread reduction: `threads` partial results in shared memory (Schedule.rfactor_tree), each thread's
     lane bound to threadIdx.x, then halved step by step (a tree, one barrier per step) down to the one or two lanes
     the stage combines; computed at `at` of `host` (or, without a host, at the kernel's root)."""
-    lanes = min(threads, _reduce_extent(stage))
+    lanes = _thread_count(threads, _reduce_extent(stage))
     for tensor in schedule.rfactor_tree(stage.op.output(0), lanes):
         partial_stage = schedule[tensor]
         partial_stage.set_scope("shared")
@@ -248,7 +254,7 @@ def _schedule_host(
         block, row = host.split(row, nparts=1)
     block = _bind_blocks(host, block, target)
     if row is not None:
-        _, thread = host.split(row, min(threads, row.extent))
+        _, thread = host.split(row, _thread_count(threads, row.extent))
         host.bind(thread, te.thread_axis("threadIdx.x"))
     for member in members:
         if not member.op.reduce_axis and _row_bytes(member, kept) > target.device.shared_bytes // 2:
@@ -265,7 +271,7 @@ def _schedule_host(
             row_axes = [axis for axis, keep in zip(member.op.axis, kept) if not keep]
             member.reorder(*fixed, *row_axes)
             fused = member.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
-            _, member_thread = member.split(fused, min(threads, fused.extent))
+            _, member_thread = member.split(fused, _thread_count(threads, fused.extent))
             member.bind(member_thread, te.thread_axis("threadIdx.x"))
 
 
@@ -289,7 +295,7 @@ def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: C
     cfg.define_split("tile_oc", oc, default=values["tile_oc"])
     oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
     positions = output.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    blocks, thread = output.split(positions, min(threads, positions.extent))
+    blocks, thread = output.split(positions, _thread_count(threads, positions.extent))
     output.reorder(n, oc_outer, blocks, thread, oc_inner)
     output.bind(thread, te.thread_axis("threadIdx.x"))
     output.unroll(oc_inner)
