@@ -383,12 +383,13 @@ def _runtime_cases():
 RUNTIME_CASES = _runtime_cases()
 
 
+@pytest.mark.parametrize("target", ["opencl", "webgpu"])
 @pytest.mark.parametrize("case", RUNTIME_CASES)
-def test_templates_on_pocl(case):
-    """Each template's kernel through the OpenCL codegen and lower_gpu, run on PoCL: barriers, shared tiles and
-    cross-thread reductions as a device runs them, against the reference executor."""
+def test_templates_on_pocl_and_lavapipe(case, target):
+    """Each template's kernel through the OpenCL or WGSL codegen and lower_gpu, run on PoCL or lavapipe: barriers,
+    shared tiles and cross-thread reductions as a device runs them, against the reference executor."""
     graph, feeds = RUNTIME_CASES[case]
-    check(graph, feeds, "opencl", device="opencl")
+    check(graph, feeds, target, device=target)
 
 
 def test_blocks_beyond_the_grid_spill_into_the_next_grid_axis():
