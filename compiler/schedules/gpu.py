@@ -19,7 +19,7 @@ import compiler.te as te
 from compiler.errors import TesselError
 from compiler.schedules import cpu
 from compiler.target import Target
-from compiler.te.schedule import ROOT, Schedule, Stage
+from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
 from compiler.te.tensor import ComputeOp, IterVar
 from compiler.tune.space import ConfigSpace, run_template
 
@@ -89,6 +89,7 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     if kind is not None and schedule[anchor].is_output:
         anchor = schedule.cache_write(anchor.op.output(0), "local")
     cpu._inline_injective(schedule, set())
+    _recompute_read_outputs(schedule)
     readers = cpu._readers(schedule)
     if kind is not None and len(readers[schedule[anchor]]) == 1:
         output = readers[schedule[anchor]][0]
@@ -99,6 +100,26 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
             return schedule
     _schedule_rest(schedule, readers, target, cfg, done=set())
     return schedule
+
+
+def _recompute_read_outputs(schedule: Schedule) -> None:
+    """An output that other stages of the group also read (layer norm's x - mean, stored and squared) is recomputed
+    by them (Schedule.recompute) when it reads nothing but the group's inputs, so the kernel stays one launch
+    (tir/gpu.py split_launches would otherwise start a second one at the reader)."""
+    for stage in list(schedule.stages):
+        op = stage.op
+        if not (stage.is_output and isinstance(op, ComputeOp)) or op.reduce_axis or stage.attach_type != ROOT:
+            continue
+        readers = [other for other in schedule.stages if other is not stage and stage in schedule.producers_of(other)]
+        if readers and all(_reads_only_inputs(schedule, producer) for producer in schedule.producers_of(stage)):
+            schedule.recompute(op.output(0))
+
+
+def _reads_only_inputs(schedule: Schedule, stage: Stage) -> bool:
+    """Whether `stage` is an input, or an inlined stage that (through other inlined ones) reads only inputs."""
+    if not isinstance(stage.op, ComputeOp):
+        return True
+    return stage.attach_type == INLINE and all(_reads_only_inputs(schedule, p) for p in schedule.producers_of(stage))
 
 
 # -- binding helpers ------------------------------------------------------------------------------------------------

@@ -426,3 +426,49 @@ def test_an_empty_tensor_schedules():
     assert graph.outputs[0].type.shape == (0, 6)
     (kernel, _), *_ = check(graph, feeds)
     assert not any(isinstance(stmt, Store) for stmt in walk_stmts(kernel.func.body))
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "bert_tiny", "unet_small"])
+def test_zoo_kernels_pass_lower_gpu_for_every_gpu_target(name):
+    """Every group of these models, on its GPU template, lowered and put through lower_gpu for webgpu, opencl and
+    cuda: within each device's threads, grid and shared memory. WebGPU refuses only what its dtypes forbid (bert_tiny's
+    int64 Gather indices, unet_small's float64 Resize coordinates), never a schedule's limits."""
+    from compiler import zoo
+    from compiler.errors import GpuKernelError
+    from compiler.frontend.onnx import load_onnx
+    from compiler.tir.gpu import lower_gpu
+    from compiler.tir.lower import lower
+
+    for target in GPU_TARGETS:
+        for node in optimize(load_onnx(zoo.build_model(name)), target=target).nodes:
+            group = group_to_te(node)
+            func = lower(schedule_group(group, target), group.inputs + group.outputs, group.name)
+            try:
+                lower_gpu(func, target)
+            except GpuKernelError as error:
+                assert target == "webgpu" and ("int64" in str(error) or "float64" in str(error)), error
+
+
+def test_an_output_other_stages_read_is_recomputed_so_the_kernel_is_one_launch():
+    """bert_tiny's layer norm group stores x - mean (an output) and squares it for the variance: the variance reads a
+    recomputed copy, not the stored output, so tir/gpu.py need not split the kernel into two launches."""
+    from compiler.tir.gpu import split_launches
+    from compiler.tir.lower import lower
+
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 32), "float32"))
+    mean = graph.add_input("mean", TensorType((1, 8, 1), "float32"))
+    (centred,) = graph.add_node("Sub", [x, mean])
+    (square,) = graph.add_node("Mul", [centred, centred])
+    (variance,) = graph.add_node("ReduceMean", [square], {"axes": [-1]})
+    (root,) = graph.add_node("Sqrt", [variance])
+    graph.outputs = [centred, root]
+    feeds = {
+        "x": RNG.standard_normal((1, 8, 32)).astype(np.float32),
+        "mean": RNG.standard_normal((1, 8, 1)).astype(np.float32),
+    }
+    (kernel, _), *_ = check(graph, feeds, "opencl", device="opencl")
+    (node,) = optimize(graph, target="opencl").nodes
+    group = group_to_te(node)
+    func = lower(schedule_group(group, "opencl"), group.inputs + group.outputs, group.name)
+    assert len(split_launches(func)) == 1
