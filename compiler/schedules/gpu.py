@@ -16,7 +16,7 @@ from functools import partial
 import numpy as np
 
 import compiler.te as te
-from compiler.errors import TesselError
+from compiler.errors import TargetError
 from compiler.schedules import cpu
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
@@ -53,10 +53,6 @@ AXIS_THREADS = (1, 2, 4, 8, 16, 32)
 VTHREADS = (1, 2, 4)
 
 
-class ScheduleError(TesselError):
-    """A GPU schedule was asked for a target that is not a GPU."""
-
-
 def fallback(kind: str, target: Target) -> dict[str, object]:
     """The template's fallback knob values, the thread counts clipped to what one block of `target` may run."""
     values = dict(DEFAULTS[kind])
@@ -70,7 +66,9 @@ def schedule_group(group, target: Target | str = "webgpu", config: ConfigSpace |
     (afterwards it holds the space), or a record's knob values, or None for the fallback (as in cpu.py)."""
     target = Target.parse(target)
     if not target.is_gpu:
-        raise ScheduleError(f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}")
+        raise TargetError(
+            f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}; use schedules/cpu.py"
+        )
     if isinstance(config, ConfigSpace):
         return _schedule_group(group, target, config)
     return run_template(partial(_schedule_group, group, target), config)[0]
@@ -497,4 +495,4 @@ TEMPLATES = {
     "pool_avg": _pool,
 }
 
-__all__ = ["DEFAULTS", "SPACE_VERSION", "TEMPLATES", "ScheduleError", "fallback", "schedule_group"]
+__all__ = ["DEFAULTS", "SPACE_VERSION", "TEMPLATES", "fallback", "schedule_group"]

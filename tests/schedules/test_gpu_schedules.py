@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from compiler.build import build
+from compiler.errors import TargetError
 from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules.gpu import ScheduleError, schedule_group
+from compiler.schedules.gpu import schedule_group
 from compiler.target import Target
 from compiler.tir.nodes import Allocate, For, ForKind, Store, walk_stmts
 from compiler.tune.space import ConfigSpace
@@ -317,7 +318,7 @@ def test_a_cpu_target_is_refused():
     graph, x, _ = single_input((4, 4))
     graph.outputs = list(graph.add_node("Relu", [x]))
     (node,) = optimize(graph).nodes
-    with pytest.raises(ScheduleError, match="not llvm"):
+    with pytest.raises(TargetError, match="not llvm"):
         schedule_group(group_to_te(node), "llvm")
 
 
