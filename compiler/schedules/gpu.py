@@ -143,8 +143,8 @@ def _bind_blocks(stage: Stage, axis: IterVar, target: Target, first: int = 0) ->
 
 
 def _thread_count(threads: int, extent: int) -> int:
-    """The threads a loop of `extent` is split over: at most `threads`, at least one (an empty tensor's loop, of extent
-    0, still gets its thread loop, which runs no iteration)."""
+    """The threads a loop of `extent` is split over: at most `threads`, at least one (a split by 0 is invalid, and an
+    empty tensor's loops have extent 0)."""
     return max(1, min(threads, extent))
 
 
