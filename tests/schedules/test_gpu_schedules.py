@@ -474,3 +474,16 @@ def test_an_output_other_stages_read_is_recomputed_so_the_kernel_is_one_launch()
     group = group_to_te(node)
     func = lower(schedule_group(group, "opencl"), group.inputs + group.outputs, group.name)
     assert len(split_launches(func)) == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("case", RUNTIME_CASES)
+def test_templates_compile_for_cuda_with_nvrtc(case, arch):
+    """No CUDA device here: each template's kernels go through the CUDA codegen and lower_gpu and compile to a cubin
+    with NVRTC (the `gpu`-marked model tests run them where a device is)."""
+    graph, _ = RUNTIME_CASES[case]
+    target = f"cuda -arch={arch}"
+    for node in optimize(graph, target=target).nodes:
+        group = group_to_te(node)
+        kernel = build(schedule_group(group, target), group.inputs + group.outputs, target=target, name=group.name)
+        assert kernel.runtime.cubin[:4] == b"\x7fELF"
