@@ -16,10 +16,10 @@ from functools import partial
 import numpy as np
 
 import compiler.te as te
-from compiler.errors import TesselError
+from compiler.errors import TargetError
 from compiler.schedules import cpu
 from compiler.target import Target
-from compiler.te.schedule import ROOT, Schedule, Stage
+from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
 from compiler.te.tensor import ComputeOp, IterVar
 from compiler.tune.space import ConfigSpace, run_template
 
@@ -53,10 +53,6 @@ AXIS_THREADS = (1, 2, 4, 8, 16, 32)
 VTHREADS = (1, 2, 4)
 
 
-class ScheduleError(TesselError):
-    """A GPU schedule was asked for a target that is not a GPU."""
-
-
 def fallback(kind: str, target: Target) -> dict[str, object]:
     """The template's fallback knob values, the thread counts clipped to what one block of `target` may run."""
     values = dict(DEFAULTS[kind])
@@ -70,7 +66,9 @@ def schedule_group(group, target: Target | str = "webgpu", config: ConfigSpace |
     (afterwards it holds the space), or a record's knob values, or None for the fallback (as in cpu.py)."""
     target = Target.parse(target)
     if not target.is_gpu:
-        raise ScheduleError(f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}")
+        raise TargetError(
+            f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}; use schedules/cpu.py"
+        )
     if isinstance(config, ConfigSpace):
         return _schedule_group(group, target, config)
     return run_template(partial(_schedule_group, group, target), config)[0]
@@ -89,6 +87,7 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     if kind is not None and schedule[anchor].is_output:
         anchor = schedule.cache_write(anchor.op.output(0), "local")
     cpu._inline_injective(schedule, set())
+    _recompute_read_outputs(schedule)
     readers = cpu._readers(schedule)
     if kind is not None and len(readers[schedule[anchor]]) == 1:
         output = readers[schedule[anchor]][0]
@@ -99,6 +98,26 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
             return schedule
     _schedule_rest(schedule, readers, target, cfg, done=set())
     return schedule
+
+
+def _recompute_read_outputs(schedule: Schedule) -> None:
+    """An output that other stages of the group also read (layer norm's x - mean, stored and squared) is recomputed
+    by them (Schedule.recompute) when it reads nothing but the group's inputs, so the kernel stays one launch
+    (tir/gpu.py split_launches would otherwise start a second one at the reader)."""
+    for stage in list(schedule.stages):
+        op = stage.op
+        if not (stage.is_output and isinstance(op, ComputeOp)) or op.reduce_axis or stage.attach_type != ROOT:
+            continue
+        readers = [other for other in schedule.stages if other is not stage and stage in schedule.producers_of(other)]
+        if readers and all(_reads_only_inputs(schedule, producer) for producer in schedule.producers_of(stage)):
+            schedule.recompute(op.output(0))
+
+
+def _reads_only_inputs(schedule: Schedule, stage: Stage) -> bool:
+    """Whether `stage` is an input, or an inlined stage that (through other inlined ones) reads only inputs."""
+    if not isinstance(stage.op, ComputeOp):
+        return True
+    return stage.attach_type == INLINE and all(_reads_only_inputs(schedule, p) for p in schedule.producers_of(stage))
 
 
 # -- binding helpers ------------------------------------------------------------------------------------------------
@@ -123,10 +142,16 @@ def _bind_blocks(stage: Stage, axis: IterVar, target: Target, first: int = 0) ->
     return axis
 
 
+def _thread_count(threads: int, extent: int) -> int:
+    """The threads a loop of `extent` is split over: at most `threads`, at least one (a split by 0 is invalid, and an
+    empty tensor's loops have extent 0)."""
+    return max(1, min(threads, extent))
+
+
 def _bind_threads(stage: Stage, axes: list[IterVar], threads: int, target: Target) -> tuple[IterVar, IterVar]:
     """Fuse `axes` and run them as blocks of `threads` threads (fewer when the axes are shorter); (block, thread)."""
     fused = stage.fuse(*axes) if len(axes) > 1 else axes[0]
-    blocks, thread = stage.split(fused, max(1, min(threads, fused.extent)))  # an empty tensor has no outputs
+    blocks, thread = stage.split(fused, _thread_count(threads, fused.extent))
     stage.bind(thread, te.thread_axis("threadIdx.x"))
     return _bind_blocks(stage, blocks, target), thread
 
@@ -186,7 +211,7 @@ def _share_reduction(schedule: Schedule, stage: Stage, threads: int, host: Stage
     """A cross-thread reduction: `threads` partial results in shared memory (Schedule.rfactor_tree), each thread's
     lane bound to threadIdx.x, then halved step by step (a tree, one barrier per step) down to the one or two lanes
     the stage combines; computed at `at` of `host` (or, without a host, at the kernel's root)."""
-    lanes = min(threads, _reduce_extent(stage))
+    lanes = _thread_count(threads, _reduce_extent(stage))
     for tensor in schedule.rfactor_tree(stage.op.output(0), lanes):
         partial_stage = schedule[tensor]
         partial_stage.set_scope("shared")
@@ -248,7 +273,7 @@ def _schedule_host(
         block, row = host.split(row, nparts=1)
     block = _bind_blocks(host, block, target)
     if row is not None:
-        _, thread = host.split(row, min(threads, row.extent))
+        _, thread = host.split(row, _thread_count(threads, row.extent))
         host.bind(thread, te.thread_axis("threadIdx.x"))
     for member in members:
         if not member.op.reduce_axis and _row_bytes(member, kept) > target.device.shared_bytes // 2:
@@ -265,7 +290,7 @@ def _schedule_host(
             row_axes = [axis for axis, keep in zip(member.op.axis, kept) if not keep]
             member.reorder(*fixed, *row_axes)
             fused = member.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
-            _, member_thread = member.split(fused, min(threads, fused.extent))
+            _, member_thread = member.split(fused, _thread_count(threads, fused.extent))
             member.bind(member_thread, te.thread_axis("threadIdx.x"))
 
 
@@ -289,7 +314,7 @@ def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: C
     cfg.define_split("tile_oc", oc, default=values["tile_oc"])
     oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
     positions = output.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    blocks, thread = output.split(positions, min(threads, positions.extent))
+    blocks, thread = output.split(positions, _thread_count(threads, positions.extent))
     output.reorder(n, oc_outer, blocks, thread, oc_inner)
     output.bind(thread, te.thread_axis("threadIdx.x"))
     output.unroll(oc_inner)
@@ -470,4 +495,4 @@ TEMPLATES = {
     "pool_avg": _pool,
 }
 
-__all__ = ["DEFAULTS", "SPACE_VERSION", "TEMPLATES", "ScheduleError", "fallback", "schedule_group"]
+__all__ = ["DEFAULTS", "SPACE_VERSION", "TEMPLATES", "fallback", "schedule_group"]

@@ -420,6 +420,31 @@ class Schedule:
         self._insert(cache_stage, stage)
         return cache
 
+    def recompute(self, tensor: Tensor) -> Tensor:
+        """A copy of `tensor`'s (non-reduction) compute, inlined, that every stage reading `tensor` reads instead:
+        `tensor` is still stored (it is an output), but no stage waits for that store. On a GPU the blocks of one
+        launch never wait for each other, so a stage reading another root stage's output would need a second
+        launch."""
+        source = self[tensor]
+        op = source.op
+        if not isinstance(op, ComputeOp) or isinstance(op.body, Reduce):
+            raise TEError(f"recompute of {tensor.name}: only a compute stage without a reduction can be recomputed")
+        axis = tuple(IterVar(f"{iv.name}.r", dom=iv.dom) for iv in op.axis)
+        copy_op = ComputeOp(f"{op.name}.recompute", op.tag, axis, substitute(op.body, dict(zip(op.axis, axis))))
+        copy = copy_op.output(0)
+        readers = [stage for stage in self.stages if stage is not source and source in self.producers_of(stage)]
+        if not readers:
+            raise TEError(f"recompute of {tensor.name}: no stage reads it")
+        for reader in readers:
+            self._replace_op(
+                reader,
+                ComputeOp(reader.op.name, reader.op.tag, reader.op.axis, _replace_reads(reader.op.body, op, copy)),
+            )
+        stage = Stage(self, copy_op)
+        self._insert(stage, min(readers, key=self.stages.index))
+        stage.compute_inline()
+        return copy
+
     def rfactor(self, tensor: Tensor, factor: int) -> Tensor:
         """Split the reduction computing `tensor` in two: a partial stage with a new leading `lane` axis of `factor`
         iterations, lane t combining the elements t, t + factor, t + 2 * factor... of the reduction's (flattened)

@@ -305,3 +305,29 @@ def test_rfactor_tree_halves_the_partials_down_to_two_lanes():
             result = np.zeros(5, np.float32)
             kernel(data, result)
             np.testing.assert_allclose(result, reference(data, axis=(1, 2)), rtol=1e-5, atol=1e-5)
+
+
+def test_recompute_gives_readers_an_inlined_copy():
+    """B is an output that C also reads: after recompute C reads an inlined copy of B's compute (A + 1) instead of
+    B's stored values, and the result is the same."""
+    import numpy as np
+
+    from compiler.build import build
+
+    a = te.placeholder((8, 6), name="A")
+    b = te.compute((8, 6), lambda i, j: a[i, j] + 1.0, name="B")
+    c = te.compute((8, 6), lambda i, j: b[i, j] * 2.0, name="C")
+    s = te.create_schedule([b.op, c.op])
+    copy = s.recompute(b)
+    assert s[copy].attach_type == "inline" and s[b] not in s.producers_of(s[c])
+    kernel = build(s, [a, b, c], target="llvm", name="recompute")
+    data, first, second = (
+        np.arange(48, dtype=np.float32).reshape(8, 6),
+        np.zeros((8, 6), np.float32),
+        np.zeros((8, 6), np.float32),
+    )
+    kernel(data, first, second)
+    np.testing.assert_allclose(first, data + 1)
+    np.testing.assert_allclose(second, (data + 1) * 2)
+    with pytest.raises(TEError, match="no stage reads it"):
+        s.recompute(c)
