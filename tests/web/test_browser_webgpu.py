@@ -20,7 +20,21 @@ from compiler import zoo
 
 server = test_browser.server  # the real app under uvicorn, its fixture reused
 
-MODELS = ["mlp", "digits", "dwconv_block", "mobilenet_v2"]
+# The zoo models whose SwiftShader run takes a few seconds here. Left out: resnet18 (~140 s a run on SwiftShader),
+# densenet_block, inception_block, resnet50_bottleneck, yolo_neck (10-20 s each); unet_small and bert_tiny have no
+# webgpu bundle (float64 and int64 values, which WGSL lacks).
+MODELS = [
+    "mlp",
+    "digits",
+    "dwconv_block",
+    "mobilenet_v2",
+    "squeezenet",
+    "shufflenet_v2",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+    "vit_tiny",
+    "audio_conv1d",
+]
 WEBGPU_ARGS = [*CHROMIUM_ARGS, "--enable-unsafe-webgpu"]
 
 # Loads a bundle (or bundle set) with tessel.js, runs it once on the given inputs and returns what the test compares.
