@@ -12,6 +12,7 @@ import datetime
 import functools
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -155,6 +156,7 @@ def main() -> None:
             version = browser.version
             probe.close()
             for name in arguments.models:
+                print(f"{name}: loading and timing both sides on {adapter}...", file=sys.stderr, flush=True)
                 case = cases[name]
                 firsts = {"tessel": [], "ort": []}
                 sizes, pages = {}, {}

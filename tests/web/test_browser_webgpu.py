@@ -255,3 +255,31 @@ def test_a_damaged_webgpu_manifest_is_refused_by_name(gpu_page, server, bundle_s
     finally:
         gpu_page.unroute(pattern)
     assert "not a valid WebGPU manifest: dispatch 1 names entry point entry_missing" in message
+
+
+@pytest.mark.slow
+def test_limits_above_the_defaults_are_asked_of_the_device(gpu_page, server, bundle_sets):
+    """A bundle needing more than the spec's default maxStorageBufferBindingSize (128 MiB) gets a device with it, when
+    the adapter has it (SwiftShader: 1 GiB); limits within the defaults are not asked for."""
+    webgpu = bundle_sets["digits"]["bundles"]["webgpu"]
+    manifest = _get_json(f"{server}{webgpu}manifest.json")
+    manifest["webgpu"]["limits"]["maxStorageBufferBindingSize"] = 200 << 20
+    pattern = f"{server}{webgpu}manifest.json"
+    gpu_page.route(pattern, lambda route: route.fulfill(body=json.dumps(manifest), content_type="application/json"))
+    try:
+        limits = gpu_page.evaluate(
+            """async (bundle) => {
+              const tessel = await import("/runtime/tessel.js");
+              const { requiredLimits } = await import("/runtime/tessel-webgpu.js");
+              const model = await tessel.load(bundle, { backend: "webgpu" });
+              await model.run({ input: new Float32Array(64) });
+              const result = { asked: requiredLimits(model.manifest), got: model.executor.device.limits.maxStorageBufferBindingSize };
+              model.dispose();
+              return result;
+            }""",
+            webgpu,
+        )
+    finally:
+        gpu_page.unroute(pattern)
+    assert limits["asked"] == {"maxStorageBufferBindingSize": 200 << 20}
+    assert limits["got"] >= 200 << 20
