@@ -1,0 +1,218 @@
+"""Tessel's WebGPU executor against onnxruntime-web's WebGPU execution provider, in one headless Chromium page on the
+same adapter (issue 13 §4's WebGPU rows; the wasm rows are benchmarks/wasm.py --browser). Each zoo model is compiled
+for webgpu and served with its .onnx, tessel.js and onnxruntime-web's WebGPU build from a local server; outputs are
+checked against onnxruntime (Python) first, then, interleaved: the time from load() (InferenceSession.create) to the
+first result in a fresh page, the bytes of runtime and model the page fetched, and the median latency of runs.
+Never run in CI. Run: .venv/bin/python benchmarks/browser.py [--models ...] [--repeat 20] [--loads 3]"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+from common import HERE, install_onnxruntime_web, print_table, ratio, spread, summary
+
+import compiler
+from compiler import zoo
+
+ROOT = HERE.parent
+ORT_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
+DEFAULT = ("mobilenet_v2", "mlp", "dwconv_block", "vit_tiny")
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking"]
+
+# Both sides in the page: load, run once, time runs; `which` is "tessel" or "ort". Bytes are the encoded sizes of
+# every resource the page fetched, from the Resource Timing entries (same origin, so they are exposed).
+PAGE = """
+<!doctype html><meta charset="utf-8"><title>bench</title>
+<script type="module">
+// Each side imports its runtime itself, so a page's fetched bytes are one side's alone.
+const decode = (text) => new Float32Array(Uint8Array.from(atob(text), (c) => c.charCodeAt(0)).buffer);
+const sides = {};
+window.bench = {
+  async load(which, name, dims, data) {
+    const input = decode(data);
+    const started = performance.now();  // the runtime's download counts, as it does for a page
+    let run;
+    if (which === "tessel") {
+      const tessel = await import("/runtime/tessel.js");
+      const model = await tessel.load(`/bundles/${name}/`, { backend: "webgpu" });
+      run = async () => Object.values(await model.run({ [model.inputs[0].name]: { data: input, dims } }))[0].data;
+      sides[which] = { model, backend: model.backendReason };
+    } else {
+      const ort = await import("/ort/ort.webgpu.min.mjs");
+      ort.env.wasm.wasmPaths = "/ort/";
+      ort.env.wasm.numThreads = 1;
+      const session = await ort.InferenceSession.create(`/models/${name}.onnx`, { executionProviders: ["webgpu"] });
+      const feeds = { [session.inputNames[0]]: new ort.Tensor("float32", input, dims) };
+      run = async () => (await session.run(feeds))[session.outputNames[0]].getData();
+      sides[which] = { session };
+    }
+    const first = await run();
+    const firstMs = performance.now() - started;
+    sides[which].run = run;
+    const bytes = performance.getEntriesByType("resource").reduce((sum, entry) => sum + entry.encodedBodySize, 0);
+    return { firstMs, bytes, output: Array.from(first), backend: sides[which].backend || "webgpu EP" };
+  },
+  async time(which) {
+    const started = performance.now();
+    await sides[which].run();
+    return performance.now() - started;
+  },
+};
+window.benchReady = true;
+</script>
+"""
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    """Files from the bench directory, cross-origin isolated (onnxruntime-web's threads want it), never cached."""
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def guess_type(self, path):
+        if str(path).endswith((".mjs", ".js")):
+            return "text/javascript"
+        return super().guess_type(path)
+
+    def log_message(self, *args):
+        pass
+
+
+def _prepare(directory: Path, names: list[str]) -> dict[str, dict]:
+    """The served tree: /runtime (tessel.js), /ort (onnxruntime-web's WebGPU build), /bundles/<name>, /models."""
+    install_onnxruntime_web()
+    shutil.copytree(ROOT / "web_runtime", directory / "runtime")
+    (directory / "ort").mkdir()
+    for name in ORT_FILES:
+        shutil.copy(HERE / "node_modules" / "onnxruntime-web" / "dist" / name, directory / "ort" / name)
+    (directory / "models").mkdir()
+    (directory / "index.html").write_text(PAGE)
+    cases = {}
+    for name in names:
+        model = zoo.build_model(name)
+        (directory / "models" / f"{name}.onnx").write_bytes(model.SerializeToString())
+        compiler.compile_model(model, target="webgpu").export(directory / "bundles" / name)
+        feeds = zoo.sample_input(name)
+        (array,) = feeds.values()
+        session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        cases[name] = {"input": array, "expected": session.run(None, feeds)[0]}
+    return cases
+
+
+def _encoded(array: np.ndarray) -> str:
+    import base64
+
+    return base64.b64encode(array.astype(np.float32).tobytes()).decode()
+
+
+def _load_in_fresh_page(context, url: str, which: str, name: str, case: dict) -> dict:
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_function("window.benchReady === true")
+    result = page.evaluate(
+        "([which, name, dims, data]) => window.bench.load(which, name, dims, data)",
+        [which, name, list(case["input"].shape), _encoded(case["input"])],
+    )
+    return page, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT), choices=zoo.MODELS)
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs of each side, interleaved")
+    parser.add_argument("--loads", type=int, default=3, help="fresh-page loads of each side, interleaved")
+    arguments = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="tessel-browser-bench-") as folder:
+        directory = Path(folder)
+        cases = _prepare(directory, arguments.models)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(directory)))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
+        rows = []
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+            context = browser.new_context()
+            probe = context.new_page()
+            probe.goto(url)
+            adapter = probe.evaluate(
+                "navigator.gpu.requestAdapter().then((a) => a ? `${a.info.vendor} ${a.info.architecture}` : 'none')"
+            )
+            version = browser.version
+            probe.close()
+            for name in arguments.models:
+                print(f"{name}: loading and timing both sides on {adapter}...", file=sys.stderr, flush=True)
+                case = cases[name]
+                firsts = {"tessel": [], "ort": []}
+                sizes, pages = {}, {}
+                for _ in range(arguments.loads):
+                    for which in ("tessel", "ort"):
+                        if which in pages:
+                            pages[which].close()
+                        pages[which], result = _load_in_fresh_page(context, url, which, name, case)
+                        got = np.array(result["output"], np.float32).reshape(case["expected"].shape)
+                        np.testing.assert_allclose(
+                            got, case["expected"], rtol=1e-3, atol=1e-4, err_msg=f"{name} {which}"
+                        )
+                        firsts[which].append(result["firstMs"])
+                        sizes[which] = result["bytes"]
+                times = {"tessel": [], "ort": []}
+                for _ in range(arguments.repeat):
+                    for which in ("tessel", "ort"):
+                        times[which].append(pages[which].evaluate("(which) => window.bench.time(which)", which))
+                for page in pages.values():
+                    page.close()
+                ours, theirs = summary(times["tessel"]), summary(times["ort"])
+                first_ours, first_theirs = statistics.median(firsts["tessel"]), statistics.median(firsts["ort"])
+                rows.append(
+                    [
+                        name,
+                        spread(ours),
+                        spread(theirs),
+                        ratio(ours["median"], theirs["median"]),
+                        f"{first_ours:.0f}",
+                        f"{first_theirs:.0f}",
+                        ratio(first_ours, first_theirs),
+                        f"{sizes['tessel'] / 1e6:.2f}",
+                        f"{sizes['ort'] / 1e6:.2f}",
+                    ]
+                )
+            browser.close()
+        server.shutdown()
+    print(
+        f"{datetime.date.today()}, Chromium {version}, WebGPU adapter {adapter}, onnxruntime-web WebGPU EP; "
+        f"{arguments.repeat} interleaved runs, first result: median of {arguments.loads} fresh-page loads"
+    )
+    print_table(
+        [
+            "model",
+            "Tessel WebGPU ms (median / min / max)",
+            "ort-web WebGPU ms (median / min / max)",
+            "latency ratio",
+            "Tessel load→first ms",
+            "ort-web load→first ms",
+            "first-result ratio",
+            "Tessel MB fetched",
+            "ort-web MB fetched",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
