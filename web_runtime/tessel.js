@@ -263,6 +263,20 @@ function checkManifest(manifest) {
   if (typeof manifest.code !== "string" || !manifest.entry || typeof manifest.entry.name !== "string") {
     invalid("code and entry.name must be strings");
   }
+  if (manifest.variants !== undefined && !Array.isArray(manifest.variants)) invalid("variants must be a list");
+  (manifest.variants || []).forEach((variant, position) => {
+    const memory = variant && variant.wasm_import;
+    if (
+      typeof variant.code !== "string" ||
+      !Array.isArray(variant.features) ||
+      !memory ||
+      !isCount(memory.initial_pages) ||
+      !(memory.maximum_pages === null || isCount(memory.maximum_pages)) ||
+      !(variant.stack_bytes === undefined || isCount(variant.stack_bytes))
+    ) {
+      invalid(`variants[${position}] must have a code file, features and a wasm_import of whole page counts`);
+    }
+  });
   for (const spec of [...manifest.inputs, ...manifest.outputs]) {
     if (!(spec.dtype in TYPED_ARRAYS)) {
       throw new Error(`tessel: ${spec.name} has dtype ${spec.dtype}, which this runtime cannot hold in a typed array`);

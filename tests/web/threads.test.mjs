@@ -137,6 +137,15 @@ describe("fallbacks", () => {
     model.dispose();
   });
 
+  test("a malformed variants list is refused before any memory is sized from it", async () => {
+    const directory = join(scratch, "malformed");
+    await cp(digits.bundle, directory, { recursive: true });
+    const manifest = JSON.parse(await readFile(join(directory, "manifest.json"), "utf8"));
+    manifest.variants[0].wasm_import.initial_pages = -1;
+    await writeFile(join(directory, "manifest.json"), JSON.stringify(manifest));
+    await assert.rejects(tessel.load(directory), /variants\[0\] must have a code file, features and a wasm_import/);
+  });
+
   test("a damaged threaded variant is refused by its digest", async () => {
     const directory = join(scratch, "damaged");
     await cp(digits.bundle, directory, { recursive: true });
