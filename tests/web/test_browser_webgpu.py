@@ -17,7 +17,7 @@ from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _get_json, _run_onnxruntime
 
 from compiler import zoo
 
-server = test_browser.server  # the real app under uvicorn, its fixture reused
+server, store_root = test_browser.server, test_browser.store_root  # the real app under uvicorn, its fixtures reused
 
 MODELS = ["mlp", "digits", "dwconv_block", "mobilenet_v2"]
 WEBGPU_ARGS = [*CHROMIUM_ARGS, "--enable-unsafe-webgpu"]
