@@ -223,11 +223,23 @@ def install_onnxruntime_web() -> None:
     subprocess.run(["npm", command, "--prefix", str(HERE), "--no-audit", "--no-fund"], check=True)
 
 
-def run_in_node(entries, repeat: int, block: int = 1, pause_ms: float = 0.0) -> dict:
+def run_in_node(
+    entries,
+    repeat: int,
+    block: int = 1,
+    pause_ms: float = 0.0,
+    tessel_options: list[dict] | None = None,
+    ort_threads: int = 1,
+    node_flags: tuple[str, ...] = (),
+) -> dict:
     """Time wasm Modules in Node against onnxruntime-web (benchmarks/node_bench.mjs), `block` runs of each in turn
     with `pause_ms` idle after each block. `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
     Node are checked against onnxruntime's CPU provider here, and against onnxruntime-web's in Node, before timing.
-    Returns node_bench.mjs's report: {"versions": ..., "results": [{"name", "tessel", "onnxruntime_web"}, ...]}."""
+    Each bundle is loaded once per entry of `tessel_options` (tessel.load's options, e.g. {"threads": 2}), and
+    onnxruntime-web runs on `ort_threads` threads; `node_flags` go to node (e.g. --experimental-wasm-relaxed-simd).
+    Returns node_bench.mjs's report: {"versions": ..., "results":
+    [{"name", "tessel" (the first options' times), "tessel_runs" (one list per options), "variants",
+    "onnxruntime_web"}, ...]}."""
     install_onnxruntime_web()
     with tempfile.TemporaryDirectory(prefix="tessel-wasm-bench-") as folder:
         work = Path(folder)
@@ -252,10 +264,20 @@ def run_in_node(entries, repeat: int, block: int = 1, pause_ms: float = 0.0) -> 
             )
         job = work / "job.json"
         job.write_text(
-            json.dumps({"models": specs, "repeat": repeat, "warmup": WARMUP, "block": block, "pauseMs": pause_ms})
+            json.dumps(
+                {
+                    "models": specs,
+                    "repeat": repeat,
+                    "warmup": WARMUP,
+                    "block": block,
+                    "pauseMs": pause_ms,
+                    "tesselOptions": tessel_options or [{}],
+                    "ortThreads": ort_threads,
+                }
+            )
         )
         node = subprocess.run(
-            ["node", str(HERE / "node_bench.mjs"), str(job)], capture_output=True, text=True, cwd=HERE
+            ["node", *node_flags, str(HERE / "node_bench.mjs"), str(job)], capture_output=True, text=True, cwd=HERE
         )
         if node.returncode != 0:
             raise SystemExit(f"node_bench.mjs failed:\n{node.stderr.strip()}")

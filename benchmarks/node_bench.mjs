@@ -1,7 +1,8 @@
-// The Node 20 half of benchmarks/wasm.py: runs each model's Tessel bundle through web_runtime/tessel.js and the
-// same .onnx file through onnxruntime-web (wasm execution provider, SIMD, one thread) in this one process,
-// checks that both give the same outputs, times them interleaved (A B A B ..., or in blocks with pauses) and prints
-// the times as JSON.
+// The Node 20 half of benchmarks/wasm.py: runs each model's Tessel bundle through web_runtime/tessel.js (once per
+// entry of the job's `tesselOptions`, e.g. {threads: 1} and {threads: 2}) and the same .onnx file through
+// onnxruntime-web (wasm execution provider, SIMD, `ortThreads` threads: onnxruntime-web fixes its thread count once
+// per process) in this one process, checks that all give the same outputs, times them interleaved (A B C A B C ...,
+// or in blocks with pauses) and prints the times as JSON.
 // Usage: node benchmarks/node_bench.mjs job.json  (wasm.py writes the job: models, inputs, repeat, warmup)
 
 import { readFile, writeFile } from "node:fs/promises";
@@ -12,7 +13,8 @@ import * as tessel from "../web_runtime/tessel.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
-ort.env.wasm.numThreads = 1;
+const job = JSON.parse(await readFile(process.argv[2], "utf8"));
+ort.env.wasm.numThreads = job.ortThreads ?? 1;
 // Read the runtime's .wasm from node_modules: the benchmark machine has no network beyond the npm registry.
 ort.env.wasm.wasmPaths = `${path.join(here, "node_modules", "onnxruntime-web", "dist")}/`;
 
@@ -37,7 +39,8 @@ async function timed(run) {
 }
 
 async function benchmark(job, spec) {
-  const model = await tessel.load(spec.bundle);
+  const models = [];
+  for (const options of job.tesselOptions ?? [{}]) models.push(await tessel.load(spec.bundle, options));
   const session = await ort.InferenceSession.create(spec.onnx, {
     executionProviders: ["wasm"],
     graphOptimizationLevel: "all",
@@ -49,40 +52,37 @@ async function benchmark(job, spec) {
     tesselFeeds[input.name] = data;
     ortFeeds[input.name] = new ort.Tensor("float32", data, input.shape);
   }
-  const ours = await model.run(tesselFeeds);
   const theirs = await session.run(ortFeeds);
-  for (const [position, name] of spec.outputs.entries()) {
-    const worst = disagreement(ours[name].data, theirs[name].data);
-    if (worst > 0) throw new Error(`${spec.name}: output ${name} disagrees with onnxruntime-web (max error ${worst})`);
-    await writeFile(`${spec.outputPrefix}${position}.bin`, ours[name].data);
+  for (const [index, model] of models.entries()) {
+    const ours = await model.run(tesselFeeds);
+    for (const [position, name] of spec.outputs.entries()) {
+      const worst = disagreement(ours[name].data, theirs[name].data);
+      if (worst > 0) {
+        throw new Error(`${spec.name} (${model.variant.code}): output ${name} disagrees with onnxruntime-web (${worst})`);
+      }
+      if (index === 0) await writeFile(`${spec.outputPrefix}${position}.bin`, ours[name].data);
+    }
   }
-  const runTessel = () => model.run(tesselFeeds);
-  const runOrt = () => session.run(ortFeeds);
-  for (let round = 0; round < job.warmup; round++) {
-    await runTessel();
-    await runOrt();
-  }
+  const sides = [...models.map((model) => () => model.run(tesselFeeds)), () => session.run(ortFeeds)];
+  for (let round = 0; round < job.warmup; round++) for (const run of sides) await run();
   // `block` runs of one side, then of the other, idle `pauseMs` after each block (1 and 0: A B A B ...).
   const block = job.block ?? 1;
   const pauseMs = job.pauseMs ?? 0;
-  const tesselMs = [];
-  const ortMs = [];
-  while (ortMs.length < job.repeat) {
-    const count = Math.min(block, job.repeat - ortMs.length);
-    for (const [run, samples] of [
-      [runTessel, tesselMs],
-      [runOrt, ortMs],
-    ]) {
-      for (let index = 0; index < count; index++) samples.push(await timed(run));
+  const times = sides.map(() => []);
+  while (times[0].length < job.repeat) {
+    const count = Math.min(block, job.repeat - times[0].length);
+    for (const [side, run] of sides.entries()) {
+      for (let index = 0; index < count; index++) times[side].push(await timed(run));
       if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
     }
   }
-  model.dispose();
+  const variants = models.map((model) => model.variant);
+  for (const model of models) model.dispose();
   await session.release();
-  return { name: spec.name, tessel: tesselMs, onnxruntime_web: ortMs };
+  const ortMs = times.pop();
+  return { name: spec.name, tessel: times[0], tessel_runs: times, variants, onnxruntime_web: ortMs };
 }
 
-const job = JSON.parse(await readFile(process.argv[2], "utf8"));
 const results = [];
 for (const spec of job.models) results.push(await benchmark(job, spec));
 const versions = { node: process.versions.node, v8: process.versions.v8, onnxruntime_web: ort.env.versions.web };

@@ -125,7 +125,8 @@ def _link_shared(compiled, exports: list[str]) -> bytes:
 
 
 def _link_wasm(compiled, exports: list[str]) -> bytes:
-    return link_wasm(compiled.object, exports)
+    # +atomics (a bundle's threads variant) links the wasm thread pool over a shared memory
+    return link_wasm(compiled.object, exports, threads="atomics" in compiled.target.feature_set)
 
 
 def _no_additions(library: bytes, manifest: dict) -> dict:
@@ -172,6 +173,7 @@ def _wasm_model_runtime(image: ModelImage, target: Target, num_threads: int | No
         image.calls,
         image.binding,
         memory.get("wasm_import"),
+        num_threads or 1,
     )
 
 

@@ -21,17 +21,20 @@ from compiler.backends import KernelCode, ModelCode, ModelImage, backend_for, co
 from compiler.bundle import (
     FORMAT_VERSION,
     PARAMS_FILE,
+    WASM_FEATURES,
     BundleError,
     binding_digest,
     check_manifest,
     check_seal,
     read_bundle,
     seal_code,
+    variant_file,
     write_bundle,
 )
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
 from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.graph.ir import Graph, Node
+from compiler.link import WASM_STACK_BYTES
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
@@ -122,6 +125,32 @@ ENTRY = "run"
 Progress = Callable[[str, float], None]
 
 
+# What each wasm variant's feature adds to the target (bundle.WASM_FEATURES).
+WASM_FEATURE_ATTRIBUTES = {"threads": "+atomics,+bulk-memory", "relaxed-simd": "+relaxed-simd"}
+
+
+def _wasm_variants(target: Target, variants) -> list[dict]:
+    """The manifest's `variants` for the requested ones, each a feature or features joined by "+" ("threads",
+    "relaxed-simd", "threads+relaxed-simd"); each entry gets its memory import once linked. A threaded variant says
+    how large a stack each worker needs (the linker gives the calling thread the same)."""
+    if variants and target.kind != "wasm":
+        raise TargetError(f"wasm_variants apply to the wasm target, not {target}; drop them or compile for wasm")
+    entries = []
+    for variant in variants:
+        features = variant.split("+")
+        if not set(features) <= set(WASM_FEATURES):
+            raise TargetError(
+                f"unknown wasm variant {variant!r}; use {' or '.join(WASM_FEATURES)}, or both joined by '+'"
+            )
+        features = [feature for feature in WASM_FEATURES if feature in features]
+        entry = {"code": variant_file(features), "features": features}
+        if "threads" in features:
+            entry["stack_bytes"] = WASM_STACK_BYTES
+        if entry not in entries:
+            entries.append(entry)
+    return entries
+
+
 def _silent(step: str, fraction: float) -> None:
     return None
 
@@ -182,12 +211,15 @@ def compile_model(
     tuning_records: str | Path | None = None,
     num_threads: int | None = None,
     progress: Progress | None = None,
+    wasm_variants: tuple[str, ...] = (),
 ) -> Module:
     """Compile a whole model (a path, ONNX bytes, a ModelProto or a Graph) ahead of time into a Module:
-    one kernel per distinct fused group, a static memory plan and one `run` entry calling them in order."""
+    one kernel per distinct fused group, a static memory plan and one `run` entry calling them in order.
+    `wasm_variants` adds code built with more engine features beside the plain wasm (_wasm_variants)."""
     progress = progress or _silent
     target = Target.parse(target)
     backend = backend_for(target)
+    variants = _wasm_variants(target, wasm_variants)
     progress("loading the model", 0.0)
     graph, model_bytes = _model_source(model, input_shapes)
     progress("optimizing the graph", 0.05)
@@ -220,6 +252,8 @@ def compile_model(
         "input_shapes": {name: list(shape) for name, shape in sorted((input_shapes or {}).items())},
         "tuning_records": _records_digest(kernel_entries),
     }
+    if variants:
+        options["wasm_variants"] = [variant["code"] for variant in variants]
     identity = hashlib.sha256()
     for part in (
         model_bytes,
@@ -252,16 +286,28 @@ def compile_model(
         "memory": {"arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.total_bytes, "alignment": ALIGNMENT},
         "params": {"file": PARAMS_FILE, "bytes": len(params), "layout": params_layout},
         "options": options,
+        **({"variants": variants} if variants else {}),
     }
     # JSON round trip first: the digest is of the manifest as a loader will read it back
     manifest = json.loads(json.dumps(manifest))
     progress(f"generating code for {len(kernels)} kernels and linking it ({backend.code_file})", 0.6)
     code = backend.build_model(list(kernels.values()), run, manifest, target)
-    manifest = json.loads(json.dumps({**manifest, **code.manifest}))
+    # each variant is built from the same manifest (its binding digest leaves the variants' memory out) and adds only
+    # its own memory import
+    variant_code = {}
+    for position, variant in enumerate(variants):
+        progress(f"generating the {'+'.join(variant['features'])} variant", 0.9 + 0.1 * position / len(variants))
+        attributes = ",".join(WASM_FEATURE_ATTRIBUTES[feature] for feature in variant["features"])
+        built = backend.build_model(
+            list(kernels.values()), run, manifest, Target.parse(f"{target} -mattr={attributes}")
+        )
+        variant_code[variant["code"]] = seal_code(backend.seal, built.code)
+        variant["wasm_import"] = built.manifest["memory"]["wasm_import"]
+    manifest = json.loads(json.dumps({**manifest, **code.manifest, **({"variants": variants} if variants else {})}))
     progress("done", 1.0)
-    return Module(
-        manifest, seal_code(backend.seal, code.code), params, num_threads, code, [*kernels.values(), run], target=target
-    )
+    library = seal_code(backend.seal, code.code)
+    funcs = [*kernels.values(), run]
+    return Module(manifest, library, params, num_threads, code, funcs, target=target, variants=variant_code)
 
 
 def _records_digest(kernel_entries: dict[str, dict]) -> str | None:
@@ -427,9 +473,12 @@ class Module:
         funcs: list[PrimFunc] | None = None,
         binding: str | None = None,
         target: Target | None = None,
+        variants: dict[str, bytes] | None = None,
     ):
         self.manifest = manifest
         self.library = library
+        # the wasm variants' code by file name (bundle.WASM_FEATURES): exported with the bundle, run by tessel.js
+        self.variants = variants or {}
         self.params = params
         self.compiled = code.compiled if code is not None else None
         self.sources = code.sources if code is not None else None
@@ -584,7 +633,7 @@ class Module:
 
     def export(self, directory: str | Path) -> Path:
         """Write the bundle (manifest.json, the code, params.bin) into `directory`, atomically."""
-        files = {self.manifest["code"]: self.library, PARAMS_FILE: self.params}
+        files = {self.manifest["code"]: self.library, **self.variants, PARAMS_FILE: self.params}
         path = write_bundle(directory, self.manifest, files)
         self.manifest = {**self.manifest, "files": json.loads((path / "manifest.json").read_text())["files"]}
         return path
@@ -604,5 +653,10 @@ def load_module(directory: str | Path, num_threads: int | None = None) -> Module
     manifest, files = read_bundle(directory)
     check_manifest(manifest, files, code_files())
     code = files[manifest["code"]]
-    check_seal(backend_for(manifest["target"]).seal, code, manifest["code"])
-    return Module(manifest, code, files[PARAMS_FILE], num_threads, binding=binding_digest(manifest))
+    seal = backend_for(manifest["target"]).seal
+    check_seal(seal, code, manifest["code"])
+    variants = {variant["code"]: files[variant["code"]] for variant in manifest.get("variants", [])}
+    for name, variant_code in variants.items():
+        check_seal(seal, variant_code, name)
+    binding = binding_digest(manifest)
+    return Module(manifest, code, files[PARAMS_FILE], num_threads, binding=binding, variants=variants)

@@ -1,7 +1,7 @@
 """Bundles: the directory a compiled model is exported to and loaded from (DESIGN.md §4): manifest.json, the
-code (its backend's code file: model.so, model.wasm...) and params.bin. build.py writes the manifest; this module
-writes the files atomically and checks, on loading, the format version, every file's sha256, the manifest's schema
-(check_manifest) and the sizes it gives against the files. The code carries `binding_digest` of the manifest
+code (its backend's code file: model.so, model.wasm..., and for wasm optional variants such as model.threads.wasm)
+and params.bin. build.py writes the manifest; this module writes the files atomically and checks, on loading, the
+format version, every file's sha256, the manifest's schema (check_manifest) and the sizes it gives against the files. The code carries `binding_digest` of the manifest
 fields it was generated for, so an edited and rehashed manifest is refused before any kernel runs."""
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from compiler.graph.ir import ITEMSIZE
 FORMAT_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 PARAMS_FILE = "params.bin"
+# The engine features a wasm bundle may carry extra code for, beside its plain `code` (docs/web.md, "Threads and
+# relaxed SIMD"): each variant is the same model built with some of them, in a file of its own, sealed and digested
+# like `code`; the JS runtime runs the variant with the most features the engine has, every other runtime `code`.
+WASM_FEATURES = ("threads", "relaxed-simd")
+
+
+def variant_file(features: list[str]) -> str:
+    """The code file of the wasm variant built with `features`: model.threads.wasm, model.threads.relaxed-simd.wasm."""
+    return ".".join(["model", *features, "wasm"])
 
 
 class BundleError(TesselError):
@@ -39,6 +48,13 @@ def binding_digest(manifest: dict) -> str:
     bound = {key: value for key, value in manifest.items() if key != "files"}
     if isinstance(bound.get("memory"), dict):
         bound["memory"] = {key: value for key, value in bound["memory"].items() if key != "wasm_import"}
+    if isinstance(bound.get("variants"), list):
+        bound["variants"] = [
+            {key: value for key, value in variant.items() if key != "wasm_import"}
+            if isinstance(variant, dict)
+            else variant
+            for variant in bound["variants"]
+        ]
     return _digest(json.dumps(bound, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -157,6 +173,12 @@ _TENSOR = {
     "shape": _list_of(lambda where, value: _count(where, value, MAX_BYTES)),
     "dtype": _one_of(*ITEMSIZE),
 }
+# the memory a wasm module imports: what a host creates before instantiating it (shared for threads)
+_WASM_IMPORT = {
+    "initial_pages": _count,
+    "maximum_pages": _optional(_count),
+    "shared?": _one_of(True, False),
+}
 MANIFEST_SCHEMA = {
     "format_version": _one_of(FORMAT_VERSION),
     "content_hash": _text,
@@ -173,8 +195,16 @@ MANIFEST_SCHEMA = {
         "arena_bytes": _count,
         "intermediate_bytes": _count,
         "alignment": _count,
-        "wasm_import?": {"initial_pages": _count, "maximum_pages": _optional(_count)},
+        "wasm_import?": _WASM_IMPORT,
     },
+    "variants?": _list_of(
+        {
+            "code": _text,
+            "features": _list_of(_one_of(*WASM_FEATURES)),
+            "wasm_import": _WASM_IMPORT,
+            "stack_bytes?": _count,
+        }
+    ),
     "params": {
         "file": _one_of(PARAMS_FILE),
         "bytes": _count,
@@ -274,6 +304,12 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
         if entry["nbytes"] != tensor_bytes(entry) or entry["offset"] + entry["nbytes"] > params["bytes"]:
             raise BundleError(
                 f"{MANIFEST_FILE}: param {entry['name']!r} does not fit {PARAMS_FILE}; export the model again"
+            )
+    for position, variant in enumerate(manifest.get("variants", [])):
+        if variant["code"] != variant_file(variant["features"]) or variant["code"] not in files:
+            raise BundleError(
+                f"{MANIFEST_FILE}: variant {position} names code {variant['code']!r}, which the bundle lacks or which "
+                f"is not the file for features {variant['features']}; export the model again"
             )
     kernels = {kernel["name"] for kernel in manifest["kernels"]}
     for position, call in enumerate(manifest["calls"]):

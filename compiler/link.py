@@ -20,6 +20,11 @@ WASM_STACK_BYTES = 1 << 20
 # The thread pool that native parallel loops call (tessel_parallel): compiled once per target and linked into
 # every shared library, so a library needs no OpenMP runtime on the machine that loads it.
 THREAD_POOL_SOURCE = Path(__file__).resolve().parent / "codegen" / "thread_pool.c"
+# Its counterpart for threaded wasm modules (wasm32 + atomics over a shared memory), linked into each of them.
+WASM_THREAD_POOL_SOURCE = THREAD_POOL_SOURCE.with_name("wasm_thread_pool.c")
+# A shared memory must declare its maximum; wasm32's whole address space, so that no model is refused for its size
+# (engines reserve it as address space, not memory).
+WASM_MAX_MEMORY_BYTES = 1 << 32
 
 
 def _zig() -> list[str]:
@@ -73,14 +78,43 @@ def link_shared(object_code: bytes, target: Target) -> bytes:
         return output.read_bytes()
 
 
-def link_wasm(object_code: bytes, exports: list[str]) -> bytes:
+@functools.cache
+def _wasm_thread_pool_object() -> bytes:
+    with tempfile.TemporaryDirectory(prefix="tessel-pool-") as folder:
+        output = Path(folder, "wasm_thread_pool.o")
+        command = [
+            *_zig(),
+            "cc",
+            "-target",
+            "wasm32-freestanding",
+            "-mcpu=generic+atomics+bulk_memory+simd128",
+            "-O2",
+            "-c",
+            "-o",
+            str(output),
+            str(WASM_THREAD_POOL_SOURCE),
+        ]
+        _run(command, "compiling the wasm thread pool")
+        return output.read_bytes()
+
+
+def link_wasm(object_code: bytes, exports: list[str], threads: bool = False) -> bytes:
     """A wasm module that imports its memory as env.memory and exports `exports` and __heap_base.
 
     The host creates the memory, so one memory can hold a whole model's arena and params and can be
-    grown or shared by the host before any kernel runs."""
+    grown or shared by the host before any kernel runs. With `threads` (an object compiled with +atomics) the
+    memory is shared, the wasm thread pool is linked in, and __stack_pointer is exported so that each worker
+    instance can move its stack off the caller's."""
     with tempfile.TemporaryDirectory(prefix="tessel-link-") as folder:
         source, output = Path(folder, "kernel.o"), Path(folder, "kernel.wasm")
         source.write_bytes(object_code)
+        objects = [str(source)]
+        threading = []
+        if threads:
+            pool = Path(folder, "wasm_thread_pool.o")
+            pool.write_bytes(_wasm_thread_pool_object())
+            objects.append(str(pool))
+            threading = ["--shared-memory", f"--max-memory={WASM_MAX_MEMORY_BYTES}", "--export=__stack_pointer"]
         command = [
             *_zig(),
             "wasm-ld",
@@ -90,10 +124,11 @@ def link_wasm(object_code: bytes, exports: list[str]) -> bytes:
             "-z",
             f"stack-size={WASM_STACK_BYTES}",
             "--export=__heap_base",
+            *threading,
             *(f"--export={name}" for name in exports),
             "-o",
             str(output),
-            str(source),
+            *objects,
         ]
         _run(command, "linking a wasm module")
         return output.read_bytes()

@@ -3,7 +3,7 @@
 // it; results go back to the caller. No dependencies, no build step: an ES module served as is.
 //
 //   import * as tessel from "/runtime/tessel.js";
-//   const model = await tessel.load("/bundles/<id>/", { backend: "auto", onProgress });
+//   const model = await tessel.load("/bundles/<id>/", { backend: "auto", threads: 4, onProgress });
 //   const outputs = await model.run({ input: new Float32Array(64) });  // {name: {data, dims, dtype}}
 
 const PAGE_BYTES = 65536;
@@ -39,6 +39,23 @@ const SIMD_PROBE = new Uint8Array([
 /** True when this JavaScript engine runs WebAssembly SIMD128, which every Tessel wasm bundle uses. */
 export function hasWasmSimd() {
   return typeof WebAssembly === "object" && WebAssembly.validate(SIMD_PROBE);
+}
+
+// The same function computing f32x4.relaxed_madd of three v128.const zeros: valid only where the engine has relaxed
+// SIMD (Chrome 114+; Node 20 only with --experimental-wasm-relaxed-simd).
+const RELAXED_SIMD_PROBE = new Uint8Array([
+  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b, // type section: () -> v128
+  0x03, 0x02, 0x01, 0x00, // function section: one function of type 0
+  0x0a, 0x3d, 0x01, 0x3b, 0x00, // code section: one body, no locals
+  ...[0, 1, 2].flatMap(() => [0xfd, 0x0c, ...new Array(16).fill(0)]), // three v128.const
+  0xfd, 0x85, 0x02, // f32x4.relaxed_madd
+  0x0b, // end
+]);
+
+/** True when this engine runs WebAssembly relaxed SIMD (fused multiply-add), which a bundle's relaxed variant uses. */
+export function hasWasmRelaxedSimd() {
+  return typeof WebAssembly === "object" && WebAssembly.validate(RELAXED_SIMD_PROBE);
 }
 
 function roundUp(value, multiple) {
@@ -246,6 +263,20 @@ function checkManifest(manifest) {
   if (typeof manifest.code !== "string" || !manifest.entry || typeof manifest.entry.name !== "string") {
     invalid("code and entry.name must be strings");
   }
+  if (manifest.variants !== undefined && !Array.isArray(manifest.variants)) invalid("variants must be a list");
+  (manifest.variants || []).forEach((variant, position) => {
+    const memory = variant && variant.wasm_import;
+    if (
+      typeof variant.code !== "string" ||
+      !Array.isArray(variant.features) ||
+      !memory ||
+      !isCount(memory.initial_pages) ||
+      !(memory.maximum_pages === null || isCount(memory.maximum_pages)) ||
+      !(variant.stack_bytes === undefined || isCount(variant.stack_bytes))
+    ) {
+      invalid(`variants[${position}] must have a code file, features and a wasm_import of whole page counts`);
+    }
+  });
   for (const spec of [...manifest.inputs, ...manifest.outputs]) {
     if (!(spec.dtype in TYPED_ARRAYS)) {
       throw new Error(`tessel: ${spec.name} has dtype ${spec.dtype}, which this runtime cannot hold in a typed array`);
@@ -318,14 +349,23 @@ function describeFailure(manifest, failed) {
   );
 }
 
+// A copy of `length` bytes of linear memory from `start` in a fresh (never shared) ArrayBuffer.
+function copyOut(memory, start, length) {
+  const copy = new Uint8Array(length);
+  copy.set(new Uint8Array(memory.buffer, start, length));
+  return copy.buffer;
+}
+
 class WasmExecutor {
   // Linear memory from __heap_base: params (copied in once), the arena, then one 64-byte-aligned slot per
-  // input and output, the layout compiler/runtime/wasm.py uses, so `run(inputs…, outputs…, params, arena)`
-  // sees the same offsets in every runtime.
-  constructor(manifest, instance, memory) {
+  // input and output, then one stack per pool worker (threaded variants), the layout compiler/runtime/wasm.py uses,
+  // so `run(inputs…, outputs…, params, arena)` sees the same offsets in every runtime.
+  constructor(manifest, instance, memory, workers = 0, stackBytes = 0) {
     this.manifest = manifest;
     this.memory = memory;
+    this.instance = instance;
     this.entry = instance.exports[manifest.entry.name];
+    this.workers = [];
     let end = roundUp(instance.exports.__heap_base.value, ALIGNMENT);
     const reserve = (size) => {
       const offset = end;
@@ -336,6 +376,8 @@ class WasmExecutor {
     this.arenaOffset = reserve(manifest.memory.arena_bytes);
     this.inputOffsets = manifest.inputs.map((spec) => reserve(byteSize(spec)));
     this.outputOffsets = manifest.outputs.map((spec) => reserve(byteSize(spec)));
+    // a stack grows down from the end of its region
+    this.stackTops = Array.from({ length: workers }, () => reserve(stackBytes) + stackBytes);
     const missing = end - memory.buffer.byteLength;
     if (missing > 0) {
       try {
@@ -361,8 +403,25 @@ class WasmExecutor {
     if (loaded !== total) {
       throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
     }
-    const params = new Uint8Array(this.memory.buffer, this.paramsOffset, total);
+    // crypto.subtle refuses views of shared memory: a threaded variant's params are hashed from a copy
+    const params = new Uint8Array(copyOut(this.memory, this.paramsOffset, total));
     await checkDigest(this.manifest, this.manifest.params.file, params);
+  }
+
+  /** Start one pool worker per reserved stack and wait until each has instantiated the module. A page that may not
+   * start workers (a Content-Security-Policy without blob: workers) runs on the calling thread alone, with a warning:
+   * the pool never waits for a worker that has not joined, so the threaded code is right on one thread too. */
+  async startWorkers(module) {
+    const starting = this.stackTops.map((stackTop) => startPoolWorker({ module, memory: this.memory, stackTop }));
+    const started = await Promise.allSettled(starting);
+    this.workers = started.filter((item) => item.status === "fulfilled").map((item) => item.value);
+    const failure = started.find((item) => item.status === "rejected");
+    if (failure) {
+      for (const worker of this.workers) worker.terminate();
+      this.workers = [];
+      this.variant.threads = 1;
+      console.warn(`tessel: running on 1 thread: a wasm thread-pool worker did not start (${failure.reason.message})`);
+    }
   }
 
   run(arrays) {
@@ -376,8 +435,7 @@ class WasmExecutor {
     if (failed) throw new Error(`tessel: ${describeFailure(this.manifest, failed)}`);
     const results = outputs.map((spec, position) => {
       const Type = TYPED_ARRAYS[spec.dtype];
-      const start = this.outputOffsets[position];
-      return new Type(this.memory.buffer.slice(start, start + byteSize(spec)));
+      return new Type(copyOut(this.memory, this.outputOffsets[position], byteSize(spec)));
     });
     // Outputs no kernel writes (an input or a weight passed straight through) are copied here, as in build.py.
     outputs.forEach((spec, position) => {
@@ -386,18 +444,129 @@ class WasmExecutor {
       const Type = TYPED_ARRAYS[spec.dtype];
       if (from.region === "input") results[position] = Type.from(arrays[from.index]);
       else if (from.region === "output") results[position] = Type.from(results[from.index]);
-      else {
-        const start = this.paramsOffset + from.offset;
-        results[position] = new Type(this.memory.buffer.slice(start, start + byteSize(spec)));
-      }
+      else results[position] = new Type(copyOut(this.memory, this.paramsOffset + from.offset, byteSize(spec)));
     });
     return results;
   }
 
   dispose() {
+    for (const worker of this.workers) worker.terminate();
+    this.workers = [];
     this.memory = null;
     this.entry = null;
   }
+}
+
+// ---- threads: a pool of workers over one shared memory ------------------------------------------------
+//
+// A threaded variant (manifest.variants, features ["threads"]) links compiler/codegen/wasm_thread_pool.c: the
+// module's parallel loops call its tessel_parallel, and each worker runs its tessel_worker, which never returns.
+// The calling thread (the page's main thread or Node's) takes part in every job and never blocks: it only spins
+// until the workers that joined a job have left it (docs/web.md, "Threads and relaxed SIMD").
+
+// A worker's whole life, run in a Web Worker or a Node worker thread: instantiate the module over the shared memory,
+// move its stack to its own region, say it is ready, then serve the pool until it is terminated.
+function poolWorker(data, ready) {
+  const instance = new WebAssembly.Instance(data.module, { env: { memory: data.memory } });
+  instance.exports.__stack_pointer.value = data.stackTop;
+  ready();
+  instance.exports.tessel_worker();
+}
+
+const BROWSER_WORKER_SOURCE = `onmessage = (event) => (${poolWorker})(event.data, () => postMessage("ready"));`;
+const NODE_WORKER_SOURCE =
+  `const { parentPort } = require("node:worker_threads");\n` +
+  `parentPort.once("message", (data) => (${poolWorker})(data, () => parentPort.postMessage("ready")));`;
+
+let browserWorkerUrl;
+
+/** A started pool worker: resolves, once it has instantiated the module, to an object with terminate(). */
+async function startPoolWorker(data) {
+  let worker;
+  if (isNode()) {
+    const { Worker } = await import("node:worker_threads");
+    worker = new Worker(NODE_WORKER_SOURCE, { eval: true });
+    // a worker serving the pool forever must not keep Node alive once the caller is done
+    worker.unref();
+  } else {
+    browserWorkerUrl ??= URL.createObjectURL(new Blob([BROWSER_WORKER_SOURCE], { type: "text/javascript" }));
+    worker = new Worker(browserWorkerUrl);
+  }
+  const ready = new Promise((resolve, reject) => {
+    const onMessage = (message) => (message === "ready" || message.data === "ready" ? resolve() : null);
+    const onError = (error) => reject(error instanceof Error ? error : new Error(error.message || String(error)));
+    if (isNode()) {
+      worker.once("message", onMessage);
+      worker.once("error", onError);
+    } else {
+      worker.onmessage = onMessage;
+      worker.onerror = onError;
+    }
+  });
+  worker.postMessage(data);
+  try {
+    await ready;
+  } catch (error) {
+    worker.terminate();
+    throw error;
+  }
+  return worker;
+}
+
+function availableCores() {
+  if (typeof navigator === "object" && navigator && navigator.hardwareConcurrency) return navigator.hardwareConcurrency;
+  return 1;
+}
+
+async function nodeCores() {
+  const os = await import("node:os");
+  return os.availableParallelism ? os.availableParallelism() : os.cpus().length;
+}
+
+// The threads a load may use: the caller's {threads}, else the cores, at most MAX_DEFAULT_THREADS; and why threads
+// cannot be used here, when they cannot.
+const MAX_DEFAULT_THREADS = 4;
+
+async function threadsHere(requested) {
+  if (requested !== undefined && !(Number.isSafeInteger(requested) && requested >= 1)) {
+    throw new Error(`tessel: threads must be a whole number of at least 1, got ${requested}`);
+  }
+  const cores = isNode() ? await nodeCores() : availableCores();
+  const threads = requested ?? Math.min(cores, MAX_DEFAULT_THREADS);
+  if (threads === 1) return { threads, reason: null };
+  // a browser hides SharedArrayBuffer from a page that is not cross-origin isolated, so that is asked first
+  if (!isNode() && globalThis.crossOriginIsolated !== true) {
+    return {
+      threads: 1,
+      reason:
+        "the page is not cross-origin isolated: serve it with the headers Cross-Origin-Opener-Policy: same-origin " +
+        "and Cross-Origin-Embedder-Policy: require-corp",
+    };
+  }
+  if (typeof SharedArrayBuffer !== "function") {
+    return { threads: 1, reason: "this engine has no SharedArrayBuffer" };
+  }
+  if (!isNode() && typeof Worker !== "function") return { threads: 1, reason: "this page cannot start workers" };
+  return { threads, reason: null };
+}
+
+let warnedAboutThreads = false;
+
+/** The code file to run, its memory and features: the bundle's variant with the most features this engine has. */
+async function chooseVariant(manifest, options) {
+  const { threads, reason } = await threadsHere(options.threads);
+  const threaded = (manifest.variants || []).some((variant) => variant.features.includes("threads"));
+  if (reason && threaded && !warnedAboutThreads) {
+    warnedAboutThreads = true;
+    console.warn(`tessel: running on 1 thread: ${reason}`);
+  }
+  const available = new Set();
+  if (threads > 1) available.add("threads");
+  if (options.relaxedSimd !== false && hasWasmRelaxedSimd()) available.add("relaxed-simd");
+  const usable = (manifest.variants || []).filter((variant) => variant.features.every((name) => available.has(name)));
+  usable.sort((left, right) => right.features.length - left.features.length);
+  const chosen = usable[0] || { code: manifest.code, features: [], wasm_import: manifest.memory.wasm_import };
+  return { ...chosen, threads: chosen.features.includes("threads") ? threads : 1 };
 }
 
 const wasmBackend = {
@@ -416,35 +585,39 @@ const wasmBackend = {
     return null;
   },
   async create(manifest, source, options) {
-    const limits = manifest.memory.wasm_import;
+    const variant = await chooseVariant(manifest, options);
+    const limits = variant.wasm_import;
     if (!limits) throw new Error("tessel: the bundle's manifest has no memory.wasm_import; compile it again");
     const memory = new WebAssembly.Memory({
       initial: limits.initial_pages,
       ...(limits.maximum_pages === null ? {} : { maximum: limits.maximum_pages }),
+      ...(limits.shared ? { shared: true } : {}),
     });
     // The digest is checked before the compile's outcome is looked at, so a damaged download says so rather
     // than giving the engine's CompileError.
-    const { bytes, instantiated } = await source.wasm(manifest.code, { env: { memory } }, options.onProgress);
-    await checkDigest(manifest, manifest.code, bytes);
-    let instance;
+    const { bytes, instantiated } = await source.wasm(variant.code, { env: { memory } }, options.onProgress);
+    await checkDigest(manifest, variant.code, bytes);
+    let instance, module;
     try {
-      ({ instance } = await instantiated);
+      ({ instance, module } = await instantiated);
     } catch (error) {
       if (error instanceof WebAssembly.LinkError) {
         throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one does not link: ${error.message}`);
       }
       if (error instanceof WebAssembly.CompileError) {
-        throw new Error(`tessel: ${manifest.code} is not a valid wasm module (${error.message}); export the bundle again`);
+        throw new Error(`tessel: ${variant.code} is not a valid wasm module (${error.message}); export the bundle again`);
       }
       throw error;
     }
     const entry = instance.exports[manifest.entry && manifest.entry.name];
     const expected = manifest.inputs.length + manifest.outputs.length + 2;
     if (typeof entry !== "function" || entry.length !== expected) {
-      throw new Error(`tessel: ${manifest.code} has no entry taking the manifest's ${expected} arguments; export it again`);
+      throw new Error(`tessel: ${variant.code} has no entry taking the manifest's ${expected} arguments; export it again`);
     }
-    const executor = new WasmExecutor(manifest, instance, memory);
+    const executor = new WasmExecutor(manifest, instance, memory, variant.threads - 1, variant.stack_bytes || 0);
+    executor.variant = { code: variant.code, features: variant.features, threads: variant.threads };
     await executor.loadParams(source.chunks(manifest.params.file), options.onProgress);
+    if (variant.threads > 1) await executor.startWorkers(module);
     return executor;
   },
 };
@@ -563,6 +736,8 @@ export class Model {
     // why this backend runs the model: "asked for wasm", "auto chose wasm: ..., passing over webgpu (...)"
     this.backendReason = executor.adapter ? `${backendReason} (adapter: ${executor.adapter})` : backendReason;
     this.executor = executor;
+    // what the backend runs: for wasm {code, features, threads}, e.g. model.threads.wasm on 4 threads
+    this.variant = executor.variant || null;
     this.inputs = manifest.inputs.map(describeSpec);
     this.outputs = manifest.outputs.map(describeSpec);
   }
@@ -675,12 +850,14 @@ async function bundleCandidates(bundle, onProgress) {
  * options.backend: "auto" (default), "wasm" or "webgpu"; options.onProgress({phase, loaded, total}) is called
  * as the manifest, code and params arrive (phase "manifest", "code", "params", then "ready").
  * model.backend names the backend chosen and model.backendReason says why.
+ * options.threads: wasm threads for a bundle with a threaded variant (default: the cores, at most 4; one, with a
+ * console.warn, in a page that is not cross-origin isolated); options.relaxedSimd: false keeps to plain SIMD.
  */
 export async function load(bundleUrl, options = {}) {
-  const { backend = "auto", onProgress } = options;
+  const { backend = "auto", onProgress, threads, relaxedSimd } = options;
   const candidates = await bundleCandidates(bundleUrl, onProgress);
   const { backend: chosen, manifest, source, reason } = await chooseBackend(candidates, backend);
-  const executor = await chosen.create(manifest, source, { onProgress });
+  const executor = await chosen.create(manifest, source, { onProgress, threads, relaxedSimd });
   reportProgress(onProgress, "ready", 1, 1);
   return new Model(manifest, chosen.name, executor, reason);
 }

@@ -2,8 +2,8 @@
 and an object file for a Target. link.py turns the object into a .so or .wasm; build.py drives it.
 
 Every kernel is `void name(T0* arg0, T1* arg1, ...)`. Vectorized loops become LLVM vector values,
-parallel loops an outlined body run through Tessel's thread pool (thread_pool.c, linked in by link.py) when
-tir/work.py says they do enough work, math a polynomial in IR."""
+parallel loops an outlined body run through Tessel's thread pool (thread_pool.c natively, wasm_thread_pool.c in
+threaded wasm; link.py links them) when tir/work.py says they do enough work, math a polynomial in IR."""
 
 from __future__ import annotations
 
@@ -102,6 +102,15 @@ def _lanes(value: ir.Value) -> int:
 STRIDED_LOADS = (2, 3, 4)
 
 
+def _holds_static_array(body: Stmt) -> bool:
+    """Whether `body` allocates a buffer that wasm keeps in a static array (over _STACK_LIMIT_BYTES): one array for
+    every thread of a threaded module, so such a loop must stay on one thread."""
+    return any(
+        isinstance(node, Allocate) and node.buffer.size * max(1, element_bytes(node.buffer.dtype)) > _STACK_LIMIT_BYTES
+        for node in walk(body)
+    )
+
+
 class _ModuleContext:
     """What the functions of one module share: the module, its target and its declarations."""
 
@@ -110,7 +119,9 @@ class _ModuleContext:
         self.module = ir.Module(name="tessel")
         self.module.triple = target.triple
         self.counter = 0  # makes outlined-function and static-array names unique
-        self.parallel = target.kind == "llvm"
+        # Parallel loops go to a thread pool natively and in threaded wasm (+atomics: link.py links
+        # wasm_thread_pool.c over a shared memory); plain wasm runs them serially.
+        self.parallel = target.kind == "llvm" or "atomics" in target.feature_set
         if self.parallel:
             threads = ir.GlobalVariable(self.module, _I32, NUM_THREADS_GLOBAL)
             threads.initializer = ir.Constant(_I32, 0)
@@ -394,7 +405,8 @@ class _FunctionEmitter(StmtVisitor):
             storage.align = 64
             pointer = _opaque(storage)
         elif self.target.kind == "wasm":
-            # A wasm instance runs one call at a time, so a static array cannot be shared by two calls.
+            # A wasm instance runs one call at a time, so a static array cannot be shared by two calls; nor by two
+            # threads: a parallel loop holding one stays serial (_holds_static_array).
             self.context.counter += 1
             storage = ir.GlobalVariable(self.context.module, array_type, f"{buffer.name}.{self.context.counter}")
             storage.linkage = "internal"
@@ -480,6 +492,7 @@ class _FunctionEmitter(StmtVisitor):
             and self.context.parallel
             and self.parallel_depth == 0
             and worth_parallel(node)
+            and not (self.target.kind == "wasm" and _holds_static_array(node.body))
         ):
             self.parallel_loop(node, start, extent)
             return

@@ -1,10 +1,15 @@
-"""WASM runtime: a .wasm from link.py run in wasmtime (SIMD128 on). The host owns the linear memory
-(the module imports it); each call copies the arrays into it, runs the kernel and copies every
-argument back into the caller's arrays, so outputs are written in place as natively."""
+"""WASM runtime: a .wasm from link.py run in wasmtime (SIMD128, relaxed SIMD and threads on). The host owns the
+linear memory (the module imports it); each call copies the arrays into it, runs the kernel and copies every
+argument back into the caller's arrays, so outputs are written in place as natively. A threaded module (its memory
+shared) runs on one thread unless asked for more: WasmModel(threads=n) starts n - 1 Python threads, each running
+the pool's worker (tessel_worker) in its own instance over the same memory; wasmtime-py's calls release the GIL, so
+they run at once, as tessel.js's workers do."""
 
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -12,6 +17,7 @@ import wasmtime
 
 from compiler.bundle import BINDING_SYMBOL, BundleError
 from compiler.errors import TargetError
+from compiler.link import WASM_STACK_BYTES
 from compiler.runtime import ArgSpec, check_args, check_status
 
 PAGE_BYTES = 65536
@@ -30,14 +36,40 @@ def memory_import(wasm: bytes) -> dict:
     if [(item.module, item.name) for item in imports] != [("env", "memory")]:
         wanted = ", ".join(f"{item.module}.{item.name}" for item in imports)
         raise TargetError(f"a Tessel wasm module imports only env.memory; this one imports {wanted}")
-    limits = imports[0].type.limits
-    return {"initial_pages": limits.min, "maximum_pages": limits.max}
+    memory = imports[0].type
+    limits = {"initial_pages": memory.limits.min, "maximum_pages": memory.limits.max}
+    return {**limits, "shared": True} if memory.is_shared else limits
 
 
 def _config() -> wasmtime.Config:
     config = wasmtime.Config()
     config.wasm_simd = True
+    config.wasm_relaxed_simd = True
+    config.wasm_threads = True
+    config.shared_memory = True
     return config
+
+
+class _SharedMemory(wasmtime.SharedMemory):
+    """A shared memory with wasmtime.Memory's methods (which take the store), so the runtime reads either alike.
+    wasmtime-py 50's SharedMemory also hands the C API a pointer to its pointer as an import (a TypeError on every
+    instantiation); _as_extern passes the pointer itself, as the C union expects."""
+
+    def _as_extern(self):
+        union = wasmtime._ffi.wasmtime_extern_union(sharedmemory=self.ptr())
+        return wasmtime._ffi.wasmtime_extern_t(wasmtime._ffi.WASMTIME_EXTERN_SHAREDMEMORY, union)
+
+    def data_len(self, store=None) -> int:
+        return super().data_len()
+
+    def data_ptr(self, store=None):
+        return super().data_ptr()
+
+    def grow(self, store, delta: int) -> int:
+        return super().grow(delta)
+
+    def read(self, store, start: int, stop: int) -> bytearray:
+        return bytearray(ctypes.string_at(ctypes.addressof(self.data_ptr().contents) + start, stop - start))
 
 
 class WasmInstance:
@@ -51,11 +83,14 @@ class WasmInstance:
         if [(item.module, item.name) for item in module.imports] != [("env", "memory")]:
             wanted = ", ".join(f"{item.module}.{item.name}" for item in module.imports)
             raise TargetError(f"a Tessel wasm module imports only env.memory; this one imports {wanted}")
-        self.memory_limits = {
-            "initial_pages": module.imports[0].type.limits.min,
-            "maximum_pages": module.imports[0].type.limits.max,
-        }
-        self.memory = wasmtime.Memory(self.store, module.imports[0].type)
+        memory = module.imports[0].type
+        self.memory_limits = {"initial_pages": memory.limits.min, "maximum_pages": memory.limits.max}
+        if memory.is_shared:
+            self.memory_limits["shared"] = True
+            self.memory = _SharedMemory(self.engine, memory)
+        else:
+            self.memory = wasmtime.Memory(self.store, memory)
+        self.module = module
         self.instance = wasmtime.Instance(self.store, module, [self.memory])
         self.exports = self.instance.exports(self.store)
         self.heap_base = _round_up(self.exports["__heap_base"].value(self.store), ALIGN)
@@ -104,6 +139,7 @@ class WasmModel:
         calls: list[str] | None = None,
         binding: str | None = None,
         memory_limits: dict | None = None,
+        threads: int = 1,
     ):
         try:
             self.instance = WasmInstance(wasm)
@@ -113,12 +149,32 @@ class WasmModel:
         if binding is not None:
             self._check_binding(binding, entry, len(inputs) + len(outputs) + 2, memory_limits)
         self.calls = calls or []
-        sizes = [len(params), arena_bytes, *(_nbytes(spec) for spec in [*inputs, *outputs])]
+        workers = threads - 1 if self.instance.memory_limits.get("shared") else 0
+        sizes = [
+            len(params),
+            arena_bytes,
+            *(_nbytes(spec) for spec in [*inputs, *outputs]),
+            *[WASM_STACK_BYTES] * workers,
+        ]
         self.params_offset, self.arena_offset, *slots = self.instance.reserve(sizes)
-        self.input_offsets, self.output_offsets = slots[: len(inputs)], slots[len(inputs) :]
+        self.input_offsets = slots[: len(inputs)]
+        self.output_offsets = slots[len(inputs) : len(inputs) + len(outputs)]
+        stacks = slots[len(inputs) + len(outputs) :]
         self.outputs = outputs
         self.entry = self.instance.exports[entry]
         ctypes.memmove(self._base() + self.params_offset, params, len(params))
+        self.threads = 1 + len(stacks)
+        for stack in stacks:
+            threading.Thread(target=_worker, args=(self.instance, stack + WASM_STACK_BYTES), daemon=True).start()
+        self._await_workers(len(stacks))
+
+    def _await_workers(self, count: int) -> None:
+        registered = self.instance.exports.get("tessel_pool_workers")
+        deadline = time.monotonic() + 10
+        while count and registered(self.instance.store) < count:
+            if time.monotonic() > deadline:
+                raise TargetError(f"the wasm thread pool's {count} workers did not start within 10 s")
+            time.sleep(0.001)
 
     def _check_binding(self, binding: str, entry: str, arguments: int, memory_limits: dict | None) -> None:
         """The module must carry `binding` (bundle.py's digest of the manifest it was generated for), import the
@@ -196,6 +252,15 @@ class WasmReplay:
             ctypes.memmove(array.ctypes.data, base + offset, array.nbytes)
             results.append(array)
         return results
+
+
+def _worker(instance: WasmInstance, stack_top: int) -> None:
+    """One pool worker for the life of the process (wasmtime cannot wake a thread waiting in memory.atomic.wait32 to
+    end it): its own store and instance over the shared memory, its stack moved to its own region."""
+    store = wasmtime.Store(instance.engine)
+    exports = wasmtime.Instance(store, instance.module, [instance.memory]).exports(store)
+    exports["__stack_pointer"].set_value(store, stack_top)
+    exports["tessel_worker"](store)
 
 
 def _nbytes(spec: ArgSpec) -> int:

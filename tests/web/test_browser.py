@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from compiler import zoo
+from compiler import compile_model, zoo
 from compiler.data.train_digits import held_out_split
 
 CHROMIUM_ARGS = [
@@ -43,13 +43,18 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def store_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="module")
+def server(store_root):
     """The real app on 127.0.0.1, with the digits demo prebuilt, stopped when the module's tests end."""
     import uvicorn
 
     from server.app import create_app
 
-    app = create_app(tmp_path_factory.mktemp("store"), max_workers=2, prebuild=("digits",))
+    app = create_app(store_root, max_workers=2, prebuild=("digits",))
     port = _free_port()
     instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=instance.run, daemon=True)
@@ -327,3 +332,110 @@ def test_tune_on_this_device_times_candidates_in_the_page_and_compiles_with_them
     manifest = _get_json(f"{server}/bundles/{bundle_id.removeprefix('/bundles/').removesuffix('.zip')}/manifest.json")
     best = [record["config"] for record in best_records(records).values()]
     assert [kernel["config"] for kernel in manifest["kernels"]] == best
+
+
+# ---- threaded and relaxed-SIMD wasm in the page ----------------------------------------------------------------
+
+THREAD_MODELS = ("mlp", "digits", "squeezenet")
+WASM_VARIANTS = ("threads", "relaxed-simd", "threads+relaxed-simd")
+# Loads a bundle once per option set, runs it twice on the same input and returns what ran and what came out.
+RUN_VARIANTS = """async ({bundle, feeds, configs}) => {
+  const tessel = await import("/runtime/tessel.js");
+  const inputs = Object.fromEntries(Object.entries(feeds).map(([name, values]) => [name, Float32Array.from(values)]));
+  const results = [];
+  for (const options of configs) {
+    const model = await tessel.load(bundle, options);
+    await model.run(inputs);
+    const outputs = await model.run(inputs);
+    const joins = model.executor.instance.exports.tessel_pool_joins;
+    results.push({
+      variant: model.variant,
+      joins: joins ? joins() : null,
+      outputs: Object.fromEntries(Object.entries(outputs).map(([name, value]) => [name, Array.from(value.data)])),
+    });
+    model.dispose();
+  }
+  return {results, isolated: crossOriginIsolated, relaxed: tessel.hasWasmRelaxedSimd()};
+}"""
+
+
+@pytest.fixture(scope="module")
+def variant_bundles(store_root):
+    """mlp, digits and squeezenet (small inputs: Playwright passes them as JSON) compiled with every wasm variant, put straight into the app's store, with a
+    seeded input and onnxruntime's outputs for it."""
+    from server.store import Store
+
+    store, bundles = Store(store_root), {}
+    for name in THREAD_MODELS:
+        model = zoo.build_model(name)
+        module = compile_model(model, target="wasm", wasm_variants=WASM_VARIANTS)
+        bundle_id = module.manifest["content_hash"]
+        if not store.has_bundle(bundle_id):
+            staging = store.new_staging_dir()
+            module.export(staging / "bundle")
+            store.install_bundle(staging / "bundle", bundle_id)
+        feeds = zoo.sample_input(name, seed=4)
+        bundles[name] = (f"/bundles/{bundle_id}/", feeds, _run_onnxruntime(model, feeds))
+    return bundles
+
+
+def _run_variants(page, bundle: str, feeds: dict, configs: list[dict]) -> dict:
+    plain = {name: array.ravel().tolist() for name, array in feeds.items()}
+    return page.evaluate(RUN_VARIANTS, {"bundle": bundle, "feeds": plain, "configs": configs})
+
+
+@pytest.mark.slow
+def test_threaded_wasm_in_a_cross_origin_isolated_page(server, page, variant_bundles):
+    """Each model on 1 and 2 threads (plain SIMD): bit for bit the same and onnxruntime's; relaxed SIMD, which
+    Chromium has, is picked by default and stays within tolerance."""
+    page.goto(f"{server}/")
+    configs = [{"threads": 1, "relaxedSimd": False}, {"threads": 2, "relaxedSimd": False}, {"threads": 2}]
+    for name, (bundle, feeds, expected) in variant_bundles.items():
+        report = _run_variants(page, bundle, feeds, configs)
+        assert report["isolated"] and report["relaxed"], report
+        single, threaded, relaxed = report["results"]
+        assert single["variant"] == {"code": "model.wasm", "features": [], "threads": 1}
+        assert threaded["variant"] == {"code": "model.threads.wasm", "features": ["threads"], "threads": 2}
+        assert relaxed["variant"]["features"] == ["threads", "relaxed-simd"]
+        if name == "squeezenet":
+            assert threaded["joins"] > 0, "no worker joined a parallel loop"
+        for output, result in expected.items():
+            one = np.array(single["outputs"][output], np.float32)
+            np.testing.assert_array_equal(np.array(threaded["outputs"][output], np.float32), one)
+            np.testing.assert_allclose(one.reshape(result.shape), result, rtol=RTOL, atol=ATOL)
+            np.testing.assert_allclose(np.array(relaxed["outputs"][output], np.float32), one, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.slow
+def test_a_page_that_is_not_cross_origin_isolated_runs_one_thread_and_says_why(server, page, variant_bundles):
+    """The same app page served without COOP/COEP (the headers stripped on the way): one thread, one warning."""
+
+    def without_isolation(route):
+        response = route.fetch()
+        headers = {key: value for key, value in response.headers.items() if not key.startswith("cross-origin-")}
+        route.fulfill(response=response, headers=headers)
+
+    page.route(f"{server}/", without_isolation)
+    warnings = []
+    page.on("console", lambda message: warnings.append(message.text) if message.type == "warning" else None)
+    page.goto(f"{server}/")
+    bundle, feeds, expected = variant_bundles["squeezenet"]
+    report = _run_variants(page, bundle, feeds, [{}, {"threads": 2}])
+    assert not report["isolated"]
+    for result in report["results"]:
+        assert result["variant"]["threads"] == 1 and "threads" not in result["variant"]["features"]
+        for output, values in expected.items():
+            np.testing.assert_allclose(np.array(result["outputs"][output]).reshape(values.shape), values, RTOL, ATOL)
+    threads_warnings = [text for text in warnings if "running on 1 thread" in text]
+    assert len(threads_warnings) == 1, warnings
+    assert "Cross-Origin-Opener-Policy: same-origin" in threads_warnings[0]
+    assert "Cross-Origin-Embedder-Policy: require-corp" in threads_warnings[0]
+
+
+@pytest.mark.slow
+def test_an_engine_without_simd_gets_the_simd_error(server, page, variant_bundles):
+    page.add_init_script("WebAssembly.validate = () => false;")
+    page.goto(f"{server}/")
+    bundle, feeds, _ = variant_bundles["mlp"]
+    with pytest.raises(Exception, match="does not support WebAssembly SIMD"):
+        _run_variants(page, bundle, feeds, [{"backend": "wasm"}])

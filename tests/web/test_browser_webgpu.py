@@ -18,7 +18,7 @@ from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _get_json, _run_onnxruntime
 
 from compiler import zoo
 
-server = test_browser.server  # the real app under uvicorn, its fixture reused
+server, store_root = test_browser.server, test_browser.store_root  # the real app under uvicorn, its fixtures reused
 
 # The zoo models whose SwiftShader run takes a few seconds here. Left out: resnet18 (~140 s a run on SwiftShader),
 # densenet_block, inception_block, resnet50_bottleneck, yolo_neck (10-20 s each); unet_small and bert_tiny have no

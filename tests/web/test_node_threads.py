@@ -1,0 +1,28 @@
+"""Threaded and relaxed-SIMD wasm in Node 20 (web_runtime/tessel.js over worker_threads): this file compiles `mlp`,
+`digits` and `dwconv_block` with every wasm variant, writes onnxruntime's outputs beside them and hands them to
+tests/web/threads.test.mjs, run once as Node 20 ships (no relaxed SIMD) and once with relaxed SIMD switched on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from node_helpers import run_node_tests, write_case
+
+MODELS = ("mlp", "digits", "dwconv_block")
+VARIANTS = ("threads", "relaxed-simd", "threads+relaxed-simd")
+NODE_TEST = Path(__file__).with_name("threads.test.mjs")
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    root = tmp_path_factory.mktemp("threads")
+    return root, [write_case(name, root, wasm_variants=VARIANTS) for name in MODELS]
+
+
+@pytest.mark.parametrize("relaxed", [False, True], ids=["node-default", "relaxed-simd"])
+def test_threaded_wasm_in_node(cases, relaxed, tmp_path):
+    root, written = cases
+    flags = ("--experimental-wasm-relaxed-simd",) if relaxed else ()
+    payload = {"cases": written, "scratch": str(tmp_path / "scratch"), "relaxed": relaxed}
+    run_node_tests(NODE_TEST, "TESSEL_WEB_CASES", payload, tmp_path, 300, node_flags=flags)
