@@ -373,6 +373,16 @@ def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(targ
 
 
 @pytest.mark.parametrize("target", TARGETS)
+def test_blocked_conv_over_a_short_row_takes_more_filter_blocks(target):
+    """7 columns (a 7 x 7 feature map) are half of AVX-512's 14-column tile and 7 of wasm's 8: the tile takes 2
+    filter blocks, so it keeps about as many accumulators as the fallback's full tile."""
+    graph, feeds = conv_graph((1, 32, 7, 7), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
+    assert re.search(r"allocate conv: float32\[1, 2, 1, 7, \d+\] local", tir), tir
+    assert re.search(r"for \(outer: int32, 0, 2\) unrolled", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("width", [32, 31])
 def test_conversion_back_to_nchw_writes_rows_of_a_channel(target, width):
     """NCHW[x]c -> NCHW: parallel over (batch, channel block, row), each channel of the block a vector loop over its
