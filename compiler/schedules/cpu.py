@@ -48,7 +48,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # an NCHW[x]c conv's register tile: tile_blocks filter blocks x tile_ow output columns, both unrolled, each
     # filter block a vector (two on 16-byte targets, see VECTOR_DEFAULTS). `taps` "inner" moves the kernel window
     # inside the loop over a block's input channels, so the weights are read in memory order and one iteration
-    # makes kh x kw x the tile's multiply-adds (as fast as 2 x 8 columns on AVX-512 with 1 x 14)
+    # makes kh x kw x the tile's multiply-adds
     "conv2d_nchwc": {"tile_ow": 14, "tile_blocks": 1, "taps": "outer"},
     # padding in place: the column tiles cut into the border ones (which test the column) and the interior
     # (mobilenet_v2, 1 thread: 6.4 ms against 7.2 with a padded copy, its depthwise kernels 2.5-3x faster; wasmtime:
@@ -83,9 +83,11 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     },
     # AVX-512: 2 filter blocks x 8 columns. 3x3 convs, 1 thread, interleaved (Module.profile): 64 channels on 56 x 56
     # 0.90 ms against 0.99 with 1 x 14, 128 on 28 x 28 0.91 against 1.01, 256 on 14 x 14 0.90 against 1.00 (and
-    # 0.90 with 1 x 14 and the taps inside the input channels); 4 x 7 1.10, 4 x 4 0.96, 1 x 28 0.97
+    # 0.90 with 1 x 14 and the taps inside the input channels); 4 x 7 1.10, 4 x 4 0.96, 1 x 28 0.97. The taps inside:
+    # 512 on 7 x 7 (9.4 MB of weights, read from L2 and beyond) 0.96-0.99 ms against 1.38-1.41, 256 on 14 x 14 0.88
+    # against 0.94, the others equal
     64: {
-        "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2},
+        "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2, "taps": "inner"},
     },
     # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
     # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two

@@ -288,9 +288,11 @@ def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
     assert match, tir
     assert target != "wasm" or (int(match[1]), int(match[3])) == (2, 8)
     # every tap: the tile's filter blocks and columns unrolled, each a multiply-add over a block's contiguous filters
+    # (the window's loops between, when the taps knob puts them inside the input channels)
     blocks = r"(\s*for \(outer: int32, 0, 2\) unrolled \{\n)?" if target == "wasm" else "()"
     assert re.search(
-        rf"for \(rci: .*\n{blocks}\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{{\n\s*for \(inner: .* vectorized",
+        rf"for \(rci: .*\n(\s*for \(r[01]: .*\n)*{blocks}\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{{\n"
+        r"\s*for \(inner: .* vectorized",
         tir,
     )
     # the padded copy (13 columns with stride 2, whose last output never reads the 14th): parallel over rows,
