@@ -2,7 +2,8 @@
 
 1. The (num_thread_y, num_thread_x) grid on 1x256x32x32 with 32x32 blocking, and the vthread choices on 1x256x96x96
    with 32x32 blocking, as tables of microseconds like the seeds' (their GTX 1080: (4, 32) best at 32x32, 8.8 µs;
-   (8, 16) with vthread (1, 2) best at 96x96, 90.9 µs).
+   (8, 16) with vthread (1, 2) best at 96x96, 90.9 µs). The grid again as a tuning task (1b): its configs measured by
+   the tuner's Measurer into a tuning log and the best confirmed against the template's fallback.
 2. depthwise + scale_shift + relu fused into one kernel, against depthwise alone and against the three ops as separate
    kernels (the seeds: 91.5 against 90.9 µs fused / alone).
 
@@ -142,6 +143,51 @@ def thread_grid(args, target: Target, records: Path) -> None:
     print_table(["num_thread_y \\ x", *map(str, threads)], rows)
 
 
+def thread_task(args, target: Target, records: Path) -> None:
+    """The same grid as a tuning task: the grid shape's depthwise task (tune/task.py), each (num_thread_y,
+    num_thread_x) at blocking 32x32 a config of its space, measured by tune/measure.py's Measurer (a worker process,
+    outputs checked against the fallback's) into a tuning log, the three fastest then confirmed against the template's
+    fallback (Measurer.confirm, interleaved rounds). The log is what `tessel tune --target opencl --tuner grid` writes
+    and `tessel compile --records` applies."""
+    from compiler.tune.measure import Measurer
+    from compiler.tune.records import RecordLog, load_records
+
+    graph, _ = _graph(_shape(args.grid_shape), "none")
+    (task,) = extract_tasks(graph, target)
+    threads = [count for count in args.threads if count <= 32]
+    configs = {}
+    for threads_y in threads:
+        for threads_x in threads:
+            config = task.space.config(
+                {"blocking_h": 32, "blocking_w": 32, "num_thread_y": threads_y, "num_thread_x": threads_x}
+            )
+            if config.valid:
+                configs[threads_y, threads_x] = config
+    log_path = args.log or records / "grid-task.jsonl"
+    with RecordLog(log_path) as log, Measurer(task, target, records=log, timeout=args.timeout) as measurer:
+        results = dict(zip(configs, measurer.measure(list(configs.values()))))
+        fastest = sorted((result.seconds, pair) for pair, result in results.items() if result.seconds is not None)
+        confirmation = measurer.confirm([configs[pair] for _, pair in fastest[:3]])
+    print(f"\n1b. the grid as a tuning task ({task.template}, {len(task.space)} configs in its space): µs per call")
+    print("    through the tuning Measurer (transfers included, min of its repeats), log " + str(log_path) + ":\n")
+    rows = []
+    for threads_y in threads:
+        cells = []
+        for threads_x in threads:
+            result = results.get((threads_y, threads_x))
+            cells.append("-" if result is None else _us(result.seconds) if result.seconds else "failed")
+        rows.append([str(threads_y), *cells])
+    print_table(["num_thread_y \\ x", *map(str, threads)], rows)
+    fallback = task.space.fallback.to_json()
+    if confirmation is not None:
+        chosen = confirmation.chosen.to_json()
+        print(
+            f"fallback {fallback}: {_us(confirmation.fallback_seconds or 0)} µs; confirmed choice {chosen}: "
+            f"{_us(confirmation.chosen_seconds or 0)} µs (medians of the confirmation's rounds); a compile with the "
+            f"log gets {load_records(log_path)[task.key]}"
+        )
+
+
 def vthread_table(args, target: Target, records: Path) -> dict:
     shape = _shape(args.vthread_shape)
     cases, names = [], []
@@ -191,7 +237,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=list(THREADS), help="num_thread values to try")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians over them")
     parser.add_argument("--repeat", type=int, default=10, help="dispatches timed per kernel and round")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["grid", "vthread", "fusion"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["grid", "task", "vthread", "fusion"])
+    parser.add_argument("--log", type=Path, help="the grid task's tuning log (default: a temporary file)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a candidate may take (its compile too)")
     args = parser.parse_args()
     target = Target.parse(args.target)
     if not target.is_gpu:
@@ -202,6 +250,8 @@ def main() -> None:
         records = Path(folder)
         if "grid" not in args.skip:
             thread_grid(args, target, records)
+        if "task" not in args.skip:
+            thread_task(args, target, records)
         if "vthread" not in args.skip:
             best = vthread_table(args, target, records)
         if "fusion" not in args.skip:

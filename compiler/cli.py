@@ -351,6 +351,13 @@ def _configure_tune(parser: argparse.ArgumentParser) -> None:
         help="seconds one candidate may run, its first call (a GPU driver's compile) included; default 10",
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate, the fastest counts")
+    parser.add_argument(
+        "--transfer",
+        type=Path,
+        nargs="+",
+        metavar="LOG",
+        help="warm-start the xgb tuner with a cost model pretrained on these logs' other tasks",
+    )
     parser.add_argument("--report", type=Path, metavar="LOG", help="print each task's default and best in LOG")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="with --report: plot the search curves")
     _add_input_shape(parser)
@@ -385,6 +392,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         repeat=args.repeat,
         threads=args.threads,
+        transfer=args.transfer,
     )
 
 

@@ -34,6 +34,12 @@ MIN_REPEAT_SECONDS = 0.01
 BUILD_SECONDS = 120.0
 # Candidate outputs agree with the fallback's within this (other tilings sum in other orders).
 RTOL, ATOL = 1e-4, 1e-5
+# Confirmation (Measurer.confirm): the search's best few configs and the fallback are measured again in this many
+# interleaved rounds, and a config replaces the fallback only when its median time over the rounds is at least
+# MIN_GAIN below the fallback's and the rounds' spread supports it (confirmed_faster).
+CONFIRM_ROUNDS = 5
+CONFIRM_CANDIDATES = 3
+MIN_GAIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,38 @@ class MeasureResult:
     seconds: float | None  # min over repeats of the mean time of one call; None when error
     error: str | None  # "build: ...", "run: ...", "timeout: ...", "wrong result: ..."
     build_seconds: float
+
+
+@dataclass
+class Confirmation:
+    """A task's confirmation: the seconds of each re-measured config in each round (None for a failed one, keyed by
+    records.config_key) and the config a compile should use: the fastest by median that confirmed_faster than the
+    fallback, else the fallback."""
+
+    rounds: dict[str, list[float | None]]
+    chosen: Config
+    chosen_seconds: float | None
+    fallback_seconds: float | None
+
+
+def median_seconds(times: Sequence[float | None]) -> float | None:
+    """The median of the rounds that succeeded; None when any failed (a config that fails once is not trusted)."""
+    if not times or any(seconds is None for seconds in times):
+        return None
+    return float(np.median(times))
+
+
+def confirmed_faster(candidate: Sequence[float | None], fallback: Sequence[float | None]) -> bool:
+    """Whether a candidate's rounds show it faster than the fallback's, round by round (each round measures both
+    within moments of each other, so a load that comes and goes affects both alike): the median of the per-round
+    ratios is below 1 - MIN_GAIN, and stays below 1 when raised by twice its standard error (from the ratios'
+    median absolute deviation), so a gain within the rounds' noise is not taken."""
+    if median_seconds(candidate) is None or median_seconds(fallback) is None or len(candidate) != len(fallback):
+        return False
+    ratios = np.asarray(candidate, dtype=float) / np.asarray(fallback, dtype=float)
+    middle = float(np.median(ratios))
+    spread = 1.4826 * float(np.median(np.abs(ratios - middle)))
+    return middle < 1.0 - MIN_GAIN and middle + 2.0 * spread / math.sqrt(len(ratios)) < 1.0
 
 
 @dataclass(frozen=True)
@@ -519,6 +557,8 @@ class Measurer:
         self.builder, self.runner = builder, runner
         self._reference: list[np.ndarray] | None = None
         self._fallback_built: Built | None = None
+        # this run's candidates that built, by config key, so confirm() times them again without rebuilding
+        self._built: dict[str, Built] = {}
         self.default: MeasureResult | None = None
         self.flops = flops(task)
 
@@ -580,8 +620,10 @@ class Measurer:
         reference = self.reference()
         if built is None:
             built = self.builder.build(self._jobs(configs)) if configs else []
-        for candidate in built:
+        for config, candidate in zip(configs, built):
             candidate.timing, candidate.seed, candidate.reference = self.timing, self.seed, reference
+            if candidate.error is None:
+                self._built[config_key(config.to_json())] = candidate
         # the runner gets as many candidates at a time as it has devices, so each is recorded as soon as it is timed
         # (a stopped run loses at most those) while every device stays busy
         devices = max(1, getattr(self.runner, "devices", 1))
@@ -612,6 +654,50 @@ class Measurer:
         for callback in self.callbacks:
             callback(self.task, result)
         return result
+
+    def confirm(self, configs: Sequence[Config], rounds: int = CONFIRM_ROUNDS) -> Confirmation | None:
+        """Measure the fallback and `configs` (the search's best) again, in `rounds` rounds that each time every one
+        of them once, the order reversed every other round, and decide which config a compile gets (Confirmation).
+        One measurement taken in a quiet moment then cannot decide it: on a loaded machine a config's single times
+        vary several-fold. Each re-measured config's median is appended to the log with its rounds ("confirmation")
+        and whether it is the choice ("chosen"), which records.best_records prefers to any single measurement. None
+        when the fallback itself does not run (nothing to compare with)."""
+        fallback = self.task.space.fallback
+        contenders = [fallback, *dict.fromkeys(config for config in configs if config != fallback)]
+        try:
+            self.reference()
+        except TuningError:
+            return None
+        self._built.setdefault(config_key(fallback.to_json()), self._fallback_built)
+        missing = [config for config in contenders if config_key(config.to_json()) not in self._built]
+        # a resumed run's configs, measured by an earlier process: built here for the first time (not logged again)
+        for config, candidate in zip(missing, self.builder.build(self._jobs(missing)) if missing else []):
+            if candidate.error is None:
+                candidate.timing, candidate.seed, candidate.reference = self.timing, self.seed, self._reference
+                self._built[config_key(config.to_json())] = candidate
+        ready = [config for config in contenders if config_key(config.to_json()) in self._built]
+        times: dict[str, list[float | None]] = {config_key(config.to_json()): [] for config in ready}
+        for number in range(rounds):
+            for config in ready if number % 2 == 0 else ready[::-1]:
+                # one candidate per call, so a runner with several devices times them all on one device
+                ((seconds, _),) = self.runner.run([self._built[config_key(config.to_json())]])
+                times[config_key(config.to_json())].append(seconds)
+        fallback_times = times.get(config_key(fallback.to_json()), [None])
+        faster = [
+            config for config in ready[1:] if confirmed_faster(times[config_key(config.to_json())], fallback_times)
+        ]
+        chosen = min(faster, key=lambda config: median_seconds(times[config_key(config.to_json())]), default=fallback)
+        if self.records is not None:
+            for config in ready:
+                rounds_of = times[config_key(config.to_json())]
+                self.records.write(
+                    self.task.to_json(), config.to_json(), median_seconds(rounds_of),
+                    None if median_seconds(rounds_of) is not None else "confirmation: a round failed",
+                    fallback=config == fallback, flops=self.flops, confirmation=rounds_of, chosen=config == chosen,
+                )  # fmt: skip
+        return Confirmation(
+            times, chosen, median_seconds(times[config_key(chosen.to_json())]), median_seconds(fallback_times)
+        )
 
     def close(self) -> None:
         for part in self._owned:

@@ -58,19 +58,25 @@ def applies(task: dict) -> bool:
 
 
 def best_records(records: list[dict]) -> dict[str, dict]:
-    """The fastest successful record per task key, among those that apply."""
+    """The record a compile uses per task key, among those that apply: the latest one a confirmation chose
+    ("chosen", Measurer.confirm: the fallback unless a config was confirmed faster over interleaved rounds); for a
+    task never confirmed (a log from before confirmations, or a run stopped before its end), the fastest successful
+    one."""
     best: dict[str, dict] = {}
+    chosen: dict[str, dict] = {}
     for record in records:
         if record["seconds"] is None or not applies(record["task"]):
             continue
         key = canonical(record["task"])
-        if key not in best or record["seconds"] < best[key]["seconds"]:
+        if record.get("chosen"):
+            chosen[key] = record
+        elif "confirmation" not in record and (key not in best or record["seconds"] < best[key]["seconds"]):
             best[key] = record
-    return best
+    return {**best, **chosen}
 
 
 def load_records(path: str | Path) -> dict[str, dict]:
-    """The fastest measured config per task key. Records of failed measurements (no seconds) are skipped; records
+    """The config per task key that best_records picks. Records of failed measurements (no seconds) are skipped; records
     whose task is of another space version or an older form (before tasks named their template) no longer apply,
     and one TuningWarning counts them."""
     records = read_records(path)

@@ -121,8 +121,9 @@ class Display:
 
 @dataclass
 class TaskSummary:
-    """One task of a log: its template and ops, its fallback's seconds, its best, and the seconds of every trial in
-    the order they were measured (None for failures)."""
+    """One task of a log: its template and ops, its fallback's seconds, its best (once confirmed: the config a
+    compile gets, the fallback when nothing was confirmed faster), and the seconds of every trial in the order they
+    were measured (None for failures)."""
 
     template: str
     ops: list[str]
@@ -133,6 +134,7 @@ class TaskSummary:
     best_config: dict | None = None
     curve: list[float | None] = field(default_factory=list)
     errors: int = 0
+    confirmed: bool = False  # default and best are the medians of a confirmation's rounds (Measurer.confirm)
 
     @property
     def speedup(self) -> float | None:
@@ -154,8 +156,18 @@ def summarize(path: str | Path) -> list[TaskSummary]:
             summaries[key] = TaskSummary(task["template"], ops, task["target"]["kind"], record.get("flops"))
         summary = summaries[key]
         seconds = record["seconds"]
+        if "confirmation" in record:
+            # a confirmation's medians replace the search's single times: its chosen config is what a compile gets
+            summary.confirmed = True
+            if record.get("fallback"):
+                summary.default_seconds = seconds
+            if record.get("chosen"):
+                summary.best_seconds, summary.best_config = seconds, record["config"]
+            continue
         summary.curve.append(seconds)
         summary.errors += seconds is None
+        if summary.confirmed:
+            continue
         if record.get("fallback") and seconds is not None:
             summary.default_seconds = seconds
         if seconds is not None and (summary.best_seconds is None or seconds < summary.best_seconds):

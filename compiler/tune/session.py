@@ -39,7 +39,21 @@ def history(tasks: list[Task], log: RecordLog) -> dict[str, list[MeasureResult]]
     return known
 
 
-def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads):
+def pretrained_on(logs: list[Path], tasks: list[Task]):
+    """A cost model pretrained on the records of other tuning logs (cost_model.pretrain_records), leaving out the
+    tasks being tuned so that their own old measurements do not stand in for the search; None when the logs hold no
+    task with two measurements."""
+    from compiler.tune.cost_model import pretrain_records
+    from compiler.tune.records import read_records
+
+    records = [record for log in logs for record in read_records(log)]
+    model = pretrain_records(records, exclude=[task.key for task in tasks])
+    if model is None:
+        print(f"--transfer: {', '.join(map(str, logs))} hold no other task with two measurements; tuning cold")
+    return model
+
+
+def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads, transfer):
     from compiler.tune import report
     from compiler.tune.tuners import tune_model
 
@@ -54,6 +68,7 @@ def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers
         builder, runner = ray_measuring(ray)
     else:
         builder, runner = LocalBuilder(workers), LocalRunner()
+    options = {"pretrained": pretrained_on(transfer, tasks)} if transfer else {}
     display = report.Display(tasks)
 
     def measurer(task: Task) -> Measurer:
@@ -66,7 +81,7 @@ def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers
         with display:
             return tune_model(
                 tasks, measurer, trials, tuner=tuner, early_stopping=early_stopping, callbacks=[display.progress],
-                history=known,
+                history=known, **options,
             )  # fmt: skip
     finally:
         builder.close()
@@ -86,23 +101,27 @@ def tune_file(
     timeout: float = 10.0,
     repeat: int = 3,
     threads: int | None = None,
+    transfer: list[Path] | None = None,
 ) -> int:
     from compiler.tune import report
 
     target = Target.parse(target)
     if trials < 1:
         raise TuningError(f"--trials must be at least 1, not {trials}")
+    if transfer and tuner != "xgb":
+        raise TuningError(f"--transfer warm-starts the xgb tuner's cost model; tuner {tuner!r} has none")
     tasks = extract_tasks(str(model), target, input_shapes)
     try:
         with RecordLog(output) as log:
             results = _tune(
-                tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads
-            )
+                tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads,
+                transfer,
+            )  # fmt: skip
     except KeyboardInterrupt:
         print(f"\ninterrupted: {output} holds every finished measurement; run the same command to resume")
         return INTERRUPTED
-    default = sum(r.task.weight * (r.fallback_seconds or 0.0) for r in results)
-    tuned = sum(r.task.weight * (r.best_seconds or r.fallback_seconds or 0.0) for r in results)
+    default = sum(r.task.weight * (r.default_seconds or 0.0) for r in results)
+    tuned = sum(r.task.weight * (r.chosen_seconds or r.default_seconds or 0.0) for r in results)
     print("\n".join(report.report_lines(report.summarize(output))))
     if tuned:
         print(

@@ -340,11 +340,29 @@ def make_tuner(name: str, task: Task, seed: int = 0, **options) -> Tuner:
 
 @dataclass
 class TaskResult:
-    """One task's outcome under tune_model: its fallback's and its best config's seconds, and trials spent."""
+    """One task's outcome under tune_model: its fallback's and its best config's seconds, trials spent, and the
+    confirmation (measure.py's Measurer.confirm) that decided which config a compile gets, when the measurer has one."""
 
     task: Task
     tuner: Tuner = field(repr=False)
     fallback_seconds: float | None = None
+    confirmation: object | None = None
+
+    @property
+    def chosen_config(self) -> Config | None:
+        """The config a compile with this run's records gets: the confirmed one, else the search's best."""
+        return self.confirmation.chosen if self.confirmation is not None else self.best_config
+
+    @property
+    def chosen_seconds(self) -> float | None:
+        return self.confirmation.chosen_seconds if self.confirmation is not None else self.best_seconds
+
+    @property
+    def default_seconds(self) -> float | None:
+        """The fallback's time, from the confirmation's rounds when there are some (measured beside the choice)."""
+        if self.confirmation is not None and self.confirmation.fallback_seconds is not None:
+            return self.confirmation.fallback_seconds
+        return self.fallback_seconds
 
     @property
     def best_seconds(self) -> float | None:
@@ -393,6 +411,7 @@ def tune_model(
     callbacks: Sequence[Callback] = (),
     seed: int = 0,
     history: Mapping[str, Sequence] | None = None,
+    confirm: int = 3,
     **tuner_options,
 ) -> list[TaskResult]:
     """Tune a model's tasks (extract_tasks) within `trials` measurements in all. Each task with a choice to make
@@ -400,11 +419,13 @@ def tune_model(
     (their share of the model's time), each given its share of what is left, so the trials a task leaves unused
     (early stopping, a small space) go to the tasks after it. `measurer_factory(task)` gives an object with
     `measure(configs) -> results`, made when the task is first measured; `history` (task key -> results of an
-    earlier run) resumes a run: those configs are known and never measured again."""
+    earlier run) resumes a run: those configs are known and never measured again. When the search is done, each task
+    whose measurer can `confirm(configs)` re-measures its `confirm` best configs beside the fallback, which decides
+    the config its records give a compile (a single lucky measurement on a loaded machine cannot)."""
     results = [
         TaskResult(task, make_tuner(tuner, task, seed, **tuner_options)) for task in tasks if len(task.space) > 1
     ]
-    measures: dict[int, Callable] = {}
+    measurers: dict[int, object] = {}
 
     def spent() -> int:
         return sum(result.trials for result in results)
@@ -418,9 +439,9 @@ def tune_model(
             return report
 
         budget = result.trials + count
-        if number not in measures:
-            measures[number] = measurer_factory(result.task).measure
-        result.tuner.tune(count, measures[number], callbacks=callbacks, progress=progress, **options)
+        if number not in measurers:
+            measurers[number] = measurer_factory(result.task)
+        result.tuner.tune(count, measurers[number].measure, callbacks=callbacks, progress=progress, **options)
 
     for result in results:
         if history and result.task.key in history:
@@ -442,4 +463,15 @@ def tune_model(
         share = split_budget(trials - spent(), [weights[other] for other in pending], caps)[0]
         if share > 0:
             run(number, results[number - 1], share, batch_size=batch_size, early_stopping=early_stopping)
+    for number, result in enumerate(results, 1):
+        best = _best_configs(result.tuner, confirm)
+        if confirm and best and hasattr(measurers.get(number), "confirm"):
+            result.confirmation = measurers[number].confirm(best)
     return results
+
+
+def _best_configs(tuner: Tuner, count: int) -> list[Config]:
+    """The `count` fastest configs a tuner measured, the fallback left out (it is always re-measured beside them)."""
+    measured = sorted((seconds, config.index, config) for config, seconds in tuner.measured if seconds is not None)
+    fallback = tuner.space.fallback
+    return [config for _, _, config in measured if config != fallback][:count]
