@@ -202,8 +202,13 @@ def test_prebuilt_zoo_models_are_listed_and_the_demo_name_redirects(serve):
     job = client.get(f"/api/jobs/{digits['job']}").json()
     assert job["state"] == "done"
     bundle_id = job["result"]["bundles"]["wasm"]["id"]
-    assert redirect.status_code == 307 and redirect.headers["location"] == f"/demo/{bundle_id}?backend=wasm"
-    assert digits["name"] == "digits" and digits["demo"] == "/demo/digits" and digits["bundles"] == {"wasm": bundle_id}
+    # the demo page is also told where the job's bundle set is, so `auto` can choose among its bundles
+    bundle_set = f"%2Fapi%2Fjobs%2F{digits['job']}%2Fbundle-set.json"
+    assert redirect.status_code == 307
+    assert redirect.headers["location"] == f"/demo/{bundle_id}?backend=wasm&set={bundle_set}"
+    assert digits["name"] == "digits" and digits["demo"] == "/demo/digits"
+    assert digits["bundles"] == {kind: bundle["id"] for kind, bundle in job["result"]["bundles"].items()}
+    assert digits["bundles"]["wasm"] == bundle_id
 
 
 def test_the_demo_is_not_offered_for_a_model_it_does_not_fit(serve):
