@@ -17,6 +17,8 @@ import compiler
 from compiler import schedules, zoo
 from compiler.bundle import BundleError
 from compiler.cli import main
+from compiler.errors import PlatformError
+from compiler.runtime import cuda as cuda_runtime
 
 MODELS = ["mlp", "digits", "dwconv_block"]
 
@@ -88,3 +90,20 @@ def test_cuda_bundle_compiles_with_nvrtc(name, arch, tmp_path):
     source = module.sources["cu"]
     assert source.count('extern "C" __global__') == len(module.manifest["kernels"])
     assert (module.export(tmp_path / name) / "kernels.cu").read_bytes().startswith(b"// tessel_manifest_digest ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MODELS)
+def test_model_on_a_cuda_device_matches_onnxruntime(name, tmp_path):
+    try:
+        arch = cuda_runtime.device_arch()
+    except PlatformError as error:
+        pytest.skip(f"no CUDA device: {error}")
+    inputs = zoo.sample_input(name)
+    module = compiler.compile_model(zoo.build_model(name), target=f"cuda -arch={arch}")
+    (output,) = module.run(inputs).values()
+    np.testing.assert_allclose(output, expected(name, inputs), rtol=1e-4, atol=1e-5)
+    (again,) = compiler.load_module(module.export(tmp_path / name)).run(inputs).values()
+    np.testing.assert_array_equal(again, output)
+    outputs, times = module.replay(inputs)
+    np.testing.assert_array_equal(next(iter(outputs.values())), output)
