@@ -1,7 +1,7 @@
 """Whole models on the C-dialect GPU backends: compile_model for opencl runs on PoCL and matches onnxruntime, its
-bundle round-trips through export and load_module (a swapped code file is refused), `tessel run` and `tessel bench`
-work on it, and the CUDA bundles' kernels compile with NVRTC for sm_80 and sm_90. Until compiler/schedules/gpu.py is
-on main, the models are scheduled by the one-element-per-thread family of gpu_test_schedules.py."""
+bundle round-trips through export and load_module (a swapped code file, a dispatch outside its region are refused),
+`tessel run` and `tessel bench` work on it, the CUDA bundles' kernels compile with NVRTC for sm_80 and sm_90, and,
+marked `gpu`, they run on a CUDA device where one answers."""
 
 from __future__ import annotations
 
@@ -14,19 +14,13 @@ import onnxruntime as ort
 import pytest
 
 import compiler
-from compiler import schedules, zoo
+from compiler import zoo
 from compiler.bundle import BundleError
 from compiler.cli import main
 from compiler.errors import PlatformError
 from compiler.runtime import cuda as cuda_runtime
 
 MODELS = ["mlp", "digits", "dwconv_block"]
-
-
-@pytest.fixture(autouse=True)
-def gpu_family(monkeypatch):
-    if "gpu" not in schedules.FAMILIES:
-        monkeypatch.setitem(schedules.FAMILIES, "gpu", "gpu_test_schedules")
 
 
 def expected(name: str, inputs: dict) -> np.ndarray:
