@@ -1,7 +1,7 @@
 """Whole models on the C-dialect GPU backends: compile_model for opencl runs on PoCL and matches onnxruntime, its
-bundle round-trips through export and load_module (a swapped code file is refused), `tessel run` and `tessel bench`
-work on it, and the CUDA bundles' kernels compile with NVRTC for sm_80 and sm_90. Until compiler/schedules/gpu.py is
-on main, the models are scheduled by the one-element-per-thread family of gpu_test_schedules.py."""
+bundle round-trips through export and load_module (a swapped code file, a dispatch outside its region are refused),
+`tessel run` and `tessel bench` work on it, the CUDA bundles' kernels compile with NVRTC for sm_80 and sm_90, and,
+marked `gpu`, they run on a CUDA device where one answers."""
 
 from __future__ import annotations
 
@@ -14,17 +14,13 @@ import onnxruntime as ort
 import pytest
 
 import compiler
-from compiler import schedules, zoo
+from compiler import zoo
 from compiler.bundle import BundleError
 from compiler.cli import main
+from compiler.errors import PlatformError
+from compiler.runtime import cuda as cuda_runtime
 
 MODELS = ["mlp", "digits", "dwconv_block"]
-
-
-@pytest.fixture(autouse=True)
-def gpu_family(monkeypatch):
-    if "gpu" not in schedules.FAMILIES:
-        monkeypatch.setitem(schedules.FAMILIES, "gpu", "gpu_test_schedules")
 
 
 def expected(name: str, inputs: dict) -> np.ndarray:
@@ -88,3 +84,20 @@ def test_cuda_bundle_compiles_with_nvrtc(name, arch, tmp_path):
     source = module.sources["cu"]
     assert source.count('extern "C" __global__') == len(module.manifest["kernels"])
     assert (module.export(tmp_path / name) / "kernels.cu").read_bytes().startswith(b"// tessel_manifest_digest ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MODELS)
+def test_model_on_a_cuda_device_matches_onnxruntime(name, tmp_path):
+    try:
+        arch = cuda_runtime.device_arch()
+    except PlatformError as error:
+        pytest.skip(f"no CUDA device: {error}")
+    inputs = zoo.sample_input(name)
+    module = compiler.compile_model(zoo.build_model(name), target=f"cuda -arch={arch}")
+    (output,) = module.run(inputs).values()
+    np.testing.assert_allclose(output, expected(name, inputs), rtol=1e-4, atol=1e-5)
+    (again,) = compiler.load_module(module.export(tmp_path / name)).run(inputs).values()
+    np.testing.assert_array_equal(again, output)
+    outputs, times = module.replay(inputs)
+    np.testing.assert_array_equal(next(iter(outputs.values())), output)
