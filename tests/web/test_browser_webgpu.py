@@ -224,15 +224,19 @@ def test_a_lost_device_fails_the_run_and_reload_recovers(gpu_page, bundle_sets):
           const tessel = await import("/runtime/tessel.js");
           const model = await tessel.load(bundle, { backend: "webgpu" });
           const input = Float32Array.from(data);
+          // two runs at once share the buffers and the readback: they are queued, and both give the same result
+          const [one, two] = await Promise.all([model.run({ input }), model.run({ input })]);
+          const same = one.probabilities.data.every((value, index) => value === two.probabilities.data[index]);
           model.executor.device.destroy();
           const lost = await model.run({ input }).then(() => "ran", (error) => error.message);
           await model.reload();
           const again = await model.run({ input });
           model.dispose();
-          return { lost, again: Array.from(again.probabilities.data) };
+          return { same, lost, again: Array.from(again.probabilities.data) };
         }""",
         {"bundle": bundle_sets["digits"]["bundles"]["webgpu"], "data": feeds["input"].ravel().tolist()},
     )
+    assert outcome["same"]
     assert "the WebGPU device was lost (destroyed" in outcome["lost"] and "model.reload()" in outcome["lost"]
     expected = _run_onnxruntime(zoo.build_model("digits"), feeds)["probabilities"]
     np.testing.assert_allclose(np.array(outcome["again"], np.float32).reshape(1, 10), expected, rtol=RTOL, atol=ATOL)
