@@ -287,3 +287,36 @@ def test_limits_above_the_defaults_are_asked_of_the_device(gpu_page, server, bun
         gpu_page.unroute(pattern)
     assert limits["asked"] == {"maxStorageBufferBindingSize": 200 << 20}
     assert limits["got"] >= 200 << 20
+
+
+@pytest.mark.slow
+def test_the_upload_page_runs_the_webgpu_card_on_webgpu(chromium_with, server, bundle_sets, tmp_path):
+    """The upload page with webgpu and wasm checked: the webgpu card runs on WebGPU and shows why and how fast; its
+    outputs match onnxruntime. mlp's bundles are already stored, so the job reuses them."""
+    page, errors = _page(chromium_with(tuple(WEBGPU_ARGS)), f"{server}")
+    page.goto(f"{server}/?seed=5")
+    page.wait_for_selector("#targets input[value=webgpu]")
+    page.check("#targets input[value=webgpu]")
+    page.check("#targets input[value=wasm]")
+    page.set_input_files("#file-input", str(zoo.save_model("mlp", tmp_path / "mlp.onnx")))
+    page.click("#compile-button")
+    card = page.wait_for_selector(".result[data-target=webgpu]", timeout=120_000)
+    card.query_selector("[data-field=run]").click()
+    page.wait_for_selector(".result[data-target=webgpu] [data-field=panel][data-state=done]", timeout=60_000)
+    run = page.evaluate("window.tesselLastRun")
+    assert run["backend"] == "webgpu" and card.query_selector("[data-field=backend]").inner_text() == "webgpu"
+    assert (
+        "asked for webgpu (adapter: google swiftshader)"
+        in card.query_selector("[data-field=backend-reason]").inner_text()
+    )
+    assert "ms" in card.query_selector("[data-field=latency]").inner_text()
+    feeds = {name: np.array(item["data"], np.float32).reshape(item["dims"]) for name, item in run["inputs"].items()}
+    result = {"outputs": {}}
+    for name, item in run["outputs"].items():
+        result["outputs"][name] = {
+            "data": base64.b64encode(np.array(item["data"], np.float32).tobytes()),
+            "dims": item["dims"],
+        }
+    _assert_matches_onnxruntime("mlp", feeds, result)
+    page.close()
+    assert not errors, f"the page threw: {errors}"
