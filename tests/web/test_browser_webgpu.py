@@ -320,3 +320,16 @@ def test_the_upload_page_runs_the_webgpu_card_on_webgpu(chromium_with, server, b
     _assert_matches_onnxruntime("mlp", feeds, result)
     page.close()
     assert not errors, f"the page threw: {errors}"
+
+
+@pytest.mark.slow
+def test_the_demo_takes_webgpu_through_auto(chromium_with, server):
+    """/demo/digits passes the prebuilt job's bundle set; with an adapter, auto takes its webgpu bundle."""
+    page, errors = _page(chromium_with(tuple(WEBGPU_ARGS)), server)
+    page.goto(f"{server}/demo/digits")
+    page.wait_for_selector("body[data-ready=true]", timeout=90_000)
+    assert "set=" in page.url
+    assert page.inner_text("#backend") == "webgpu"
+    assert page.get_attribute("#backend", "title").startswith("auto chose webgpu")
+    page.close()
+    assert not errors, f"the page threw: {errors}"
