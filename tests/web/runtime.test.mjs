@@ -308,6 +308,32 @@ describe("backends", () => {
       );
     });
 
+    test("the WebGPU executor's manifest checks and the limits it asks the device for", async () => {
+      const { checkWebGPUManifest, requiredLimits } = await import("../../web_runtime/tessel-webgpu.js");
+      const entry = { name: "entry_0", regions: [{ binding: 0, access: "read_write" }], grid: [1, 1, 1] };
+      const good = {
+        webgpu: {
+          entries: [{ ...entry, offsets_binding: 1, offsets_bytes: 16 }],
+          buffers: [{ region: "arena", index: 0, bytes: 64 }],
+          uniform_bytes: 256,
+          limits: { maxStorageBufferBindingSize: 200 << 20, maxComputeInvocationsPerWorkgroup: 64 },
+        },
+        dispatches: [{ entry: "entry_0", regions: [{ region: "arena", index: 0 }], uniform_offset: 0, element_offsets: [0] }],
+      };
+      assert.equal(checkWebGPUManifest(good).size, 1);
+      assert.deepEqual(requiredLimits(good), { maxStorageBufferBindingSize: 200 << 20 });
+      const broken = (change) => {
+        const copy = structuredClone(good);
+        change(copy);
+        return () => checkWebGPUManifest(copy);
+      };
+      assert.throws(broken((m) => delete m.webgpu), /not a valid WebGPU manifest: it has no webgpu section/);
+      assert.throws(broken((m) => (m.dispatches[0].regions[0].region = "input")), /binds input 0, which webgpu.buffers lacks/);
+      assert.throws(broken((m) => (m.dispatches[0].element_offsets = [0, 1, 2, 3, 4])), /element_offsets do not fit/);
+      assert.throws(broken((m) => (m.dispatches[0].uniform_offset = 256)), /uniform_offset lies outside/);
+      assert.throws(broken((m) => (m.webgpu.entries[0].grid = [0, 1, 1])), /not three positive whole numbers/);
+    });
+
     test("registering a backend without its parts is refused", () => {
       assert.throws(() => tessel.registerBackend({ name: "metal" }), /a backend needs describe/);
     });

@@ -224,15 +224,19 @@ def test_a_lost_device_fails_the_run_and_reload_recovers(gpu_page, bundle_sets):
           const tessel = await import("/runtime/tessel.js");
           const model = await tessel.load(bundle, { backend: "webgpu" });
           const input = Float32Array.from(data);
+          // two runs at once share the buffers and the readback: they are queued, and both give the same result
+          const [one, two] = await Promise.all([model.run({ input }), model.run({ input })]);
+          const same = one.probabilities.data.every((value, index) => value === two.probabilities.data[index]);
           model.executor.device.destroy();
           const lost = await model.run({ input }).then(() => "ran", (error) => error.message);
           await model.reload();
           const again = await model.run({ input });
           model.dispose();
-          return { lost, again: Array.from(again.probabilities.data) };
+          return { same, lost, again: Array.from(again.probabilities.data) };
         }""",
         {"bundle": bundle_sets["digits"]["bundles"]["webgpu"], "data": feeds["input"].ravel().tolist()},
     )
+    assert outcome["same"]
     assert "the WebGPU device was lost (destroyed" in outcome["lost"] and "model.reload()" in outcome["lost"]
     expected = _run_onnxruntime(zoo.build_model("digits"), feeds)["probabilities"]
     np.testing.assert_allclose(np.array(outcome["again"], np.float32).reshape(1, 10), expected, rtol=RTOL, atol=ATOL)
@@ -283,3 +287,49 @@ def test_limits_above_the_defaults_are_asked_of_the_device(gpu_page, server, bun
         gpu_page.unroute(pattern)
     assert limits["asked"] == {"maxStorageBufferBindingSize": 200 << 20}
     assert limits["got"] >= 200 << 20
+
+
+@pytest.mark.slow
+def test_the_upload_page_runs_the_webgpu_card_on_webgpu(chromium_with, server, bundle_sets, tmp_path):
+    """The upload page with webgpu and wasm checked: the webgpu card runs on WebGPU and shows why and how fast; its
+    outputs match onnxruntime. mlp's bundles are already stored, so the job reuses them."""
+    page, errors = _page(chromium_with(tuple(WEBGPU_ARGS)), f"{server}")
+    page.goto(f"{server}/?seed=5")
+    page.wait_for_selector("#targets input[value=webgpu]")
+    page.check("#targets input[value=webgpu]")
+    page.check("#targets input[value=wasm]")
+    page.set_input_files("#file-input", str(zoo.save_model("mlp", tmp_path / "mlp.onnx")))
+    page.click("#compile-button")
+    card = page.wait_for_selector(".result[data-target=webgpu]", timeout=120_000)
+    card.query_selector("[data-field=run]").click()
+    page.wait_for_selector(".result[data-target=webgpu] [data-field=panel][data-state=done]", timeout=60_000)
+    run = page.evaluate("window.tesselLastRun")
+    assert run["backend"] == "webgpu" and card.query_selector("[data-field=backend]").inner_text() == "webgpu"
+    assert (
+        "asked for webgpu (adapter: google swiftshader)"
+        in card.query_selector("[data-field=backend-reason]").inner_text()
+    )
+    assert "ms" in card.query_selector("[data-field=latency]").inner_text()
+    feeds = {name: np.array(item["data"], np.float32).reshape(item["dims"]) for name, item in run["inputs"].items()}
+    result = {"outputs": {}}
+    for name, item in run["outputs"].items():
+        result["outputs"][name] = {
+            "data": base64.b64encode(np.array(item["data"], np.float32).tobytes()),
+            "dims": item["dims"],
+        }
+    _assert_matches_onnxruntime("mlp", feeds, result)
+    page.close()
+    assert not errors, f"the page threw: {errors}"
+
+
+@pytest.mark.slow
+def test_the_demo_takes_webgpu_through_auto(chromium_with, server):
+    """/demo/digits passes the prebuilt job's bundle set; with an adapter, auto takes its webgpu bundle."""
+    page, errors = _page(chromium_with(tuple(WEBGPU_ARGS)), server)
+    page.goto(f"{server}/demo/digits")
+    page.wait_for_selector("body[data-ready=true]", timeout=90_000)
+    assert "set=" in page.url
+    assert page.inner_text("#backend") == "webgpu"
+    assert page.get_attribute("#backend", "title").startswith("auto chose webgpu")
+    page.close()
+    assert not errors, f"the page threw: {errors}"
