@@ -627,14 +627,19 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     # The fallback keeps the accumulators of its full tile (tile_blocks x tile_ow of the defaults), enough
     # multiply-adds in flight to hide their latency: fewer filter blocks than the tile's (3 blocks of 16 channels)
     # take more columns, up to half the vector registers, and a row shorter than the tile takes more filter blocks
-    # (512 -> 512 channels on 7 x 7, AVX-512, 1 thread: 1.06 ms with 2 blocks x 7 columns, 1.39 with 1 x 7, 1.33
-    # with 4 x 7). In wasm, 1 block x 16 columns of two vectors each made mobilenet_v2 5% slower than 1 x 8
+    # while they fit the registers (512 -> 512 channels on 7 x 7, AVX-512, 1 thread: 1.06 ms with 2 blocks x 7
+    # columns, 1.39 with 1 x 7, 1.33 with 4 x 7). In wasm, 1 block x 16 columns of two vectors each made mobilenet_v2
+    # 5% slower than 1 x 8
     accumulators = values["tile_blocks"] * values["tile_ow"]
     blocks = divisor_at_most(outer.extent, values["tile_blocks"])
-    columns = vector_registers(target) // 2 // -(-inner.extent // lanes(target, output.op.dtype))
+    block_vectors = -(-inner.extent // lanes(target, output.op.dtype))
+    columns = vector_registers(target) // 2 // block_vectors
     tile_ow = tile_or_tail(ow.extent, max(values["tile_ow"], min(accumulators // blocks, columns)))
     cfg.define_split("tile_ow", ow, policy=column_tiles(ow.extent), default=tile_ow)
-    cfg.define_split("tile_blocks", outer, default=max(blocks, accumulators // tile_ow))
+    more_blocks = accumulators // tile_ow
+    while more_blocks > blocks and not _fits_registers(target, more_blocks, tile_ow, block_vectors):
+        more_blocks -= 1
+    cfg.define_split("tile_blocks", outer, default=max(blocks, more_blocks))
     _limit_registers(cfg, target, output.op.dtype, ("tile_blocks", "tile_ow"), inner.extent)
     # a blocked dense conv's padded copy is scheduled with the group (schedule_group); a depthwise one's here
     pad = _padding_stage(schedule, conv.op.output(0)) if conv.op.tag == "depthwise_conv2d_nchwc" else None
@@ -673,6 +678,14 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
         pad.set_scope("local")
         pad.compute_at(output, rows)
     _schedule_rows(pad, target)
+
+
+def _fits_registers(target: Target, blocks: int, columns: int, block_vectors: int) -> bool:
+    """Whether a blocked conv's tile of `blocks` filter blocks x `columns` columns fits the vector registers: its
+    accumulators, a weight vector per block and, with more than one block, each column's broadcast input held for
+    the blocks that share it (AVX2's 2 x 7 tile spilled those broadcasts to the stack)."""
+    held = blocks * columns * block_vectors + blocks * block_vectors + (columns if blocks > 1 else 0)
+    return held <= vector_registers(target)
 
 
 def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:

@@ -377,14 +377,14 @@ def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(targ
     assert not re.search(r"if \(column", tir), tir
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_blocked_conv_over_a_short_row_takes_more_filter_blocks(target):
-    """7 columns (a 7 x 7 feature map) are half of AVX-512's 14-column tile and 7 of wasm's 8: the tile takes 2
-    filter blocks, so it keeps about as many accumulators as the fallback's full tile."""
+@pytest.mark.parametrize("target, blocks", [("llvm", 2), ("wasm", 2), ("llvm -mattr=-avx512f", 1)])
+def test_blocked_conv_over_a_short_row_takes_more_filter_blocks_that_fit(target, blocks):
+    """7 columns (a 7 x 7 feature map) are under AVX-512's 8-column tile and wasm's: the tile takes 2 filter blocks,
+    so it keeps about as many accumulators as the fallback's full tile. AVX2's 16 registers cannot also hold the 7
+    broadcast inputs that 2 blocks share, so it keeps 1."""
     graph, feeds = conv_graph((1, 32, 7, 7), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
     tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
-    assert re.search(r"allocate conv: float32\[1, 2, 1, 7, \d+\] local", tir), tir
-    assert re.search(r"for \(outer: int32, 0, 2\) unrolled", tir), tir
+    assert re.search(rf"allocate conv: float32\[1, {blocks}, 1, 7, \d+\] local", tir), tir
 
 
 @pytest.mark.parametrize("target", TARGETS)
