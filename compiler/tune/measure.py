@@ -103,8 +103,11 @@ def confirmed_faster(candidate: Sequence[float | None], fallback: Sequence[float
     """Whether a candidate's rounds show it faster than the fallback's, round by round (each round measures both
     within moments of each other, so a load that comes and goes affects both alike): the median of the per-round
     ratios is below 1 - MIN_GAIN, and stays below 1 when raised by twice its standard error (from the ratios'
-    median absolute deviation), so a gain within the rounds' noise is not taken."""
+    median absolute deviation), so a gain within the rounds' noise is not taken; and its median time is below the
+    fallback's too (the ratios can favour it while a few slow rounds of its own put its median above)."""
     if median_seconds(candidate) is None or median_seconds(fallback) is None or len(candidate) != len(fallback):
+        return False
+    if median_seconds(candidate) >= median_seconds(fallback):
         return False
     ratios = np.asarray(candidate, dtype=float) / np.asarray(fallback, dtype=float)
     middle = float(np.median(ratios))

@@ -108,6 +108,8 @@ def test_confirmed_faster_needs_a_gain_beyond_the_rounds_spread():
     assert not confirmed_faster([0.99, 0.995, 0.99, 0.99, 0.99], fallback)  # within MIN_GAIN
     assert not confirmed_faster([0.5, 1.4, 0.6, 1.3, 0.9], fallback)  # the median gains, the spread does not support it
     assert not confirmed_faster([0.8, None, 0.8, 0.8, 0.8], fallback)  # a failed round
+    # paired ratios of 0.9 in four rounds, but the candidate's slow rounds put its median (9) above the fallback's (1)
+    assert not confirmed_faster([0.9, 0.9, 9.0, 9.0, 20.0], [1.0, 1.0, 1.0, 10.0, 10.0])
 
 
 def test_logs_without_confirmations_still_load_their_fastest_record(tmp_path):
