@@ -35,8 +35,8 @@ BUILD_SECONDS = 120.0
 # Candidate outputs agree with the fallback's within this (other tilings sum in other orders).
 RTOL, ATOL = 1e-4, 1e-5
 # Confirmation (Measurer.confirm): the search's best few configs and the fallback are measured again in this many
-# interleaved rounds, and a config replaces the fallback only when its median time over the rounds is at least
-# MIN_GAIN below the fallback's and the rounds' spread supports it (confirmed_faster).
+# interleaved rounds, and a config replaces the fallback only when its fastest round is at least MIN_GAIN below the
+# fallback's, its median below the fallback's, and the rounds' paired ratios support it (confirmed_faster).
 CONFIRM_ROUNDS = 5
 CONFIRM_CANDIDATES = 3
 MIN_GAIN = 0.02
@@ -83,8 +83,8 @@ class MeasureResult:
 @dataclass
 class Confirmation:
     """A task's confirmation: the seconds of each re-measured config in each round (None for a failed one, keyed by
-    records.config_key) and the config a compile should use: the fastest by median that confirmed_faster than the
-    fallback, else the fallback."""
+    records.config_key) and the config a compile should use: the one with the fastest round among those
+    confirmed_faster than the fallback, else the fallback. The seconds are fastest rounds (round_seconds)."""
 
     rounds: dict[str, list[float | None]]
     chosen: Config
@@ -92,19 +92,27 @@ class Confirmation:
     fallback_seconds: float | None
 
 
-def median_seconds(times: Sequence[float | None]) -> float | None:
-    """The median of the rounds that succeeded; None when any failed (a config that fails once is not trusted)."""
+def round_seconds(times: Sequence[float | None], statistic=min) -> float | None:
+    """A statistic (the fastest, by default) of a config's rounds; None when any failed (a config that fails once
+    is not trusted). Load only ever adds time, so the fastest round is the closest to the kernel's own time."""
     if not times or any(seconds is None for seconds in times):
         return None
-    return float(np.median(times))
+    return float(statistic(times))
 
 
 def confirmed_faster(candidate: Sequence[float | None], fallback: Sequence[float | None]) -> bool:
-    """Whether a candidate's rounds show it faster than the fallback's, round by round (each round measures both
-    within moments of each other, so a load that comes and goes affects both alike): the median of the per-round
-    ratios is below 1 - MIN_GAIN, and stays below 1 when raised by twice its standard error (from the ratios'
-    median absolute deviation), so a gain within the rounds' noise is not taken."""
-    if median_seconds(candidate) is None or median_seconds(fallback) is None or len(candidate) != len(fallback):
+    """Whether a candidate's rounds show it faster than the fallback's, by three tests that each catch a way load
+    fools one: its fastest round is below 1 - MIN_GAIN times the fallback's (on a machine whose load switches
+    between a fast and a several-times slower state from one timing to the next, the medians and ratios follow
+    which config happened to draw the slow state; the fastest rounds do not); its median is below the fallback's
+    (a single lucky round); and round by round (each round measures both within moments of each other, so a load
+    that comes and goes affects both alike) the median of the ratios is below 1 - MIN_GAIN and stays below 1 when
+    raised by twice its standard error (from the ratios' median absolute deviation)."""
+    if round_seconds(candidate) is None or round_seconds(fallback) is None or len(candidate) != len(fallback):
+        return False
+    if round_seconds(candidate) >= (1.0 - MIN_GAIN) * round_seconds(fallback):
+        return False
+    if round_seconds(candidate, np.median) >= round_seconds(fallback, np.median):
         return False
     ratios = np.asarray(candidate, dtype=float) / np.asarray(fallback, dtype=float)
     middle = float(np.median(ratios))
@@ -659,9 +667,9 @@ class Measurer:
         """Measure the fallback and `configs` (the search's best) again, in `rounds` rounds that each time every one
         of them once, the order reversed every other round, and decide which config a compile gets (Confirmation).
         One measurement taken in a quiet moment then cannot decide it: on a loaded machine a config's single times
-        vary several-fold. Each re-measured config's median is appended to the log with its rounds ("confirmation")
-        and whether it is the choice ("chosen"), which records.best_records prefers to any single measurement. None
-        when the fallback itself does not run (nothing to compare with)."""
+        vary several-fold. Each re-measured config's fastest round is appended to the log with its rounds
+        ("confirmation") and whether it is the choice ("chosen"), which records.best_records prefers to any single
+        measurement. None when the fallback itself does not run (nothing to compare with)."""
         fallback = self.task.space.fallback
         contenders = [fallback, *dict.fromkeys(config for config in configs if config != fallback)]
         try:
@@ -686,17 +694,17 @@ class Measurer:
         faster = [
             config for config in ready[1:] if confirmed_faster(times[config_key(config.to_json())], fallback_times)
         ]
-        chosen = min(faster, key=lambda config: median_seconds(times[config_key(config.to_json())]), default=fallback)
+        chosen = min(faster, key=lambda config: round_seconds(times[config_key(config.to_json())]), default=fallback)
         if self.records is not None:
             for config in ready:
                 rounds_of = times[config_key(config.to_json())]
                 self.records.write(
-                    self.task.to_json(), config.to_json(), median_seconds(rounds_of),
-                    None if median_seconds(rounds_of) is not None else "confirmation: a round failed",
+                    self.task.to_json(), config.to_json(), round_seconds(rounds_of),
+                    None if round_seconds(rounds_of) is not None else "confirmation: a round failed",
                     fallback=config == fallback, flops=self.flops, confirmation=rounds_of, chosen=config == chosen,
                 )  # fmt: skip
         return Confirmation(
-            times, chosen, median_seconds(times[config_key(chosen.to_json())]), median_seconds(fallback_times)
+            times, chosen, round_seconds(times[config_key(chosen.to_json())]), round_seconds(fallback_times)
         )
 
     def close(self) -> None:
