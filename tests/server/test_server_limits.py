@@ -136,7 +136,7 @@ def test_uploads_the_compiler_rejects(serve):
 def test_bad_form_fields(serve):
     client = serve()
     mlp = model_bytes("mlp")
-    assert "unknown target 'cuda'" in assert_error(upload(client, mlp, targets="wasm,cuda"), 400)["error"]
+    assert "unknown target 'metal'" in assert_error(upload(client, mlp, targets="wasm,metal"), 400)["error"]
     assert "NAME=D1,D2" in assert_error(upload(client, mlp, input_shapes="input=1,x"), 400)["error"]
     assert "below 1" in assert_error(upload(client, mlp, input_shapes="input=0,784"), 400)["error"]
     assert "twice" in assert_error(upload(client, mlp, input_shapes="input=1,784;input=1,784"), 400)["error"]
