@@ -209,6 +209,9 @@ def test_prebuilt_zoo_models_are_listed_and_the_demo_name_redirects(serve):
     assert digits["name"] == "digits" and digits["demo"] == "/demo/digits"
     assert digits["bundles"] == {kind: bundle["id"] for kind, bundle in job["result"]["bundles"].items()}
     assert digits["bundles"]["wasm"] == bundle_id
+    served = client.get(f"/api/jobs/{digits['job']}/bundle-set.json").json()["bundles"]
+    assert served == {kind: f"/bundles/{bundle_id}/" for kind, bundle_id in digits["bundles"].items()}
+    assert client.get(f"/api/jobs/{'0' * 32}/bundle-set.json").status_code == 404
 
 
 def test_the_demo_is_not_offered_for_a_model_it_does_not_fit(serve):
