@@ -6,13 +6,13 @@ LLVM's from bits with the coefficients below."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Collection
 
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, Let, Select, Var, is_float
 from compiler.te.tensor import mutate
 from compiler.tir.nodes import Load, Stmt
+from compiler.tir.visitor import StmtMutator
 
 # Cephes-style minimax polynomials, highest degree first; accurate to about one float32 ulp.
 EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
@@ -149,17 +149,16 @@ def expand_expr(expr: Expr, native: Collection[str]) -> Expr:
     return mutate(expr, visit)
 
 
+class _ExpandMath(StmtMutator):
+    """Every expression of a statement, expanded as `expand_expr` does."""
+
+    def __init__(self, native: Collection[str]):
+        self.native = native
+
+    def visit_expr(self, expr: Expr) -> Expr:
+        return expand_expr(expr, self.native)
+
+
 def expand_math(stmt: Stmt, native: Collection[str]) -> Stmt:
     """`stmt` with every expression expanded as `expand_expr` does."""
-    changes = {}
-    for item in dataclasses.fields(stmt):
-        value = getattr(stmt, item.name)
-        if isinstance(value, Var) and item.name == "var":
-            continue
-        if isinstance(value, Expr):
-            changes[item.name] = expand_expr(value, native)
-        elif isinstance(value, Stmt):
-            changes[item.name] = expand_math(value, native)
-        elif isinstance(value, tuple) and all(isinstance(child, Stmt) for child in value):
-            changes[item.name] = tuple(expand_math(child, native) for child in value)
-    return dataclasses.replace(stmt, **changes) if changes else stmt
+    return _ExpandMath(native).visit(stmt)

@@ -16,8 +16,9 @@ from compiler.schedules import schedule_group
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Logical, Select, Var, is_float
 from compiler.te.tensor import walk
 from compiler.tir.lower import lower
-from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Stmt, Store
+from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Stmt, Store
 from compiler.tir.simplify import bounds, loop_bounds
+from compiler.tir.visitor import StmtVisitor
 from compiler.tir.work import expr_operations
 from compiler.tune.space import Config, OptionSpace, ReorderSpace, SplitSpace, run_template
 from compiler.tune.task import Task
@@ -129,40 +130,52 @@ def _flops(expr: Expr) -> int:
     )
 
 
-class _Walk:
-    """One pass over a function: for each store, its loop path and accesses, weighted by how often it runs."""
+class _Walk(StmtVisitor):
+    """One pass over a function: for each store, its loop path and accesses, weighted by how often it runs. The loop
+    path, the bounds of the vars in scope and whether a branch guards the statement are the visitor's state."""
 
     def __init__(self):
         self.stores: list[tuple[float, list[tuple[For, int]], list[_Access], int, int, bool]] = []
         self.code_stores = self.code_loops = 0
         self.local_bytes = self.shared_bytes = 0
+        self.path: list[tuple[For, int]] = []
+        self.env: dict = {}
+        self.conditional = False
 
-    def stmt(self, stmt: Stmt, path: list[tuple[For, int]], env: dict, conditional: bool) -> None:
-        if isinstance(stmt, Seq):
-            for child in stmt.stmts:
-                self.stmt(child, path, env, conditional)
-        elif isinstance(stmt, For):
-            self.code_loops += 1
-            extent = bounds(stmt.extent, env)[1]
-            inner = {**env, stmt.var: loop_bounds(stmt.min, stmt.extent, env)}
-            self.stmt(stmt.body, [*path, (stmt, max(1, extent or 1))], inner, conditional)
-        elif isinstance(stmt, IfThen):
-            self.stmt(stmt.then_body, path, env, True)
-            if stmt.else_body is not None:
-                self.stmt(stmt.else_body, path, env, True)
-        elif isinstance(stmt, LetStmt):
-            self.stmt(stmt.body, path, {**env, stmt.var: bounds(stmt.value, env)}, conditional)
-        elif isinstance(stmt, Allocate):
-            size = stmt.buffer.size * ITEMSIZE.get(stmt.buffer.dtype, 4)
-            if stmt.buffer.scope == "local":
-                self.local_bytes += size
-            elif stmt.buffer.scope == "shared":
-                self.shared_bytes += size
-            self.stmt(stmt.body, path, env, conditional)
-        elif isinstance(stmt, Store):
-            self.store(stmt, path, conditional)
+    def _inside(self, body: Stmt, **state) -> None:
+        """Visit `body` with some of the state replaced, restoring it after."""
+        saved = self.path, self.env, self.conditional
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.visit(body)
+        self.path, self.env, self.conditional = saved
 
-    def store(self, stmt: Store, path: list[tuple[For, int]], conditional: bool) -> None:
+    def visit_for(self, stmt: For) -> None:
+        self.code_loops += 1
+        extent = bounds(stmt.extent, self.env)[1]
+        self._inside(
+            stmt.body,
+            path=[*self.path, (stmt, max(1, extent or 1))],
+            env={**self.env, stmt.var: loop_bounds(stmt.min, stmt.extent, self.env)},
+        )
+
+    def visit_ifthen(self, stmt: IfThen) -> None:
+        self._inside(stmt.then_body, conditional=True)
+        if stmt.else_body is not None:
+            self._inside(stmt.else_body, conditional=True)
+
+    def visit_letstmt(self, stmt: LetStmt) -> None:
+        self._inside(stmt.body, env={**self.env, stmt.var: bounds(stmt.value, self.env)})
+
+    def visit_allocate(self, stmt: Allocate) -> None:
+        size = stmt.buffer.size * ITEMSIZE.get(stmt.buffer.dtype, 4)
+        if stmt.buffer.scope == "local":
+            self.local_bytes += size
+        elif stmt.buffer.scope == "shared":
+            self.shared_bytes += size
+        self.visit(stmt.body)
+
+    def visit_store(self, stmt: Store) -> None:
         self.code_stores += 1
         accesses = [_Access(stmt.buffer, stmt.index)] if stmt.buffer.scope == "global" else []
         selects = False
@@ -170,9 +183,12 @@ class _Walk:
             if isinstance(node, Load) and node.buffer.scope == "global":
                 accesses.append(_Access(node.buffer, node.index))
             selects = selects or isinstance(node, Select | IfThenElse | Compare | Logical)
-        count = math.prod(extent for _, extent in path)
+        count = math.prod(extent for _, extent in self.path)
         operations = 1 + expr_operations(stmt.value)
-        self.stores.append((count, path, accesses, operations, _flops(stmt.value), conditional or selects))
+        self.stores.append((count, self.path, accesses, operations, _flops(stmt.value), self.conditional or selects))
+
+    def visit_expr(self, expr: Expr) -> None:
+        """The walk is over statements: a store's expressions are read by visit_store, no others are descended into."""
 
 
 def _log(value: float) -> float:
@@ -183,7 +199,7 @@ def loop_features(func: PrimFunc) -> list[float]:
     """Statistics of a function's loop IR (LOOP_FEATURES), comparable across tasks: sizes are log2(1 + x), per-level
     values are averages over stores weighted by how often each runs."""
     walker = _Walk()
-    walker.stmt(func.body, [], {}, False)
+    walker.visit(func.body)
     total = sum(count for count, *_ in walker.stores) or 1.0
     operations = flops = global_bytes = vector = vector_count = conditional = contiguous = strided = outer_step = 0.0
     copies = 0
