@@ -43,7 +43,8 @@ from compiler.tir import (
 )
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import walk_stmts
-from compiler.tir.simplify import Bounds, bounds, loop_bounds, structural_key
+from compiler.tir.simplify import Bounds, bounds, loop_bounds
+from compiler.tir.visitor import StmtVisitor, structural_key
 
 # Register types. 8- and 16-bit integers compute in i32, wrapped to their width after every operation, as the other
 # targets compute them.
@@ -235,8 +236,9 @@ def _float_literal(value: float, dtype: str) -> str:
     return f"{float(np.float32(value))!r}f"
 
 
-class _EntryWriter:
-    """Writes one entry point; `helpers` collects the module-scope helper functions its body calls."""
+class _EntryWriter(StmtVisitor):
+    """Writes one entry point: a statement visits to its lines at the current indent, an expression (`expr`) returns
+    its text; `helpers` collects the module-scope helper functions its body calls."""
 
     def __init__(self, func: PrimFunc, name: str, layout: Layout, helpers: set[str]):
         self.func, self.layout, self.helpers = func, layout, helpers
@@ -367,7 +369,7 @@ class _EntryWriter:
             return f"bitcast<{TYPES[buffer.dtype]}>({text})"
         return text
 
-    def store(self, node: Store) -> None:
+    def visit_store(self, node: Store) -> None:
         buffer = node.buffer
         value = self.expr(node.value)
         if buffer.scope != "global":
@@ -531,39 +533,36 @@ class _EntryWriter:
 
     # ---- statements ---------------------------------------------------------------------------------------------
 
-    def stmt(self, node: Stmt) -> None:
-        if isinstance(node, Seq):
-            for child in node.stmts:
-                self.stmt(child)
-        elif isinstance(node, For):
-            self.loop(node)
-        elif isinstance(node, Store):
-            self.store(node)
-        elif isinstance(node, IfThen):
-            self.emit(f"if ({self.expr(node.cond)}) {{")
-            self.block_of(node.then_body)
-            if node.else_body is not None:
-                self.emit("} else {")
-                self.block_of(node.else_body)
-            self.emit("}")
-        elif isinstance(node, LetStmt):
-            value = self.expr(node.value)
-            self.env[node.var] = bounds(node.value, self.env)
-            self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
-            self.stmt(node.body)
-        elif isinstance(node, Allocate):
-            self.allocate(node)
-        elif isinstance(node, Barrier):
-            self.emit("workgroupBarrier();" if node.scope == "shared" else "storageBarrier();")
-        else:
-            raise WGSLError(f"WGSL codegen cannot print {type(node).__name__} in kernel {self.func.name!r}")
+    def visit_seq(self, node: Seq) -> None:
+        for child in node.stmts:
+            self.visit(child)
+
+    def visit_ifthen(self, node: IfThen) -> None:
+        self.emit(f"if ({self.expr(node.cond)}) {{")
+        self.block_of(node.then_body)
+        if node.else_body is not None:
+            self.emit("} else {")
+            self.block_of(node.else_body)
+        self.emit("}")
+
+    def visit_letstmt(self, node: LetStmt) -> None:
+        value = self.expr(node.value)
+        self.env[node.var] = bounds(node.value, self.env)
+        self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
+        self.visit(node.body)
+
+    def visit_barrier(self, node: Barrier) -> None:
+        self.emit("workgroupBarrier();" if node.scope == "shared" else "storageBarrier();")
+
+    def generic_visit(self, node: Stmt) -> None:
+        raise WGSLError(f"WGSL codegen cannot print {type(node).__name__} in kernel {self.func.name!r}")
 
     def block_of(self, body: Stmt) -> None:
         self.indent += 1
-        self.stmt(body)
+        self.visit(body)
         self.indent -= 1
 
-    def loop(self, node: For) -> None:
+    def visit_for(self, node: For) -> None:
         var = self.name(node.var)
         start, extent = self.expr(node.min), self.expr(node.extent)
         zero = isinstance(node.min, Const) and node.min.value == 0
@@ -585,7 +584,7 @@ class _EntryWriter:
         index = f"i32({_HARDWARE[family]}.{axis})"
         self.emit(f"let {var}: i32 = {index if zero else f'{start} + {index}'};")
         if isinstance(node.extent, Const) and int(node.extent.value) >= launched:
-            self.stmt(node.body)
+            self.visit(node.body)
         else:
             if any(isinstance(child, Barrier) for child in walk_stmts(node.body)):
                 raise WGSLError(
@@ -599,7 +598,7 @@ class _EntryWriter:
         self.indent -= 1
         self.emit("}")
 
-    def allocate(self, node: Allocate) -> None:
+    def visit_allocate(self, node: Allocate) -> None:
         buffer = node.buffer
         element = self.type(buffer.dtype, f"buffer {buffer.name!r}")
         name = self.name(buffer)
@@ -611,7 +610,7 @@ class _EntryWriter:
             self.names[id(buffer)] = f"{self.entry}_{name}"
         else:
             self.emit(f"var {name}: array<{element}, {buffer.size}>;")
-        self.stmt(node.body)
+        self.visit(node.body)
 
     # ---- the entry point ----------------------------------------------------------------------------------------
 
@@ -623,7 +622,7 @@ class _EntryWriter:
         if self.layout.offsets:
             for position, buffer in enumerate(self.func.params):
                 self.emit(f"let {self.name(buffer)}_base: i32 = {self.entry}_offsets[{position // 4}][{position % 4}];")
-        self.stmt(expand_math(self.func.body, NATIVE_MATH))
+        self.visit(expand_math(self.func.body, NATIVE_MATH))
         body = self.lines
         header, regions = [], []
         count = max(self.layout.regions, default=-1) + 1
