@@ -237,8 +237,8 @@ def _float_literal(value: float, dtype: str) -> str:
 
 
 class _EntryWriter(StmtVisitor):
-    """Writes one entry point: a statement visits to its lines at the current indent, an expression (`expr`) returns
-    its text; `helpers` collects the module-scope helper functions its body calls."""
+    """Writes one entry point: a statement visits to its lines at the current indent, an expression visits
+    to its text; `helpers` collects the module-scope helper functions its body calls."""
 
     def __init__(self, func: PrimFunc, name: str, layout: Layout, helpers: set[str]):
         self.func, self.layout, self.helpers = func, layout, helpers
@@ -316,11 +316,11 @@ class _EntryWriter(StmtVisitor):
     def element(self, buffer: Buffer, index: Expr) -> str:
         """The element index of a global buffer's `index` in its region."""
         base = f"{self.name(buffer)}_base + " if self.layout.offsets else ""
-        return f"{base}{self.expr(index)}"
+        return f"{base}{self.visit(index)}"
 
     def address(self, buffer: Buffer, index: Expr) -> str:
         if buffer.scope != "global":
-            return f"{self.name(buffer)}[{self.expr(index)}]"
+            return f"{self.name(buffer)}[{self.visit(index)}]"
         return f"{self.region_of(buffer)}[{self.element(buffer, index)}]"
 
     def region_of(self, buffer: Buffer) -> str:
@@ -346,7 +346,7 @@ class _EntryWriter(StmtVisitor):
         self.taken.add(name)
         return name
 
-    def load(self, node: Load) -> str:
+    def visit_load(self, node: Load) -> str:
         buffer = node.buffer
         if buffer.scope != "global":
             return self.address(buffer, node.index)
@@ -371,7 +371,7 @@ class _EntryWriter(StmtVisitor):
 
     def visit_store(self, node: Store) -> None:
         buffer = node.buffer
-        value = self.expr(node.value)
+        value = self.visit(node.value)
         if buffer.scope != "global":
             self.emit(f"{self.address(buffer, node.index)} = {value};")
             return
@@ -394,7 +394,7 @@ class _EntryWriter(StmtVisitor):
             value = f"bitcast<u32>({value})"
         self.emit(f"{self.address(buffer, node.index)} = {value};")
 
-    def const(self, node: Const) -> str:
+    def visit_const(self, node: Const) -> str:
         if node.dtype == "bool":
             return "true" if node.value else "false"
         if node.dtype in ("float32", "float16"):
@@ -411,49 +411,43 @@ class _EntryWriter(StmtVisitor):
             return "(-2147483647i - 1i)"
         return f"{value}i" if value >= 0 else f"({value}i)"
 
-    def expr(self, node: Expr) -> str:
-        if isinstance(node, Var):
-            return self.name(node)
-        if isinstance(node, Const):
-            return self.const(node)
-        if isinstance(node, Load):
-            return self.load(node)
-        if isinstance(node, Binary):
-            return self.binary(node)
-        if isinstance(node, Compare):
-            if node.op == "ne" and node.a.dtype == "float32" and structural_key(node.a) == structural_key(node.b):
-                # x != x is IsNaN, but WGSL lets a compiler assume there are no NaNs and fold it away: test the bits
-                return f"((bitcast<u32>({self.expr(node.a)}) & 0x7fffffffu) > 0x7f800000u)"
-            return f"({self.expr(node.a)} {_INFIX[node.op]} {self.expr(node.b)})"
-        if isinstance(node, Logical):
-            if node.op == "not":
-                return f"!({self.expr(node.args[0])})"
-            return f"({self.expr(node.args[0])} {_INFIX[node.op]} {self.expr(node.args[1])})"
-        if isinstance(node, Select | IfThenElse):
-            # Both branches are evaluated: WebGPU clamps every out-of-bounds access, so a guarded read is harmless.
-            cond = self.expr(node.cond)
-            self.arms += 1
-            true, false = self.expr(node.true_value), self.expr(node.false_value)
-            self.arms -= 1
-            return f"select({false}, {true}, {cond})"
-        if isinstance(node, Cast):
-            return self.cast(node)
-        if isinstance(node, Call):
-            return self.call(node)
-        if isinstance(node, Let):
-            # WGSL has no let expressions: the binding goes before the statement being written, which sees every
-            # variable the value reads.
-            value = self.expr(node.value)
-            self.env[node.var] = bounds(node.value, self.env)
-            self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
-            return self.expr(node.body)
-        raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}")
+    def visit_var(self, node: Var) -> str:
+        return self.name(node)
 
-    def binary(self, node: Binary) -> str:
+    def visit_compare(self, node: Compare) -> str:
+        if node.op == "ne" and node.a.dtype == "float32" and structural_key(node.a) == structural_key(node.b):
+            # x != x is IsNaN, but WGSL lets a compiler assume there are no NaNs and fold it away: test the bits
+            return f"((bitcast<u32>({self.visit(node.a)}) & 0x7fffffffu) > 0x7f800000u)"
+        return f"({self.visit(node.a)} {_INFIX[node.op]} {self.visit(node.b)})"
+
+    def visit_logical(self, node: Logical) -> str:
+        if node.op == "not":
+            return f"!({self.visit(node.args[0])})"
+        return f"({self.visit(node.args[0])} {_INFIX[node.op]} {self.visit(node.args[1])})"
+
+    def visit_select(self, node: Select | IfThenElse) -> str:
+        # Both branches are evaluated: WebGPU clamps every out-of-bounds access, so a guarded read is harmless.
+        cond = self.visit(node.cond)
+        self.arms += 1
+        true, false = self.visit(node.true_value), self.visit(node.false_value)
+        self.arms -= 1
+        return f"select({false}, {true}, {cond})"
+
+    visit_ifthenelse = visit_select
+
+    def visit_let(self, node: Let) -> str:
+        # WGSL has no let expressions: the binding goes before the statement being written, which sees every
+        # variable the value reads.
+        value = self.visit(node.value)
+        self.env[node.var] = bounds(node.value, self.env)
+        self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
+        return self.visit(node.body)
+
+    def visit_binary(self, node: Binary) -> str:
         return _wrapped(self.binary_value(node), node.dtype)
 
     def binary_value(self, node: Binary) -> str:
-        a, b = self.expr(node.a), self.expr(node.b)
+        a, b = self.visit(node.a), self.visit(node.b)
         dtype = node.dtype
         if node.op in ("add", "sub", "mul", "div"):
             return f"({a} {_INFIX[node.op]} {b})"
@@ -501,18 +495,18 @@ class _EntryWriter(StmtVisitor):
         self.emit(f"if (!{inside}) {{ atomicMax(&{self.entry}_status[0], {number}); }}")
         return f"select(0i, {name}, {inside})"
 
-    def cast(self, node: Cast) -> str:
-        value = self.expr(node.value)
+    def visit_cast(self, node: Cast) -> str:
+        value = self.visit(node.value)
         source = node.value.dtype
         if node.dtype == "bool":
-            zero = self.const(Const(0, source)) if source != "bool" else "false"
+            zero = self.visit_const(Const(0, source)) if source != "bool" else "false"
             return f"({value} != {zero})"
         target = self.type(node.dtype, "a cast")
         self.type(source, "a cast's operand")
         return _wrapped(f"{target}({value})", node.dtype)
 
-    def call(self, node: Call) -> str:
-        args = [self.expr(arg) for arg in node.args]
+    def visit_call(self, node: Call) -> str:
+        args = [self.visit(arg) for arg in node.args]
         if node.name == "index_check":
             return self.index_check(*args)
         dtype = node.args[0].dtype
@@ -528,7 +522,7 @@ class _EntryWriter(StmtVisitor):
         if all(isinstance(arg, Const) for arg in node.args):
             with np.errstate(all="ignore"):
                 value = _FOLDED[node.name](np.array(node.args[0].value, np.float32))
-            return self.const(Const(float(value), node.dtype))
+            return self.visit_const(Const(float(value), node.dtype))
         return f"{NATIVE_MATH[node.name]}({', '.join(args)})"
 
     # ---- statements ---------------------------------------------------------------------------------------------
@@ -538,7 +532,7 @@ class _EntryWriter(StmtVisitor):
             self.visit(child)
 
     def visit_ifthen(self, node: IfThen) -> None:
-        self.emit(f"if ({self.expr(node.cond)}) {{")
+        self.emit(f"if ({self.visit(node.cond)}) {{")
         self.block_of(node.then_body)
         if node.else_body is not None:
             self.emit("} else {")
@@ -546,7 +540,7 @@ class _EntryWriter(StmtVisitor):
         self.emit("}")
 
     def visit_letstmt(self, node: LetStmt) -> None:
-        value = self.expr(node.value)
+        value = self.visit(node.value)
         self.env[node.var] = bounds(node.value, self.env)
         self.emit(f"let {self.name(node.var)}: {self.type(node.var.dtype, 'a let')} = {value};")
         self.visit(node.body)
@@ -554,8 +548,9 @@ class _EntryWriter(StmtVisitor):
     def visit_barrier(self, node: Barrier) -> None:
         self.emit("workgroupBarrier();" if node.scope == "shared" else "storageBarrier();")
 
-    def generic_visit(self, node: Stmt) -> None:
-        raise WGSLError(f"WGSL codegen cannot print {type(node).__name__} in kernel {self.func.name!r}")
+    def generic_visit(self, node: Stmt | Expr) -> None:
+        where = f" in kernel {self.func.name!r}" if isinstance(node, Stmt) else ""
+        raise WGSLError(f"WGSL codegen cannot print {type(node).__name__}{where}")
 
     def block_of(self, body: Stmt) -> None:
         self.indent += 1
@@ -564,7 +559,7 @@ class _EntryWriter(StmtVisitor):
 
     def visit_for(self, node: For) -> None:
         var = self.name(node.var)
-        start, extent = self.expr(node.min), self.expr(node.extent)
+        start, extent = self.visit(node.min), self.visit(node.extent)
         zero = isinstance(node.min, Const) and node.min.value == 0
         end = extent if zero else f"{start} + {extent}"
         if node.kind != ForKind.THREAD_BINDING:
