@@ -293,10 +293,11 @@ def compile_model(
     progress(f"generating code for {len(kernels)} kernels and linking it ({backend.code_file})", 0.6)
     code = backend.build_model(list(kernels.values()), run, manifest, target)
     # each variant is built from the same manifest (its binding digest leaves the variants' memory out) and adds only
-    # its own memory import
+    # its own memory import; each takes about as long as the plain code, so each gets an equal share of the progress
     variant_code = {}
-    for position, variant in enumerate(variants):
-        progress(f"generating the {'+'.join(variant['features'])} variant", 0.9 + 0.1 * position / len(variants))
+    share = 0.4 / (1 + len(variants))
+    for position, variant in enumerate(variants, 1):
+        progress(f"generating the {'+'.join(variant['features'])} variant", 0.6 + share * position)
         attributes = ",".join(WASM_FEATURE_ATTRIBUTES[feature] for feature in variant["features"])
         built = backend.build_model(
             list(kernels.values()), run, manifest, Target.parse(f"{target} -mattr={attributes}")

@@ -421,7 +421,8 @@ async def _job_events(queue: JobQueue, job: Job) -> AsyncIterator[str]:
         if state != last_state:
             yield _event("state", state)
             last_state = state
-        if job.state in FINISHED:
+        # the snapshot's state, not the job's: the job may have finished while the lines above were sent
+        if snapshot["state"] in FINISHED:
             return
         await queue.wait_changed(job, version, KEEPALIVE_S)
         if job.version == version:

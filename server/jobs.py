@@ -31,6 +31,9 @@ from server.uploads import opened_model
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 FINISHED = (DONE, FAILED)
 RESTART_MESSAGE = "the server restarted before this job finished; upload the model again"
+# What the server asks of compile_model beyond the target, per target: every wasm bundle carries its threaded and
+# relaxed-SIMD variants, so tessel.js runs the fastest one the page's engine has (docs/server.md, "Threaded wasm").
+TARGET_OPTIONS = {"wasm": {"wasm_variants": ("threads", "relaxed-simd", "threads+relaxed-simd")}}
 
 
 def error_status(error: TesselError) -> int:
@@ -59,6 +62,8 @@ def bundle_key(
         "input_shapes": dict(sorted(input_shapes.items())),
         "compiler": COMPILER_VERSION,
     }
+    if target in TARGET_OPTIONS:
+        identity["options"] = TARGET_OPTIONS[target]
     if records_sha256 is not None:
         identity["tuning_records"] = records_sha256
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
@@ -173,7 +178,12 @@ def _compile(task: CompileTask, send) -> dict:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", TuningWarning)
                 module = compile_model(
-                    model, target=target, input_shapes=shapes, tuning_records=task.records_path, progress=progress
+                    model,
+                    target=target,
+                    input_shapes=shapes,
+                    tuning_records=task.records_path,
+                    progress=progress,
+                    **TARGET_OPTIONS.get(target, {}),
                 )
             for warning in caught:
                 send(("log", f"{target}: warning: {warning.message}"))

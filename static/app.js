@@ -347,6 +347,7 @@ class RunPanel {
         bundle: this.bundle.id,
         backend: model.backend,
         backendReason: model.backendReason,
+        variant: model.variant,
         latencyMs: latency,
         inputs: plainTensors(feeds),
         outputs: plainTensors(outputs),

@@ -16,7 +16,7 @@ import server.app
 from compiler import load_module, zoo
 from compiler.errors import TesselError
 from server.app import add_arguments, create_app, run_from_args
-from server.jobs import Job, JobQueue
+from server.jobs import TARGET_OPTIONS, Job, JobQueue, bundle_key
 from server.store import Store
 
 ONNX_RTOL, ONNX_ATOL = 1e-4, 1e-5
@@ -57,18 +57,35 @@ def test_upload_compiles_for_both_targets_and_the_downloaded_bundles_match_onnxr
     assert job["targets"] == ["wasm", "llvm"]
     assert job["model"]["filename"] == "digits.onnx" and job["model"]["bytes"] == len(model_bytes("digits"))
     assert any("lowering" in line for line in job["log"])
+    steps = [line for line in job["log"] if line.startswith("wasm: generating the")]
+    assert steps == [f"wasm: generating the {name} variant" for name in TARGET_OPTIONS["wasm"]["wasm_variants"]]
+    variants_manifest = client.get(f"/bundles/{job['result']['bundles']['wasm']['id']}/manifest.json").json()
+    threaded = next(variant for variant in variants_manifest["variants"] if variant["features"] == ["threads"])
+    assert threaded["wasm_import"]["shared"] is True and threaded["stack_bytes"] > 0
     feeds = zoo.sample_input("digits")
     (expected,) = onnxruntime_outputs("digits", feeds)
-    for target, code in (("wasm", "model.wasm"), ("llvm", "model.so")):
+    # the wasm bundle carries every variant the server compiles (TARGET_OPTIONS), each a step of the job's progress
+    variants = ["model.threads.wasm", "model.relaxed-simd.wasm", "model.threads.relaxed-simd.wasm"]
+    for target, code in (("wasm", ["model.wasm", *variants]), ("llvm", ["model.so"])):
         bundle = job["result"]["bundles"][target]
         assert bundle["reused"] is False and bundle["compile_seconds"] > 0
         assert bundle["fused_groups"] == 6
-        assert set(bundle["files"]) == {"manifest.json", code, "params.bin"}
+        assert set(bundle["files"]) == {"manifest.json", *code, "params.bin"}
         directory = download_bundle(client, bundle["id"], bundle["files"], tmp_path / target)
-        module = load_module(directory)
+        module = load_module(directory)  # checks each variant's digest and seal against the manifest
         assert module.manifest["target"] == target
+        assert [variant["code"] for variant in module.manifest.get("variants", [])] == code[1:]
         (actual,) = module.run(feeds).values()
         np.testing.assert_allclose(actual, expected, rtol=ONNX_RTOL, atol=ONNX_ATOL)
+
+
+def test_a_bundle_id_changes_with_the_variants_the_server_compiles(monkeypatch):
+    digest = "0" * 64
+    with_variants = bundle_key(digest, "wasm", {})
+    monkeypatch.setitem(TARGET_OPTIONS, "wasm", {"wasm_variants": ("threads",)})
+    fewer = bundle_key(digest, "wasm", {})
+    monkeypatch.delitem(TARGET_OPTIONS, "wasm")
+    assert len({with_variants, fewer, bundle_key(digest, "wasm", {})}) == 3
 
 
 def test_zip_download_holds_a_loadable_bundle(serve, tmp_path):

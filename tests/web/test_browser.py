@@ -121,6 +121,8 @@ def _run_onnxruntime(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarra
 @pytest.mark.slow
 def test_upload_compile_and_run_in_the_page(server, page, screenshots, tmp_path):
     model_path = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    # two cores whatever the machine has, so the page's default is a pool of two threads
+    page.add_init_script("Object.defineProperty(Navigator.prototype, 'hardwareConcurrency', {get: () => 2})")
     page.goto(f"{server}/?seed=7&backend=wasm")
     page.wait_for_selector("#targets input[value=wasm]:checked")
     assert page.evaluate("crossOriginIsolated"), "the page is not cross-origin isolated (COOP/COEP headers)"
@@ -134,7 +136,9 @@ def test_upload_compile_and_run_in_the_page(server, page, screenshots, tmp_path)
     manifest = _get_json(f"{server}/bundles/{bundle_id}/manifest.json")
     assert card.query_selector("[data-field=groups]").inner_text() == str(len(manifest["calls"]))
     listed = [row.inner_text().split("\t")[0] for row in card.query_selector_all("[data-field=files] tr")]
-    assert listed == ["manifest.json", "model.wasm", "params.bin"]
+    # the server compiles every wasm variant (server/jobs.py TARGET_OPTIONS); the isolated page runs a threaded one
+    variants = ["model.relaxed-simd.wasm", "model.threads.relaxed-simd.wasm", "model.threads.wasm"]
+    assert listed == ["manifest.json", *variants, "model.wasm", "params.bin"]
     assert "Compiling" in page.inner_text("#progress-card") and "done" in page.inner_text("#log")
 
     card.query_selector("[data-field=run]").click()
@@ -142,6 +146,11 @@ def test_upload_compile_and_run_in_the_page(server, page, screenshots, tmp_path)
     page.screenshot(path=str(screenshots / "ran.png"), full_page=True)
     run = page.evaluate("window.tesselLastRun")
     assert run["backend"] == "wasm" and card.query_selector("[data-field=backend]").inner_text() == "wasm"
+    assert run["variant"] == {
+        "code": "model.threads.relaxed-simd.wasm",
+        "features": ["threads", "relaxed-simd"],
+        "threads": 2,
+    }
     assert run["latencyMs"] >= 0 and "ms" in card.query_selector("[data-field=latency]").inner_text()
     feeds = {name: np.array(item["data"], np.float32).reshape(item["dims"]) for name, item in run["inputs"].items()}
     expected = _run_onnxruntime(zoo.build_model("mlp"), feeds)
