@@ -123,6 +123,13 @@ def tune_file(
     default = sum(r.task.weight * (r.default_seconds or 0.0) for r in results)
     tuned = sum(r.task.weight * (r.chosen_seconds or r.default_seconds or 0.0) for r in results)
     print("\n".join(report.report_lines(report.summarize(output))))
+    confirmed = [r for r in results if r.confirmation is not None]
+    if confirmed:
+        changed = sum(r.chosen_config != r.task.space.fallback for r in confirmed)
+        print(
+            f"confirmed against their defaults in interleaved rounds: {changed} of {len(confirmed)} tasks get a tuned "
+            "config, the others keep their defaults (nothing was confirmed faster)"
+        )
     if tuned:
         print(
             f"tuned kernels, weighted by their groups: {default * 1e3:.4g} ms by default, {tuned * 1e3:.4g} ms tuned "

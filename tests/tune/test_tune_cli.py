@@ -33,6 +33,7 @@ def test_tune_report_and_compile_with_the_log(model_path, tmp_path, capsys):
     assert main(["tune", str(model_path), "--trials", "6", "-o", str(log), "--tuner", "random", "--workers", "2"]) == 0
     captured = capsys.readouterr()
     assert "task 1/1 conv2d (Conv+Relu): trials" in captured.err and "compile with: tessel compile" in captured.out
+    assert "confirmed against their defaults in interleaved rounds:" in captured.out
     records = read_records(log)
     searched = [record for record in records if "confirmation" not in record]
     assert len(searched) == 6 and sum(record["fallback"] for record in searched) == 1
