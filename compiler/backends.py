@@ -12,6 +12,7 @@ from functools import partial
 import numpy as np
 
 from compiler.bundle import BINDING_SYMBOL, BundleError, binding_digest, unsealed
+from compiler.codegen.c_source import c_name
 from compiler.codegen.cuda import generate_cuda
 from compiler.codegen.llvm import compile_funcs
 from compiler.codegen.opencl import generate_opencl
@@ -231,7 +232,8 @@ def _gpu_kernel(dialect: _CDialect, func: PrimFunc, target: Target) -> KernelCod
     parts = [func] if "launch" in func.attrs else _gpu_launches(func, target)
     source = dialect.generate(parts)
     workspace = [buffer.size * np.dtype(buffer.dtype).itemsize for buffer in parts[0].params[len(func.params) :]]
-    launches = [{"kernel": part.name, **part.attrs["launch"]} for part in parts]
+    # the symbol the printer gave each part (a reserved word such as "kernel" is renamed)
+    launches = [{"kernel": c_name(part.name), **part.attrs["launch"]} for part in parts]
     library = json.dumps({"source": source, "kernels": {func.name: {"parts": launches, "workspace": workspace}}})
     return KernelCode(library.encode(), {dialect.source_kind: source, "gpu": "\n".join(map(format_func, parts))}, parts)
 

@@ -314,8 +314,10 @@ def split_launches(func: PrimFunc) -> list[PrimFunc]:
         (workspace if body.buffer.scope == "global" else wrappers).append(body.buffer)
         body = body.body
     launches: list[list[Stmt]] = [[]]
-    launch_read, launch_written, spanning = set(), set(), False  # since the launch began
-    synced_read, synced_written, threaded = set(), set(), False  # since its last barrier
+    # each global buffer the current launch read or wrote -> whether a statement doing so ran over several blocks
+    launch_read: dict = {}
+    launch_written: dict = {}
+    synced_read, synced_written, threaded = set(), set(), False  # since the launch's last barrier
     barriers = 0
     for stmt in body.stmts if isinstance(body, Seq) else (body,):
         if isinstance(stmt, Barrier):
@@ -325,9 +327,11 @@ def split_launches(func: PrimFunc) -> list[PrimFunc]:
         stmt_read, stmt_written = _globals(stmt)
         stmt_spans = _spans_blocks(stmt)
         stmt_threaded = any(loop.thread_tag in BLOCK_TAGS for loop in _thread_loops(stmt))
-        if ((stmt_read | stmt_written) & launch_written or stmt_written & launch_read) and (spanning or stmt_spans):
+        conflicts = [launch_written[b] for b in stmt_read | stmt_written if b in launch_written]
+        conflicts += [launch_read[b] for b in stmt_written if b in launch_read]
+        if conflicts and (stmt_spans or any(conflicts)):
             launches.append([])
-            launch_read, launch_written, spanning = set(), set(), False
+            launch_read, launch_written = {}, {}
             synced_read, synced_written, threaded = set(), set(), False
         elif ((stmt_read | stmt_written) & synced_written or stmt_written & synced_read) and (
             threaded or stmt_threaded
@@ -338,11 +342,12 @@ def split_launches(func: PrimFunc) -> list[PrimFunc]:
             barriers += 1
             synced_read, synced_written, threaded = set(), set(), False
         launches[-1].append(stmt)
-        launch_read |= stmt_read
-        launch_written |= stmt_written
+        for buffer in stmt_read:
+            launch_read[buffer] = launch_read.get(buffer, False) or stmt_spans
+        for buffer in stmt_written:
+            launch_written[buffer] = launch_written.get(buffer, False) or stmt_spans
         synced_read |= stmt_read
         synced_written |= stmt_written
-        spanning = spanning or stmt_spans
         threaded = threaded or stmt_threaded
     if len(launches) == 1 and not workspace and not barriers:
         return [func]

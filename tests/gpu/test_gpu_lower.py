@@ -263,3 +263,29 @@ def test_a_kernel_with_nothing_to_compute_launches_one_idle_thread():
     s = te.create_schedule(b.op)
     func = lower_gpu(lower(s, [a, b], "f"), "opencl")
     assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [1, 1, 1]}
+
+
+def test_a_stage_over_blocks_that_the_rest_does_not_read_shares_their_launch():
+    """A root stage over 4 blocks, then a whole-tensor sum in block 0 that does not read it: one launch."""
+    a = te.placeholder((256,), name="A")
+    doubled = te.compute((256,), lambda i: a[i] * 2.0, name="doubled")
+    k = te.reduce_axis((0, 256), name="k")
+    total = te.compute((), lambda: te.sum(a[k], axis=k), name="total")
+    s = te.create_schedule([doubled.op, total.op])
+    block, thread = s[doubled].split(doubled.op.axis[0], 64)
+    s[doubled].bind(block, te.thread_axis("blockIdx.x"))
+    s[doubled].bind(thread, te.thread_axis("threadIdx.x"))
+    partial = s.rfactor(total, 64)
+    s[partial].set_scope("shared")
+    s[partial].bind(s[partial].op.axis[0], te.thread_axis("threadIdx.x"))
+    func = lower(s, [a, doubled, total], "f")
+    assert split_launches(func) == [func]
+    kernel = compiler.build(s, [a, doubled, total], target="opencl")
+    source, out, out_total = (
+        RNG.standard_normal(256).astype("float32"),
+        np.zeros(256, "float32"),
+        np.zeros((), "float32"),
+    )
+    kernel(source, out, out_total)
+    np.testing.assert_allclose(out, source * 2, rtol=1e-6)
+    np.testing.assert_allclose(out_total, source.sum(), rtol=1e-4, atol=1e-4)
