@@ -74,7 +74,10 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     # 0.123 with 8); the other dense blocks are 4 x 16 rows outer (the 768 x 768 matmul above: 5.5 ms, 5.6 with
     # 8 x 32, 6.4-6.6 with 4-8 x 8).
     16: {
-        "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2},
+        # the taps inside the input channels (wasmtime, 1 thread, Module.profile, interleaved): resnet18 80.3-80.6 ms
+        # against 99.9-102.6 (its 512-channel 7 x 7 convs 4.45 against 6.35), resnet50_bottleneck 15.3-15.5
+        # against 16.0-16.3
+        "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2, "taps": "inner"},
         # one vector wide in wasmtime: dwconv_block 4.1 ms, against 5.0-5.2 with 2 x 8 and 5.9 with 4 x 16
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 4},
         "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "tile_order": (0, 1)},
@@ -85,7 +88,7 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     # 0.90 ms against 0.99 with 1 x 14, 128 on 28 x 28 0.91 against 1.01, 256 on 14 x 14 0.90 against 1.00 (and
     # 0.90 with 1 x 14 and the taps inside the input channels); 4 x 7 1.10, 4 x 4 0.96, 1 x 28 0.97. The taps inside:
     # 512 on 7 x 7 (9.4 MB of weights, read from L2 and beyond) 0.96-0.99 ms against 1.38-1.41, 256 on 14 x 14 0.88
-    # against 0.94, the others equal
+    # against 0.94, the others equal. AVX2 keeps them outside: 64 on 56 x 56 2.0-2.2 ms against 2.4-2.5 inside
     64: {
         "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2, "taps": "inner"},
     },

@@ -513,6 +513,7 @@ def test_fallbacks_overlay_defaults():
         **DEFAULTS["conv2d_nchwc"],
         "tile_ow": 8,
         "tile_blocks": 2,
+        "taps": "inner",
     }
     assert fallback("conv2d_nchwc", Target.parse("llvm -mattr=-avx512f")) == DEFAULTS["conv2d_nchwc"]
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
