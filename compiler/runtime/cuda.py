@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from compiler.errors import PlatformError, TargetError
-from compiler.runtime import ArgSpec, check_args
+from compiler.runtime import ArgSpec
+from compiler.runtime.device import DispatchModel, kernel_call
 
 _INSTALL_DRIVER = "install the NVIDIA driver on a machine with a CUDA GPU"
 
@@ -144,11 +145,59 @@ def allocate(nbytes: int) -> int:
     return int(_check(driver.cuMemAlloc(max(int(nbytes), 4)), "allocate device memory"))
 
 
+def copy_in(pointer: int, array: np.ndarray, step: str = "copy in") -> None:
+    from cuda.bindings import driver
+
+    _check(driver.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), step)
+
+
+def copy_out(array: np.ndarray, pointer: int) -> None:
+    from cuda.bindings import driver
+
+    _check(driver.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
+
+
+def wait() -> None:
+    from cuda.bindings import driver
+
+    _check(driver.cuCtxSynchronize(), "wait for the kernel")
+
+
+def free(pointers: list[int]) -> None:
+    from cuda.bindings import driver
+
+    for pointer in pointers:
+        driver.cuMemFree(pointer)
+
+
 def pointer_arguments(pointers: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
     """cuLaunchKernel's argument array: the address of each argument's value (here each a device pointer). The
     value arrays are returned too, so they outlive the launch."""
     values = [np.array([pointer], dtype=np.uint64) for pointer in pointers]
     return values, np.array([value.ctypes.data for value in values], dtype=np.uint64)
+
+
+def launch(kernel, dispatch: dict, pointers: list[int]) -> None:
+    """Launch `kernel` over `dispatch`'s grid and block with the device pointers as its arguments, on the default
+    stream."""
+    from cuda.bindings import driver
+
+    values, arguments = pointer_arguments(pointers)
+    launched = driver.cuLaunchKernel(kernel, *dispatch["grid"], *dispatch["block"], 0, 0, arguments.ctypes.data, 0)
+    _check(launched, f"launch kernel {dispatch['kernel']}")
+    del values
+
+
+class CudaDevice:
+    """The primitives device.py's kernel call and model are written over; copies are synchronous on the default
+    stream, launches are not."""
+
+    allocate = staticmethod(allocate)
+    copy_in = staticmethod(copy_in)
+    copy_out = staticmethod(copy_out)
+    launch = staticmethod(launch)
+    wait = staticmethod(wait)
+    free = staticmethod(free)
 
 
 class CudaProgram:
@@ -185,49 +234,13 @@ class CudaProgram:
     def function(self, name: str, specs: list[ArgSpec]):
         """A callable on numpy arrays that copies them in, runs the kernel's parts and copies them back; the driver
         is first asked for at its first call."""
-        description = self.kernels[name]
-        parts = []
-
-        def call(*arrays):
-            from cuda.bindings import driver
-
-            check_args(name, specs, arrays)
-            if not parts:
-                parts.extend((self.kernel(part["kernel"]), part) for part in description["parts"])
-            pointers = [allocate(array.nbytes) for array in arrays]
-            pointers += [allocate(nbytes) for nbytes in description["workspace"]]
-            try:
-                for array, pointer in zip(arrays, pointers):
-                    if array.nbytes:
-                        _check(driver.cuMemcpyHtoD(pointer, array.ctypes.data, array.nbytes), "copy in")
-                for kernel, part in parts:
-                    launch(kernel, part, pointers)
-                for array, pointer in zip(arrays, pointers):
-                    if array.nbytes:
-                        _check(driver.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
-            finally:
-                for pointer in pointers:
-                    driver.cuMemFree(pointer)
-
-        return call
+        return kernel_call(name, specs, self.kernels[name], self.kernel, CudaDevice)
 
 
-def launch(kernel, dispatch: dict, pointers: list[int]) -> None:
-    """Launch `kernel` over `dispatch`'s grid and block with the device pointers as its arguments, on the default
-    stream."""
-    from cuda.bindings import driver
-
-    values, arguments = pointer_arguments(pointers)
-    launched = driver.cuLaunchKernel(kernel, *dispatch["grid"], *dispatch["block"], 0, 0, arguments.ctypes.data, 0)
-    _check(launched, f"launch kernel {dispatch['kernel']}")
-    del values
-
-
-class CudaModel:
-    """A whole model from its bundle: kernels.cu compiled for `arch` when made (no GPU needed), the manifest's dispatch
-    list, params.bin and the arena size. At the first run, device memory for every region (params copied once), the
-    module and each dispatch's kernel and argument pointers are made; a run copies the inputs in, launches every
-    dispatch on one stream and copies the outputs out."""
+class CudaModel(CudaDevice, DispatchModel):
+    """A whole model from its bundle (device.py's DispatchModel): kernels.cu compiled for `arch` when made (no GPU
+    needed); at the first run the module and each dispatch's kernel and argument pointers are made, and every dispatch
+    launches on one stream."""
 
     def __init__(
         self,
@@ -239,85 +252,16 @@ class CudaModel:
         outputs: list[ArgSpec],
         arch: str,
     ):
-        self.program = CudaProgram(source, {}, arch)
-        self.plan = dispatches
-        self.params, self.arena_bytes = params, arena_bytes
-        self.inputs, self.outputs = inputs, outputs
-        self.regions: dict[tuple[str, int], int] = {}
-        self.dispatches: list[tuple] = []
+        super().__init__(CudaProgram(source, {}, arch), dispatches, params, arena_bytes, inputs, outputs)
+        self.kernels: dict[str, object] = {}
 
-    def load(self) -> None:
-        from cuda.bindings import driver
+    def prepare(self) -> None:
+        self.kernels = {name: self.program.kernel(name) for name in {dispatch["kernel"] for dispatch in self.plan}}
 
-        if self.regions:
-            return
-        kernels = {name: self.program.kernel(name) for name in {dispatch["kernel"] for dispatch in self.plan}}
-        self.regions = {("params", 0): allocate(len(self.params)), ("arena", 0): allocate(self.arena_bytes)}
-        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
-            for index, spec in enumerate(specs):
-                self.regions[(kind, index)] = allocate(np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape)))
-        if self.params:
-            host = np.frombuffer(self.params, np.uint8)
-            _check(driver.cuMemcpyHtoD(self.regions[("params", 0)], host.ctypes.data, len(self.params)), "copy params")
-        for dispatch in self.plan:
-            pointers = [self.regions[(item["region"], item["index"])] + item["offset"] for item in dispatch["bindings"]]
-            self.dispatches.append((dispatch, kernels[dispatch["kernel"]], pointers))
+    def bind(self, dispatch: dict) -> tuple:
+        pointers = [self.regions[(item["region"], item["index"])] + item["offset"] for item in dispatch["bindings"]]
+        return dispatch, self.kernels[dispatch["kernel"]], pointers
 
-    def launch(self, position: int) -> None:
-        dispatch, kernel, pointers = self.dispatches[position]
+    def enqueue(self, bound: tuple) -> None:
+        dispatch, kernel, pointers = bound
         launch(kernel, dispatch, pointers)
-
-    def write_inputs(self, inputs: list[np.ndarray]) -> None:
-        from cuda.bindings import driver
-
-        self.load()
-        for index, array in enumerate(inputs):
-            if array.nbytes:
-                _check(driver.cuMemcpyHtoD(self.regions[("input", index)], array.ctypes.data, array.nbytes), "copy in")
-
-    def read_outputs(self) -> list[np.ndarray]:
-        from cuda.bindings import driver
-
-        results = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
-        for index, array in enumerate(results):
-            if array.nbytes:
-                pointer = self.regions[("output", index)]
-                _check(driver.cuMemcpyDtoH(array.ctypes.data, pointer, array.nbytes), "copy out")
-        return results
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        self.write_inputs(inputs)
-        for position in range(len(self.dispatches)):
-            self.launch(position)
-        return self.read_outputs()
-
-    def replay(self, inputs: list[np.ndarray]) -> CudaReplay:
-        return CudaReplay(self, inputs)
-
-
-class CudaReplay:
-    """One kernel call at a time (Module.replay): its dispatches, then a synchronisation so it can be timed."""
-
-    def __init__(self, model: CudaModel, inputs: list[np.ndarray]):
-        self.model = model
-        model.write_inputs(inputs)
-        self.position = 0
-
-    def kernel(self, name: str, args: list):
-        from cuda.bindings import driver
-
-        position = self.position
-        self.position += 1
-        mine = [index for index, dispatch in enumerate(self.model.plan) if dispatch["call"] == position]
-        if not mine or self.model.plan[mine[0]]["kernel"] not in (name, f"{name}_part0"):
-            raise TargetError(f"call {position} of the manifest is {name}, but its dispatches run another kernel")
-
-        def call() -> None:
-            for index in mine:
-                self.model.launch(index)
-            _check(driver.cuCtxSynchronize(), "wait for the kernel")
-
-        return call
-
-    def outputs(self) -> list[np.ndarray]:
-        return self.model.read_outputs()

@@ -10,7 +10,8 @@ import os
 import numpy as np
 
 from compiler.errors import PlatformError, TargetError
-from compiler.runtime import ArgSpec, check_args
+from compiler.runtime import ArgSpec
+from compiler.runtime.device import DispatchModel, kernel_call
 
 # Where this machine has several OpenCL devices, TESSEL_OPENCL_DEVICE picks one by its position in the list of
 # every platform's devices (0 unless given).
@@ -71,6 +72,47 @@ def buffer(nbytes: int):
     return cl.Buffer(context, cl.mem_flags.READ_WRITE, max(int(nbytes), 4))
 
 
+def copy_in(device_buffer, array: np.ndarray, step: str = "copy in") -> None:
+    _opencl().enqueue_copy(opencl_queue()[1], device_buffer, array, is_blocking=False)
+
+
+def copy_out(array: np.ndarray, device_buffer) -> None:
+    _opencl().enqueue_copy(opencl_queue()[1], array, device_buffer, is_blocking=False)
+
+
+def wait() -> None:
+    opencl_queue()[1].finish()
+
+
+def free(buffers: list) -> None:
+    """Nothing: pyopencl releases a buffer when it is collected."""
+
+
+def launch_sizes(launch: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """OpenCL's (local, global) work sizes of a launch: the global size counts work items, not groups."""
+    block, grid = launch["block"], launch["grid"]
+    return tuple(block), tuple(count * size for count, size in zip(grid, block))
+
+
+def launch(kernel, part: dict, buffers: list) -> None:
+    """Enqueue a lone kernel's part with each buffer whole (element offset 0)."""
+    kernel.set_args(*[item for device_buffer in buffers for item in (device_buffer, np.int32(0))])
+    local, total = launch_sizes(part)
+    _opencl().enqueue_nd_range_kernel(opencl_queue()[1], kernel, total, local)
+
+
+class OpenCLDevice:
+    """The primitives device.py's kernel call and model are written over: copies and launches are enqueued on the one
+    in-order queue, and `wait` finishes it."""
+
+    allocate = staticmethod(buffer)
+    copy_in = staticmethod(copy_in)
+    copy_out = staticmethod(copy_out)
+    launch = staticmethod(launch)
+    wait = staticmethod(wait)
+    free = staticmethod(free)
+
+
 class OpenCLProgram:
     """kernels.cl, built for the device when a kernel is first asked for. `kernels[name]` describes each lone kernel
     `function` can call: {"parts": [{"kernel", "grid", "block"}...], "workspace": [bytes...]} (tir/gpu.py's
@@ -91,35 +133,8 @@ class OpenCLProgram:
     def function(self, name: str, specs: list[ArgSpec]):
         """A callable on numpy arrays that copies them in, runs the kernel's parts and copies them back; the device
         is first asked for at its first call."""
-        cl = _opencl()
-        description = self.kernels[name]
-        parts = []
-
-        def call(*arrays):
-            check_args(name, specs, arrays)
-            _, queue = opencl_queue()
-            if not parts:
-                parts.extend((self.kernel(part["kernel"]), *launch_sizes(part)) for part in description["parts"])
-            buffers = [buffer(array.nbytes) for array in arrays]
-            buffers += [buffer(nbytes) for nbytes in description["workspace"]]
-            for array, device_buffer in zip(arrays, buffers):
-                if array.nbytes:
-                    cl.enqueue_copy(queue, device_buffer, array, is_blocking=False)
-            for kernel, local, total in parts:
-                kernel.set_args(*[item for device_buffer in buffers for item in (device_buffer, np.int32(0))])
-                cl.enqueue_nd_range_kernel(queue, kernel, total, local)
-            for array, device_buffer in zip(arrays, buffers):
-                if array.nbytes:
-                    cl.enqueue_copy(queue, array, device_buffer, is_blocking=False)
-            queue.finish()
-
-        return call
-
-
-def launch_sizes(launch: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """OpenCL's (local, global) work sizes of a launch: the global size counts work items, not groups."""
-    block, grid = launch["block"], launch["grid"]
-    return tuple(block), tuple(count * size for count, size in zip(grid, block))
+        _opencl()
+        return kernel_call(name, specs, self.kernels[name], self.kernel, OpenCLDevice)
 
 
 def element_offset(binding: dict, dtype: str, kernel: str) -> np.int32:
@@ -132,11 +147,10 @@ def element_offset(binding: dict, dtype: str, kernel: str) -> np.int32:
     return np.int32(binding["offset"] // itemsize)
 
 
-class OpenCLModel:
-    """A whole model from its bundle: kernels.cl, the manifest's dispatch list (each binding a region, index, byte
-    offset and dtype), params.bin and the arena size. At the first run, the program, the region buffers (params
-    written once) and one kernel object per dispatch, its arguments set, are made; a run copies the inputs in,
-    enqueues every dispatch and copies the outputs out, with one wait at the end."""
+class OpenCLModel(OpenCLDevice, DispatchModel):
+    """A whole model from its bundle (device.py's DispatchModel), each binding a region, index, byte offset and dtype:
+    at the first run the program and one kernel object per dispatch, its arguments set, are made; a run enqueues
+    every dispatch with one wait at the end."""
 
     def __init__(
         self,
@@ -147,91 +161,18 @@ class OpenCLModel:
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
     ):
-        self.program = OpenCLProgram(source, {})
-        self.plan = dispatches
-        self.params, self.arena_bytes = params, arena_bytes
-        self.inputs, self.outputs = inputs, outputs
-        self.queue = None
-        self.regions: dict[tuple[str, int], object] = {}
-        self.dispatches: list[tuple] = []
+        super().__init__(OpenCLProgram(source, {}), dispatches, params, arena_bytes, inputs, outputs)
 
-    def load(self) -> None:
-        if self.queue is not None:
-            return
-        cl = _opencl()
-        _, queue = opencl_queue()
-        self.regions = {("params", 0): buffer(len(self.params)), ("arena", 0): buffer(self.arena_bytes)}
-        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
-            for index, spec in enumerate(specs):
-                self.regions[(kind, index)] = buffer(np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape)))
-        if self.params:
-            cl.enqueue_copy(queue, self.regions[("params", 0)], np.frombuffer(self.params, np.uint8))
-        for dispatch in self.plan:
-            name = dispatch["kernel"]
-            kernel = self.program.kernel(name)
-            arguments = []
-            for binding in dispatch["bindings"]:
-                region = self.regions[(binding["region"], binding["index"])]
-                arguments += [region, element_offset(binding, binding["dtype"], name)]
-            kernel.set_args(*arguments)
-            self.dispatches.append((name, kernel, *launch_sizes(dispatch)))
-        queue.finish()
-        self.queue = queue
+    def bind(self, dispatch: dict) -> tuple:
+        name = dispatch["kernel"]
+        kernel = self.program.kernel(name)
+        arguments = []
+        for binding in dispatch["bindings"]:
+            region = self.regions[(binding["region"], binding["index"])]
+            arguments += [region, element_offset(binding, binding["dtype"], name)]
+        kernel.set_args(*arguments)
+        return kernel, *launch_sizes(dispatch)
 
-    def enqueue(self, position: int) -> None:
-        _, kernel, local, total = self.dispatches[position]
-        _opencl().enqueue_nd_range_kernel(self.queue, kernel, total, local)
-
-    def write_inputs(self, inputs: list[np.ndarray]) -> None:
-        cl = _opencl()
-        self.load()
-        for index, array in enumerate(inputs):
-            if array.nbytes:
-                cl.enqueue_copy(self.queue, self.regions[("input", index)], array, is_blocking=False)
-
-    def read_outputs(self) -> list[np.ndarray]:
-        cl = _opencl()
-        results = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
-        for index, array in enumerate(results):
-            if array.nbytes:
-                cl.enqueue_copy(self.queue, array, self.regions[("output", index)], is_blocking=False)
-        self.queue.finish()
-        return results
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        self.write_inputs(inputs)
-        for position in range(len(self.dispatches)):
-            self.enqueue(position)
-        return self.read_outputs()
-
-    def replay(self, inputs: list[np.ndarray]) -> OpenCLReplay:
-        return OpenCLReplay(self, inputs)
-
-
-class OpenCLReplay:
-    """One kernel call at a time (Module.replay): the inputs are written once, each call enqueues its dispatches (one
-    per launch of the kernel) and waits for them."""
-
-    def __init__(self, model: OpenCLModel, inputs: list[np.ndarray]):
-        self.model = model
-        model.write_inputs(inputs)
-        model.queue.finish()
-        self.position = 0
-
-    def kernel(self, name: str, args: list) -> callable:
-        """The dispatches of the next call, which must be of kernel `name` (calls come in the manifest's order)."""
-        position = self.position
-        self.position += 1
-        mine = [index for index, dispatch in enumerate(self.model.plan) if dispatch["call"] == position]
-        if not mine or self.model.plan[mine[0]]["kernel"] not in (name, f"{name}_part0"):
-            raise TargetError(f"call {position} of the manifest is {name}, but its dispatches run another kernel")
-
-        def call() -> None:
-            for index in mine:
-                self.model.enqueue(index)
-            self.model.queue.finish()
-
-        return call
-
-    def outputs(self) -> list[np.ndarray]:
-        return self.model.read_outputs()
+    def enqueue(self, bound: tuple) -> None:
+        kernel, local, total = bound
+        _opencl().enqueue_nd_range_kernel(opencl_queue()[1], kernel, total, local)

@@ -13,6 +13,7 @@ import numpy as np
 
 from compiler.errors import PlatformError, TargetError
 from compiler.runtime import ArgSpec, check_args, check_status
+from compiler.runtime.device import region_sizes
 
 _MISSING = (
     "no WebGPU adapter was found: install a Vulkan driver (on Debian, mesa-vulkan-drivers gives lavapipe, a CPU "
@@ -252,12 +253,8 @@ class WebGPUModel:
         outputs = self.outputs
         gpu = device()
         self.pipelines = _Pipelines(code, entries)
-        nbytes = [int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize for spec in outputs]
-        self.sizes = {("params", 0): len(params), ("arena", 0): arena_bytes}
-        for position, spec in enumerate(self.inputs):
-            self.sizes["input", position] = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-        for position, size in enumerate(nbytes):
-            self.sizes["output", position] = size
+        self.sizes = region_sizes(len(params), arena_bytes, self.inputs, outputs)
+        nbytes = [self.sizes["output", position] for position in range(len(outputs))]
         self.buffers = {key: _buffer(size) for key, size in self.sizes.items()}
         if params:
             gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
