@@ -13,7 +13,7 @@ from compiler.build import build, compile_model, load_module
 from compiler.bundle import BundleError
 
 # Lavapipe runs these in a few seconds each; the zoo's larger models are left to the full zoo run (docs/gpu.md).
-MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet"]
+MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet", "unet_small"]
 DEFAULT_LIMITS = {
     "maxStorageBuffersPerShaderStage": 8,
     "maxComputeInvocationsPerWorkgroup": 256,
