@@ -172,6 +172,7 @@ _TENSOR = {
     "name": _text,
     "shape": _list_of(lambda where, value: _count(where, value, MAX_BYTES)),
     "dtype": _one_of(*ITEMSIZE),
+    "device_dtype?": _one_of("int32"),
 }
 # the memory a wasm module imports: what a host creates before instantiating it (shared for threads)
 _WASM_IMPORT = {
