@@ -62,8 +62,8 @@ def narrow_int64(graph: Graph, target: Target | str) -> Graph:
             types = get_op(node.op).infer([v.type if v is not None else None for v in node.inputs], node.attrs)
         except GraphError as error:
             raise ModelError(
-                f"node {node.name} ({node.op}) needs int64 where {target.kind} has none ({error}); compile the model "
-                "for a target with int64 (llvm, wasm, opencl, cuda)"
+                f"node {node.name} ({node.op}) computes in int64 ({error}), which {target.kind} has not; compile the "
+                "model for a target with int64 (llvm, wasm, opencl, cuda)"
             ) from error
         node.outputs = [narrowed(value, type.dtype) for value, type in zip(node.outputs, types)]
     result.outputs = [renamed.get(value, value) for value in result.outputs]
