@@ -568,7 +568,9 @@ class Module:
                 results[position] = results[source["index"]].copy()
             else:
                 data = self.params[source["offset"] :]
-                results[position] = np.frombuffer(data, spec.dtype, int(np.prod(spec.shape))).reshape(spec.shape).copy()
+                stored = self.manifest["outputs"][position].get("device_dtype", spec.dtype)
+                array = np.frombuffer(data, stored, int(np.prod(spec.shape))).reshape(spec.shape)
+                results[position] = array.astype(spec.dtype)
         return {spec.name: array for spec, array in zip(self.outputs, results)}
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:

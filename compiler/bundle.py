@@ -326,7 +326,8 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
             continue
         if source["region"] == "params":
             _count(f"manifest.outputs[{position}].source.offset", source.get("offset"))
-            if source["offset"] + tensor_bytes(spec) > params["bytes"]:
+            stored = {**spec, "dtype": spec.get("device_dtype", spec["dtype"])}
+            if source["offset"] + tensor_bytes(stored) > params["bytes"]:
                 raise BundleError(
                     f"{MANIFEST_FILE}: output {spec['name']!r} does not fit {PARAMS_FILE}; export the model again"
                 )

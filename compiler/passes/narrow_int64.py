@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.errors import ModelError
+from compiler.errors import ModelError, TesselError
 from compiler.graph.ir import Graph, GraphError, TensorType, Value
 from compiler.graph.registry import get_op
 from compiler.target import Target
@@ -60,7 +60,7 @@ def narrow_int64(graph: Graph, target: Target | str) -> Graph:
             node.attrs = {**node.attrs, "to": "int32"}
         try:
             types = get_op(node.op).infer([v.type if v is not None else None for v in node.inputs], node.attrs)
-        except GraphError as error:
+        except (GraphError, TesselError) as error:
             raise ModelError(
                 f"node {node.name} ({node.op}) computes in int64 ({error}), which {target.kind} has not; compile the "
                 "model for a target with int64 (llvm, wasm, opencl, cuda)"
