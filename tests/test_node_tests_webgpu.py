@@ -24,9 +24,8 @@ REFUSAL = re.compile(
 )
 # close below today's count (docs/gpu.md), so a change turning passing cases into failures or refusals fails here
 MINIMUM_PASSING = 895
-# Cases that fail today for a cause outside WGSL: one, test_nllloss_NCd1d2d3d4d5_mean_weight_expanded, whose shared
-# buffer two launches of split_launches would share (docs/gpu.md); lower this as they are fixed.
-MAXIMUM_FAILING = 1
+# No case fails today (docs/gpu.md); each must pass or be refused for a dtype.
+MAXIMUM_FAILING = 0
 
 
 def _compiled(graph, feeds):
