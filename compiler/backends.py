@@ -348,7 +348,8 @@ def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target
     ]
     for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
         for position, spec in enumerate(specs):
-            size = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+            dtype = spec.get("device_dtype", spec["dtype"])
+            size = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(dtype).itemsize
             buffers.append({"region": region, "index": position, "bytes": size})
     sizes = {entry.name: entry.offsets_bytes for entry in module.entries}
     uniform = max((dispatch["uniform_offset"] + sizes[dispatch["entry"]] for dispatch in dispatches), default=4)
@@ -375,6 +376,7 @@ def _webgpu_model_runtime(image: ModelImage, target: Target, num_threads: int | 
         image.inputs,
         image.outputs,
         image.calls,
+        [item.get("device_dtype", item["dtype"]) for item in [*manifest["inputs"], *manifest["outputs"]]],
     )
 
 

@@ -204,6 +204,14 @@ def _spec_json(spec: ArgSpec) -> dict:
     return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
 
 
+def _host_json(spec: ArgSpec, model_value) -> dict:
+    """A model input's or output's manifest entry: the model's dtype, and `device_dtype` where the pipeline stores it
+    narrower on the device (passes/narrow_int64.py), for the runtime to convert."""
+    if model_value.type.dtype == spec.dtype:
+        return _spec_json(spec)
+    return {**_spec_json(spec), "dtype": model_value.type.dtype, "device_dtype": spec.dtype}
+
+
 def compile_model(
     model,
     target: Target | str = "wasm",
@@ -271,8 +279,11 @@ def compile_model(
         "triple": target.triple,
         "code": backend.code_file,
         "entry": {"name": ENTRY, "arguments": ["inputs...", "outputs...", "params", "arena"]},
-        "inputs": [_spec_json(spec) for spec in inputs],
-        "outputs": [{**_spec_json(spec), "source": source} for spec, source in zip(outputs, output_sources)],
+        "inputs": [_host_json(spec, value) for spec, value in zip(inputs, graph.inputs)],
+        "outputs": [
+            {**_host_json(spec, value), "source": source}
+            for spec, value, source in zip(outputs, graph.outputs, output_sources)
+        ],
         "kernels": list(kernel_entries.values()),
         "calls": [
             {
@@ -557,7 +568,9 @@ class Module:
                 results[position] = results[source["index"]].copy()
             else:
                 data = self.params[source["offset"] :]
-                results[position] = np.frombuffer(data, spec.dtype, int(np.prod(spec.shape))).reshape(spec.shape).copy()
+                stored = self.manifest["outputs"][position].get("device_dtype", spec.dtype)
+                array = np.frombuffer(data, stored, int(np.prod(spec.shape))).reshape(spec.shape)
+                results[position] = array.astype(spec.dtype)
         return {spec.name: array for spec, array in zip(self.outputs, results)}
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:

@@ -172,6 +172,7 @@ _TENSOR = {
     "name": _text,
     "shape": _list_of(lambda where, value: _count(where, value, MAX_BYTES)),
     "dtype": _one_of(*ITEMSIZE),
+    "device_dtype?": _one_of("int32"),
 }
 # the memory a wasm module imports: what a host creates before instantiating it (shared for threads)
 _WASM_IMPORT = {
@@ -325,7 +326,8 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
             continue
         if source["region"] == "params":
             _count(f"manifest.outputs[{position}].source.offset", source.get("offset"))
-            if source["offset"] + tensor_bytes(spec) > params["bytes"]:
+            stored = {**spec, "dtype": spec.get("device_dtype", spec["dtype"])}
+            if source["offset"] + tensor_bytes(stored) > params["bytes"]:
                 raise BundleError(
                     f"{MANIFEST_FILE}: output {spec['name']!r} does not fit {PARAMS_FILE}; export the model again"
                 )

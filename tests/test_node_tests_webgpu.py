@@ -23,10 +23,9 @@ REFUSAL = re.compile(
     r"(holds|computes in|has dtype) (int64|float64|bool|int8|uint8|int16|uint16|uint64|float16).*webgpu"
 )
 # close below today's count (docs/gpu.md), so a change turning passing cases into failures or refusals fails here
-MINIMUM_PASSING = 790
-# Cases that fail today for a cause outside WGSL (docs/gpu.md: schedules/gpu.py splits an axis of extent 0); lower this
-# as they are fixed.
-MAXIMUM_FAILING = 8
+MINIMUM_PASSING = 895
+# No case fails today (docs/gpu.md); each must pass or be refused for a dtype.
+MAXIMUM_FAILING = 0
 
 
 def _compiled(graph, feeds):

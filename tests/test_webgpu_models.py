@@ -13,7 +13,7 @@ from compiler.build import build, compile_model, load_module
 from compiler.bundle import BundleError
 
 # Lavapipe runs these in a few seconds each; the zoo's larger models are left to the full zoo run (docs/gpu.md).
-MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet"]
+MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet", "unet_small", "bert_tiny"]
 DEFAULT_LIMITS = {
     "maxStorageBuffersPerShaderStage": 8,
     "maxComputeInvocationsPerWorkgroup": 256,
@@ -119,3 +119,49 @@ def test_an_out_of_range_gather_index_raises_run_error_like_the_cpu_targets():
             module.run({"x": x, "i": np.array([2, bad], np.int32)})
     got = module.run({"x": x, "i": np.array([2, -1], np.int32)})["y"]
     np.testing.assert_array_equal(got, x[[2, -1]])
+
+
+def _int64_model(offsets: np.ndarray):
+    """ids (int64) -> Gather rows of a float table, ids + offsets (an int64 constant) and the ids' shape (folded to a
+    constant) as int64 outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+            helper.make_node("Add", ["ids", "offsets"], ["shifted"]),
+            helper.make_node("Shape", ["ids"], ["dims"]),
+        ],
+        "int64_ids",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [
+            helper.make_tensor_value_info("rows", TensorProto.FLOAT, [4, 3]),
+            helper.make_tensor_value_info("shifted", TensorProto.INT64, [4]),
+            helper.make_tensor_value_info("dims", TensorProto.INT64, [1]),
+        ],
+        [
+            numpy_helper.from_array(np.arange(30, dtype=np.float32).reshape(10, 3), "table"),
+            numpy_helper.from_array(offsets, "offsets"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int64_inputs_params_and_outputs_are_stored_as_int32_with_range_checks(tmp_path):
+    from compiler.errors import ModelError, RunError
+
+    model = _int64_model(np.array([1, -2, 3, 1 << 30], np.int64))
+    module = compile_model(model, target="webgpu")
+    assert [item.get("device_dtype") for item in module.manifest["inputs"]] == ["int32"]
+    assert [item.get("device_dtype") for item in module.manifest["outputs"]] == [None, "int32", "int32"]
+    feeds = {"ids": np.array([0, 9, -1, 4], np.int64)}
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for runnable in (module, load_module(module.export(tmp_path / "bundle"))):
+        got = list(runnable.run(feeds).values())
+        assert [array.dtype for array in got] == [np.float32, np.int64, np.int64]
+        for array, want in zip(got, expected):
+            np.testing.assert_array_equal(array, want)
+    with pytest.raises(RunError, match="input 'ids' holds int64 values outside int32's range"):
+        module.run({"ids": np.array([0, 1, 2, 1 << 40], np.int64)})
+    with pytest.raises(ModelError, match="constant 'offsets' holds int64 values outside int32's range"):
+        compile_model(_int64_model(np.array([0, 0, 0, 1 << 31], np.int64)), target="webgpu")

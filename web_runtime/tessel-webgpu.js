@@ -287,8 +287,23 @@ class WebGPUExecutor {
     });
   }
 
+  // bytes on the device: an int64 input or output is stored as int32 where the manifest says device_dtype
   byteSize(spec) {
-    return spec.shape.reduce((product, size) => product * size, 1) * this.typedArrays[spec.dtype].BYTES_PER_ELEMENT;
+    const dtype = spec.device_dtype || spec.dtype;
+    return spec.shape.reduce((product, size) => product * size, 1) * this.typedArrays[dtype].BYTES_PER_ELEMENT;
+  }
+
+  // an int64 input (BigInt64Array) as the int32 array the device holds, refused by name when a value does not fit
+  toDevice(array, spec) {
+    if (!spec.device_dtype) return array;
+    const narrow = new this.typedArrays[spec.device_dtype](array.length);
+    array.forEach((value, position) => {
+      if (value < -2147483648n || value > 2147483647n) {
+        throw new Error(`tessel: input '${spec.name}' holds int64 values outside int32's range, which webgpu stores it in`);
+      }
+      narrow[position] = Number(value);
+    });
+    return narrow;
   }
 
   /** Runs are queued one after another: they share the input buffers and the one readback buffer. */
@@ -302,7 +317,8 @@ class WebGPUExecutor {
     if (!this.device) throw new Error("tessel: this model was disposed; load the bundle again");
     if (this.lostInfo) throw await this.lost;
     const { device, manifest } = this;
-    arrays.forEach((array, position) => {
+    arrays.forEach((given, position) => {
+      const array = this.toDevice(given, manifest.inputs[position]);
       if (!array.byteLength) return;
       const bytes = new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
       // writeBuffer takes whole words; an odd-sized input (bool, int8) is padded.
@@ -341,9 +357,9 @@ class WebGPUExecutor {
       const data = this.readback.getMappedRange();
       failed = new Uint32Array(data, this.statusOffset, 1)[0];
       results = manifest.outputs.map((spec, position) => {
-        const Type = this.typedArrays[spec.dtype];
         const start = this.readbackOffsets[position];
-        return new Type(data.slice(start, start + this.byteSize(spec)));
+        const stored = new this.typedArrays[spec.device_dtype || spec.dtype](data.slice(start, start + this.byteSize(spec)));
+        return spec.device_dtype ? this.typedArrays[spec.dtype].from(stored, (value) => BigInt(value)) : stored;
       });
     } finally {
       this.readback.unmap();

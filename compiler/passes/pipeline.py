@@ -15,6 +15,7 @@ from compiler.passes.eliminate_dead import eliminate_dead
 from compiler.passes.fold_batchnorm import fold_batchnorm
 from compiler.passes.fold_constants import fold_constants
 from compiler.passes.fuse_ops import fuse_ops
+from compiler.passes.narrow_int64 import narrow_int64
 from compiler.passes.simplify import simplify
 from compiler.target import Target
 
@@ -30,8 +31,12 @@ PASSES = [
 
 
 # The layout passes of each target family, after PASSES. NCHW[x]c (alter_layout) is a CPU decision: a block of
-# channels is a vector register. GPU kernels keep the ONNX layout and spread threads over it (gpu_layout).
-LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {"cpu": [alter_layout], "gpu": [gpu_layout]}
+# channels is a vector register. GPU kernels keep the ONNX layout and spread threads over it (gpu_layout), and store
+# int64 tensors as int32 on a device without int64 (narrow_int64: a no-op where the device has it).
+LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {
+    "cpu": [alter_layout],
+    "gpu": [gpu_layout, narrow_int64],
+}
 
 
 def _for_target(layout_pass: Callable[[Graph, Target], Graph], target: Target) -> Callable[[Graph], Graph]:

@@ -11,7 +11,7 @@ import tempfile
 
 import numpy as np
 
-from compiler.errors import PlatformError, TargetError
+from compiler.errors import PlatformError, RunError, TargetError
 from compiler.runtime import ArgSpec, check_args, check_status
 from compiler.runtime.device import region_sizes
 
@@ -237,9 +237,14 @@ class WebGPUModel:
         inputs: list[ArgSpec],
         outputs: list[ArgSpec],
         calls: list[str] | None = None,
+        device_dtypes: list[str] | None = None,
     ):
         self.parts = (code, entries, dispatches, params, arena_bytes)
-        self.inputs, self.outputs = inputs, outputs
+        # the caller's specs, and those of the device buffers (int64 stored as int32: passes/narrow_int64.py)
+        self.host_inputs, self.host_outputs = inputs, outputs
+        dtypes = device_dtypes or [spec.dtype for spec in [*inputs, *outputs]]
+        self.inputs = [ArgSpec(spec.name, spec.shape, dtype) for spec, dtype in zip(inputs, dtypes)]
+        self.outputs = [ArgSpec(spec.name, spec.shape, dtype) for spec, dtype in zip(outputs, dtypes[len(inputs) :])]
         self.calls = calls or []
         self.loaded = False
 
@@ -295,6 +300,15 @@ class WebGPUModel:
 
     def write_inputs(self, inputs: list[np.ndarray]) -> None:
         for position, array in enumerate(inputs):
+            spec = self.inputs[position]
+            if array.dtype != np.dtype(spec.dtype):
+                narrow = np.iinfo(spec.dtype)
+                if array.size and not (narrow.min <= int(array.min()) and int(array.max()) <= narrow.max):
+                    raise RunError(
+                        f"input {spec.name!r} holds int64 values outside int32's range, which webgpu stores it in "
+                        "(it has no int64); pass values in [-2**31, 2**31) or run the model on another target"
+                    )
+                array = array.astype(spec.dtype)
             if array.nbytes:
                 device().queue.write_buffer(self.buffers["input", position], 0, _padded(array.tobytes()))
 
@@ -315,7 +329,8 @@ class WebGPUModel:
             results = []
             for spec, offset in zip(self.outputs, self.readback_offsets):
                 count = int(np.prod(spec.shape, dtype=np.int64))
-                results.append(np.frombuffer(data, spec.dtype, count, offset).reshape(spec.shape).copy())
+                result = np.frombuffer(data, spec.dtype, count, offset).reshape(spec.shape)
+                results.append(result.astype(self.host_outputs[len(results)].dtype))
             self.failed_call = int(np.frombuffer(data, np.uint32, 1, self.status_offset)[0])
         finally:
             self.readback.unmap()

@@ -11,7 +11,7 @@ import numpy as np
 
 from compiler.errors import GpuKernelError
 from compiler.target import Target
-from compiler.te.expr import Compare, Const, Logical, Var
+from compiler.te.expr import Call, Cast, Compare, Const, Logical, Var
 from compiler.te.tensor import walk
 from compiler.tir.nodes import (
     Allocate,
@@ -29,6 +29,12 @@ from compiler.tir.nodes import (
     walk_stmts,
 )
 from compiler.tir.simplify import substitute_stmt
+from compiler.tir.visitor import StmtMutator
+
+# The dtype a kernel's arithmetic narrows to where the device lacks the wide one: ops compute in float64 or int64 for
+# precision or range (Resize's coordinates, flat indices), never because a buffer holds it; storage of those dtypes
+# is still refused (a graph pass narrows int64 tensors first, passes/narrow_int64.py).
+NARROWER = {"float64": "float32", "int64": "int32"}
 
 GRID_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z")
 BLOCK_TAGS = ("threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -236,6 +242,45 @@ class _GpuLowering:
         return PrimFunc(self.func.name, self.func.params, body, {**self.func.attrs, "launch": launch})
 
 
+class _Narrow(StmtMutator):
+    """Rewrites every expression computing in a dtype of `narrower` to compute in its image (casts, constants,
+    intrinsic calls, variables; loads keep their buffer's dtype)."""
+
+    def __init__(self, narrower: dict[str, str]):
+        self.narrower = narrower
+        self.vars: dict[Var, Var] = {}
+
+    def visit_var(self, node: Var) -> Var:
+        if node.dtype not in self.narrower:
+            return node
+        if node not in self.vars:
+            self.vars[node] = Var(node.name, self.narrower[node.dtype])
+        return self.vars[node]
+
+    def visit_const(self, node: Const) -> Const:
+        dtype = self.narrower.get(node.dtype)
+        if dtype is None:
+            return node
+        return Const(float(node.value) if dtype.startswith("float") else int(node.value), dtype)
+
+    def visit_cast(self, node: Cast):
+        value = self.visit(node.value)
+        dtype = self.narrower.get(node.dtype, node.dtype)
+        return value if value.dtype == dtype else Cast(dtype, value)
+
+    def visit_call(self, node: Call) -> Call:
+        args = tuple(self.visit(arg) for arg in node.args)
+        return Call(node.name, args, self.narrower.get(node.dtype, node.dtype))
+
+
+def narrow_arithmetic(func: PrimFunc, dtypes: frozenset[str]) -> PrimFunc:
+    """`func` with its float64/int64 arithmetic in float32/int32 where `dtypes` (a device's) lacks the wide one."""
+    narrower = {wide: narrow for wide, narrow in NARROWER.items() if wide not in dtypes}
+    if not narrower:
+        return func
+    return PrimFunc(func.name, func.params, _Narrow(narrower).visit(func.body), func.attrs)
+
+
 def _all_expressions(stmt: Stmt):
     for child in walk_stmts(stmt):
         for expr in _expressions(child):
@@ -282,7 +327,7 @@ def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
     target = Target.parse(target)
     if not target.is_gpu:
         raise GpuKernelError(f"kernel {func.name}: lower_gpu needs a GPU target (webgpu, opencl, cuda), not {target}")
-    return _GpuLowering(func, target).run()
+    return _GpuLowering(narrow_arithmetic(func, target.device.dtypes), target).run()
 
 
 def _globals(stmt: Stmt) -> tuple[set, set]:
