@@ -39,6 +39,7 @@ from compiler.tir.nodes import (
     Store,
     walk_stmts,
 )
+from compiler.tir.visitor import StmtVisitor
 
 # C and both dialects' reserved words and builtins a buffer or loop variable may not be printed as
 _RESERVED = frozenset(
@@ -106,13 +107,16 @@ def _suffix(type_name: str) -> str:
     return type_name.replace(" ", "_")
 
 
-class _Printer:
+class _Printer(StmtVisitor):
+    """Prints one source: an expression visits to its text, a statement visits to its lines at `self.indent`."""
+
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
         self.names: dict[int, str] = {}
         self.taken: set[str] = set()
         self.helpers: dict[str, str] = {}
         self.lines: list[str] = []
+        self.indent = 1
         # declarations of the expression lets of the statement being printed, and the if_then_else arms around
         # the expression being printed
         self.pending: list[str] = []
@@ -150,7 +154,7 @@ class _Printer:
 
     # ---- expressions ----------------------------------------------------------------------------------------
 
-    def const(self, node: Const) -> str:
+    def visit_const(self, node: Const) -> str:
         dtype, value = node.dtype, node.value
         if dtype == "bool":
             return "true" if value else "false"
@@ -173,54 +177,47 @@ class _Printer:
             return f"(({self.type(dtype)}){text})"
         return text
 
-    def expr(self, node: Expr) -> str:
-        if isinstance(node, Var):
-            return self.name(node)
-        if isinstance(node, Const):
-            return self.const(node)
-        if isinstance(node, Load):
-            return self.load(node)
-        if isinstance(node, Binary):
-            return self.binary(node)
-        if isinstance(node, Compare):
-            return f"({self.expr(node.a)} {_INFIX[node.op]} {self.expr(node.b)})"
-        if isinstance(node, Logical):
-            if node.op == "not":
-                return f"(!{self.expr(node.args[0])})"
-            joiner = " && " if node.op == "and" else " || "
-            return "(" + joiner.join(self.expr(arg) for arg in node.args) + ")"
-        if isinstance(node, Select):
-            return f"({self.expr(node.cond)} ? {self.expr(node.true_value)} : {self.expr(node.false_value)})"
-        if isinstance(node, IfThenElse):
-            cond = self.expr(node.cond)
-            self.arms.append(cond)
-            true_value = self.expr(node.true_value)
-            self.arms[-1] = f"(!{cond})"
-            false_value = self.expr(node.false_value)
-            self.arms.pop()
-            return f"({cond} ? {true_value} : {false_value})"
-        if isinstance(node, Cast):
-            return self.cast(self.expr(node.value), node.value.dtype, node.dtype)
-        if isinstance(node, Call):
-            return self.call(node)
-        if isinstance(node, Let):
-            return self.let(node)
-        raise GpuKernelError(f"{self.dialect.name} codegen cannot print the expression {type(node).__name__}")
+    def visit_var(self, node: Var) -> str:
+        return self.name(node)
 
-    def let(self, node: Let) -> str:
+    def visit_compare(self, node: Compare) -> str:
+        return f"({self.visit(node.a)} {_INFIX[node.op]} {self.visit(node.b)})"
+
+    def visit_logical(self, node: Logical) -> str:
+        if node.op == "not":
+            return f"(!{self.visit(node.args[0])})"
+        joiner = " && " if node.op == "and" else " || "
+        return "(" + joiner.join(self.visit(arg) for arg in node.args) + ")"
+
+    def visit_select(self, node: Select) -> str:
+        return f"({self.visit(node.cond)} ? {self.visit(node.true_value)} : {self.visit(node.false_value)})"
+
+    def visit_ifthenelse(self, node: IfThenElse) -> str:
+        cond = self.visit(node.cond)
+        self.arms.append(cond)
+        true_value = self.visit(node.true_value)
+        self.arms[-1] = f"(!{cond})"
+        false_value = self.visit(node.false_value)
+        self.arms.pop()
+        return f"({cond} ? {true_value} : {false_value})"
+
+    def visit_cast(self, node: Cast) -> str:
+        return self.cast(self.visit(node.value), node.value.dtype, node.dtype)
+
+    def visit_let(self, node: Let) -> str:
         """C has no expression let: the value becomes a declaration before the statement (`self.pending`). Under
         an if_then_else arm it is computed only where that arm is taken, since the arm may guard its reads."""
         if id(node) not in self.lets:
-            value = self.expr(node.value)
+            value = self.visit(node.value)
             if self.arms:
-                zero = self.const(Const(False if node.var.dtype == "bool" else 0, node.var.dtype))
+                zero = self.visit_const(Const(False if node.var.dtype == "bool" else 0, node.var.dtype))
                 value = f"({' && '.join(self.arms)}) ? {value} : {zero}"
             self.pending.append(f"const {self.type(node.var.dtype)} {self.name(node.var)} = {value};")
             self.lets[id(node)] = node
-        return self.expr(node.body)
+        return self.visit(node.body)
 
-    def load(self, node: Load) -> str:
-        buffer, index = node.buffer, self.expr(node.index)
+    def visit_load(self, node: Load) -> str:
+        buffer, index = node.buffer, self.visit(node.index)
         if buffer.dtype == "float16" and buffer.scope == "global":
             return self.dialect.half_load.format(buffer=self.name(buffer), index=index)
         text = f"{self.name(buffer)}[{index}]"
@@ -236,9 +233,9 @@ class _Printer:
             return self.dialect.half_round.format(value=value)
         return f"(({self.type(dest)}){text})"
 
-    def binary(self, node: Binary) -> str:
+    def visit_binary(self, node: Binary) -> str:
         dtype, op = node.dtype, node.op
-        a, b = self.expr(node.a), self.expr(node.b)
+        a, b = self.visit(node.a), self.visit(node.b)
         if is_float(dtype):
             return self.float_binary(op, a, b, dtype)
         if op in _INFIX:
@@ -311,8 +308,8 @@ class _Printer:
             body = f"{value} r = a % b; return ({adjust}) ? ({value})(r + b) : r;"
         return self.helper(name, f"{self.dialect.function} {value} {name}({value} a, {value} b) {{ {body} }}")
 
-    def call(self, node: Call) -> str:
-        args = [self.expr(arg) for arg in node.args]
+    def visit_call(self, node: Call) -> str:
+        args = [self.visit(arg) for arg in node.args]
         if node.name == "index_check":
             name = self.helper(
                 "tessel_index_check",
@@ -344,100 +341,114 @@ class _Printer:
 
     # ---- statements -----------------------------------------------------------------------------------------
 
-    def emit(self, line: str, depth: int) -> None:
-        self.lines.append("  " * depth + line)
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
 
     def exprs(self, *nodes: Expr) -> list[str]:
         """The text of one statement's expressions; their lets are left in `self.pending` for `open_lets`."""
         self.pending, self.lets = [], {}
-        return [self.expr(node) for node in nodes]
+        return [self.visit(node) for node in nodes]
 
-    def open_lets(self, depth: int) -> int:
-        """Open a block for the pending let declarations, if any; the depth the statement is printed at."""
+    def open_lets(self) -> bool:
+        """Open a block for the pending let declarations, if any, and print the statement inside it."""
         if not self.pending:
-            return depth
-        self.emit("{", depth)
+            return False
+        self.emit("{")
+        self.indent += 1
         for line in self.pending:
-            self.emit(line, depth + 1)
+            self.emit(line)
         self.pending = []
-        return depth + 1
+        return True
 
-    def close_lets(self, inner: int, depth: int) -> None:
-        if inner != depth:
-            self.emit("}", depth)
+    def close_lets(self, opened: bool) -> None:
+        if opened:
+            self.indent -= 1
+            self.emit("}")
 
-    def stmt(self, node: Stmt, depth: int) -> None:
-        if isinstance(node, Seq):
-            for child in node.stmts:
-                self.stmt(child, depth)
-        elif isinstance(node, Store):
-            self.store(node, depth)
-        elif isinstance(node, For):
-            self.loop(node, depth)
-        elif isinstance(node, IfThen):
-            (cond,) = self.exprs(node.cond)
-            inner = self.open_lets(depth)
-            self.emit(f"if ({cond}) {{", inner)
-            self.stmt(node.then_body, inner + 1)
-            if node.else_body is not None:
-                self.emit("} else {", inner)
-                self.stmt(node.else_body, inner + 1)
-            self.emit("}", inner)
-            self.close_lets(inner, depth)
-        elif isinstance(node, LetStmt):
-            (value,) = self.exprs(node.value)
-            inner = self.open_lets(depth)
-            self.emit("{", inner)
-            self.emit(f"const {self.type(node.var.dtype)} {self.name(node.var)} = {value};", inner + 1)
-            self.stmt(node.body, inner + 1)
-            self.emit("}", inner)
-            self.close_lets(inner, depth)
-        elif isinstance(node, Allocate):
-            if node.buffer.scope == "local":
-                self.emit("{", depth)
-                self.emit(f"{self.memory_type(node.buffer)} {self.name(node.buffer)}[{node.buffer.size}];", depth + 1)
-                self.stmt(node.body, depth + 1)
-                self.emit("}", depth)
-            else:  # shared arrays are declared at the kernel's top (OpenCL allows them nowhere else)
-                self.stmt(node.body, depth)
-        elif isinstance(node, Barrier):
-            self.emit(self.dialect.barrier, depth)
-        else:
-            raise GpuKernelError(f"{self.dialect.name} codegen cannot print the statement {type(node).__name__}")
+    def block_of(self, body: Stmt) -> None:
+        self.indent += 1
+        self.visit(body)
+        self.indent -= 1
 
-    def store(self, node: Store, depth: int) -> None:
+    def visit_seq(self, node: Seq) -> None:
+        for child in node.stmts:
+            self.visit(child)
+
+    def visit_ifthen(self, node: IfThen) -> None:
+        (cond,) = self.exprs(node.cond)
+        opened = self.open_lets()
+        self.emit(f"if ({cond}) {{")
+        self.block_of(node.then_body)
+        if node.else_body is not None:
+            self.emit("} else {")
+            self.block_of(node.else_body)
+        self.emit("}")
+        self.close_lets(opened)
+
+    def visit_letstmt(self, node: LetStmt) -> None:
+        (value,) = self.exprs(node.value)
+        opened = self.open_lets()
+        self.emit("{")
+        self.indent += 1
+        self.emit(f"const {self.type(node.var.dtype)} {self.name(node.var)} = {value};")
+        self.visit(node.body)
+        self.indent -= 1
+        self.emit("}")
+        self.close_lets(opened)
+
+    def visit_allocate(self, node: Allocate) -> None:
+        if node.buffer.scope == "local":
+            self.emit("{")
+            self.indent += 1
+            self.emit(f"{self.memory_type(node.buffer)} {self.name(node.buffer)}[{node.buffer.size}];")
+            self.visit(node.body)
+            self.indent -= 1
+            self.emit("}")
+        else:  # shared arrays are declared at the kernel's top (OpenCL allows them nowhere else)
+            self.visit(node.body)
+
+    def visit_barrier(self, node: Barrier) -> None:
+        self.emit(self.dialect.barrier)
+
+    def generic_visit(self, node: Stmt | Expr) -> None:
+        kind = "statement" if isinstance(node, Stmt) else "expression"
+        raise GpuKernelError(f"{self.dialect.name} codegen cannot print the {kind} {type(node).__name__}")
+
+    def visit_store(self, node: Store) -> None:
         buffer = node.buffer
         index, value = self.exprs(node.index, node.value)
-        inner = self.open_lets(depth)
+        opened = self.open_lets()
         if buffer.dtype == "float16" and buffer.scope == "global":
-            self.emit(self.dialect.half_store.format(buffer=self.name(buffer), index=index, value=value) + ";", inner)
+            self.emit(self.dialect.half_store.format(buffer=self.name(buffer), index=index, value=value) + ";")
         else:
             if buffer.dtype == "float16":
                 value = self.dialect.half_round.format(value=value)
             elif buffer.dtype == "bool":
                 value = f"(({self.memory_type(buffer)}){value})"
-            self.emit(f"{self.name(buffer)}[{index}] = {value};", inner)
-        self.close_lets(inner, depth)
+            self.emit(f"{self.name(buffer)}[{index}] = {value};")
+        self.close_lets(opened)
 
-    def loop(self, node: For, depth: int) -> None:
+    def visit_for(self, node: For) -> None:
         var = self.name(node.var)
         if node.kind == ForKind.THREAD_BINDING:
             # tir/gpu.py made this loop span its tag's launch extent: the hardware index is the variable
-            self.emit("{", depth)
-            self.emit(f"const int {var} = (int){self.dialect.indices[node.thread_tag]};", depth + 1)
-            self.stmt(node.body, depth + 1)
-            self.emit("}", depth)
+            self.emit("{")
+            self.indent += 1
+            self.emit(f"const int {var} = (int){self.dialect.indices[node.thread_tag]};")
+            self.visit(node.body)
+            self.indent -= 1
+            self.emit("}")
             return
         low, extent = self.exprs(node.min, node.extent)
-        inner = self.open_lets(depth)
+        opened = self.open_lets()
         end = extent if isinstance(node.min, Const) and node.min.value == 0 else f"{low} + {extent}"
         if node.kind in (ForKind.UNROLLED, ForKind.VECTORIZED):
             # a vectorized loop stays a loop of scalars, unrolled: correct first, vector types later
-            self.emit("#pragma unroll", inner)
-        self.emit(f"for (int {var} = {low}; {var} < {end}; ++{var}) {{", inner)
-        self.stmt(node.body, inner + 1)
-        self.emit("}", inner)
-        self.close_lets(inner, depth)
+            self.emit("#pragma unroll")
+        self.emit(f"for (int {var} = {low}; {var} < {end}; ++{var}) {{")
+        self.block_of(node.body)
+        self.emit("}")
+        self.close_lets(opened)
 
     # ---- kernels --------------------------------------------------------------------------------------------
 
@@ -467,8 +478,8 @@ class _Printer:
             if isinstance(node, Allocate) and node.buffer.scope == "shared":
                 buffer = node.buffer
                 lines.append(f"  {dialect.shared_space}{self.memory_type(buffer)} {self.name(buffer)}[{buffer.size}];")
-        self.lines = []
-        self.stmt(func.body, 1)
+        self.lines, self.indent = [], 1
+        self.visit(func.body)
         return [*lines, *self.lines, "}"]
 
 
