@@ -11,8 +11,7 @@ import numpy as np
 
 from compiler.errors import GpuKernelError
 from compiler.target import Target
-from compiler.te.expr import Call, Cast, Compare, Const, Logical, Var
-from compiler.te.tensor import walk
+from compiler.te.expr import Call, Cast, Compare, Const, Expr, Logical, Var
 from compiler.tir.nodes import (
     Allocate,
     Barrier,
@@ -29,7 +28,7 @@ from compiler.tir.nodes import (
     walk_stmts,
 )
 from compiler.tir.simplify import substitute_stmt
-from compiler.tir.visitor import StmtMutator
+from compiler.tir.visitor import StmtMutator, StmtVisitor, walk
 
 # The dtype a kernel's arithmetic narrows to where the device lacks the wide one: ops compute in float64 or int64 for
 # precision or range (Resize's coordinates, flat indices), never because a buffer holds it; storage of those dtypes
@@ -52,17 +51,9 @@ def _has_barrier(stmt: Stmt) -> bool:
     return any(isinstance(s, Barrier) for s in walk_stmts(stmt))
 
 
-def _expressions(stmt: Stmt):
-    """Every expression a statement holds directly (not those of nested statements)."""
-    if isinstance(stmt, Store):
-        return (stmt.index, stmt.value)
-    if isinstance(stmt, For):
-        return (stmt.min, stmt.extent)
-    if isinstance(stmt, IfThen):
-        return (stmt.cond,)
-    if isinstance(stmt, LetStmt):
-        return (stmt.value,)
-    return ()
+def _expressions(node: Stmt | Expr):
+    """Every expression under `node`, parents first."""
+    return (item for item in walk(node) if isinstance(item, Expr))
 
 
 class _GpuLowering:
@@ -114,31 +105,13 @@ class _GpuLowering:
         for buffer in buffers:
             if buffer.dtype not in allowed:
                 self.fail(f"buffer {buffer.name} holds {buffer.dtype}, which {self.target.kind} has not ({have})")
-        for node in _all_expressions(self.func.body):
+        for node in _expressions(self.func.body):
             # a bool value is a comparison's result, not storage: every GPU language has it
             if node.dtype != "bool" and node.dtype not in allowed:
                 self.fail(f"an expression computes in {node.dtype}, which {self.target.kind} has not ({have})")
 
-    def check_placement(self, stmt: Stmt, dependent: frozenset[Var], branch: str | None) -> None:
-        """Every thread of a block must reach each barrier, so none may sit under a branch or loop whose test reads a
-        thread index (`dependent`: those indices and lets of them; `branch` names the innermost such test)."""
-        if isinstance(stmt, Barrier) and branch is not None:
-            self.fail(
-                f"a barrier sits under {branch}, which depends on the thread, so not every thread reaches it; place "
-                "shared stages (and their barriers) where every thread runs them (thread loops of the full extent)"
-            )
-        reads = [node for expr in _expressions(stmt) for node in walk(expr) if isinstance(node, Var)]
-        depends = any(var in dependent for var in reads)
-        if isinstance(stmt, IfThen) and depends:
-            branch = "a test of the thread index"
-        if isinstance(stmt, For) and stmt.kind != ForKind.THREAD_BINDING and depends:
-            branch = f"loop {stmt.var.name}, whose range depends on the thread index"
-        if isinstance(stmt, For) and stmt.kind == ForKind.THREAD_BINDING and stmt.thread_tag in BLOCK_TAGS:
-            dependent = dependent | {stmt.var}
-        if isinstance(stmt, LetStmt) and depends:
-            dependent = dependent | {stmt.var}
-        for child in _children(stmt):
-            self.check_placement(child, dependent, branch)
+    def check_placement(self, stmt: Stmt) -> None:
+        _Placement(self.fail).visit(stmt)
 
     def check_buffers(self, loops: list[For]) -> None:
         """A kernel allocates no global memory, and a local buffer is private to a thread, so no thread loop inside
@@ -172,32 +145,10 @@ class _GpuLowering:
                     )
 
     def widen(self, stmt: Stmt) -> Stmt:
-        """Every loop of a tag spans the launch extent; one that is shorter tests its variable."""
+        return _Widen(self.extents).visit(stmt)
 
-        def visit(node: Stmt) -> Stmt:
-            node = _rebuild(node, visit)
-            if not isinstance(node, For) or node.kind != ForKind.THREAD_BINDING:
-                return node
-            launch, low, extent = self.extents[node.thread_tag], int(node.min.value), int(node.extent.value)
-            body = node.body if low == 0 else substitute_stmt(node.body, {node.var: node.var + _int(low)})
-            if extent < launch:
-                body = IfThen(Compare("lt", node.var, _int(extent)), body)
-            return For(node.var, _int(0), _int(launch), ForKind.THREAD_BINDING, body, node.thread_tag)
-
-        return visit(stmt)
-
-    def once(self, stmt: Stmt, bound: frozenset[str]) -> Stmt:
-        """Work outside the loops of some grid axes runs on index 0 of each of them, as it runs once on a CPU; a
-        subtree with a barrier, or with a loop of such an axis, is split further so barriers stay where they were."""
-        missing = [tag for tag in GRID_TAGS + BLOCK_TAGS if tag in self.extents and tag not in bound]
-        if not missing:
-            return stmt
-        inner_tags = {loop.thread_tag for loop in _thread_loops(stmt)}
-        if not _has_barrier(stmt) and not inner_tags.intersection(missing):
-            return self.on_first(stmt, missing)
-        if isinstance(stmt, For) and stmt.kind == ForKind.THREAD_BINDING:
-            bound = bound | {stmt.thread_tag}
-        return _rebuild(stmt, lambda child: self.once(child, bound))
+    def once(self, stmt: Stmt) -> Stmt:
+        return _Once(self).visit(stmt)
 
     def on_first(self, stmt: Stmt, tags: list[str]) -> Stmt:
         indices = [Var(f"{tag}.once", "int32") for tag in tags]
@@ -233,8 +184,8 @@ class _GpuLowering:
         self.check_dtypes()
         self.check_buffers(loops)
         widened = self.widen(self.func.body)
-        self.check_placement(widened, frozenset(), None)
-        body = self.once(widened, frozenset())
+        self.check_placement(widened)
+        body = self.once(widened)
         launch = {
             "grid": [self.extents.get(tag, 1) for tag in GRID_TAGS],
             "block": [self.extents.get(tag, 1) for tag in BLOCK_TAGS],
@@ -281,44 +232,110 @@ def narrow_arithmetic(func: PrimFunc, dtypes: frozenset[str]) -> PrimFunc:
     return PrimFunc(func.name, func.params, _Narrow(narrower).visit(func.body), func.attrs)
 
 
-def _all_expressions(stmt: Stmt):
-    for child in walk_stmts(stmt):
-        for expr in _expressions(child):
-            yield from walk(expr)
+class _Placement(StmtVisitor):
+    """Every thread of a block must reach each barrier, so none may sit under a branch or loop whose test reads a
+    thread index (`dependent`: those indices and lets of them; `branch` names the innermost such test)."""
+
+    def __init__(self, fail):
+        self.fail = fail
+        self.dependent: frozenset[Var] = frozenset()
+        self.branch: str | None = None
+
+    def visit_expr(self, node: Expr) -> None:
+        pass  # an expression holds no barrier
+
+    def reads_dependent(self, *exprs: Expr) -> bool:
+        return any(var in self.dependent for expr in exprs for var in walk(expr) if isinstance(var, Var))
+
+    def within(self, dependent: frozenset[Var], branch: str | None, *bodies: Stmt | None) -> None:
+        saved = self.dependent, self.branch
+        self.dependent, self.branch = dependent, branch
+        for body in bodies:
+            if body is not None:
+                self.visit(body)
+        self.dependent, self.branch = saved
+
+    def visit_barrier(self, node: Barrier) -> None:
+        if self.branch is not None:
+            self.fail(
+                f"a barrier sits under {self.branch}, which depends on the thread, so not every thread reaches it; "
+                "place shared stages (and their barriers) where every thread runs them (thread loops of the full "
+                "extent)"
+            )
+
+    def visit_ifthen(self, node: IfThen) -> None:
+        branch = "a test of the thread index" if self.reads_dependent(node.cond) else self.branch
+        self.within(self.dependent, branch, node.then_body, node.else_body)
+
+    def visit_for(self, node: For) -> None:
+        dependent, branch = self.dependent, self.branch
+        if node.kind == ForKind.THREAD_BINDING:
+            if node.thread_tag in BLOCK_TAGS:
+                dependent = dependent | {node.var}
+        elif self.reads_dependent(node.min, node.extent):
+            branch = f"loop {node.var.name}, whose range depends on the thread index"
+        self.within(dependent, branch, node.body)
+
+    def visit_letstmt(self, node: LetStmt) -> None:
+        dependent = self.dependent | {node.var} if self.reads_dependent(node.value) else self.dependent
+        self.within(dependent, self.branch, node.body)
+
+
+class _Widen(StmtMutator):
+    """Every loop of a tag spans the launch extent; one that is shorter tests its variable."""
+
+    def __init__(self, extents: dict[str, int]):
+        self.extents = extents
+
+    def visit_expr(self, node: Expr) -> Expr:
+        return node
+
+    def visit_for(self, node: For) -> For:
+        node = self.generic_visit(node)
+        if node.kind != ForKind.THREAD_BINDING:
+            return node
+        launch, low, extent = self.extents[node.thread_tag], int(node.min.value), int(node.extent.value)
+        body = node.body if low == 0 else substitute_stmt(node.body, {node.var: node.var + _int(low)})
+        if extent < launch:
+            body = IfThen(Compare("lt", node.var, _int(extent)), body)
+        return For(node.var, _int(0), _int(launch), ForKind.THREAD_BINDING, body, node.thread_tag)
+
+
+class _Once(StmtMutator):
+    """Work outside the loops of some grid axes runs on index 0 of each of them, as it runs once on a CPU; a subtree
+    with a barrier, or with a loop of such an axis, is split further so barriers stay where they were (`bound`: the
+    tags of the thread loops around the statement being visited)."""
+
+    def __init__(self, lowering: _GpuLowering):
+        self.lowering = lowering
+        self.bound: frozenset[str] = frozenset()
+
+    def visit_expr(self, node: Expr) -> Expr:
+        return node
+
+    def visit_stmt(self, node: Stmt) -> Stmt:
+        extents = self.lowering.extents
+        missing = [tag for tag in GRID_TAGS + BLOCK_TAGS if tag in extents and tag not in self.bound]
+        if not missing:
+            return node
+        inner_tags = {loop.thread_tag for loop in _thread_loops(node)}
+        if not _has_barrier(node) and not inner_tags.intersection(missing):
+            return self.lowering.on_first(node, missing)
+        if not (isinstance(node, For) and node.kind == ForKind.THREAD_BINDING):
+            return self.generic_visit(node)
+        saved = self.bound
+        self.bound = saved | {node.thread_tag}
+        result = self.generic_visit(node)
+        self.bound = saved
+        return result
 
 
 def _touches(stmt: Stmt, buffer) -> bool:
-    stores = any(isinstance(child, Store) and child.buffer is buffer for child in walk_stmts(stmt))
-    return stores or any(isinstance(node, Load) and node.buffer is buffer for node in _all_expressions(stmt))
+    return any(isinstance(node, Store | Load) and node.buffer is buffer for node in walk(stmt))
 
 
 def _reads_var(stmt: Stmt, var: Var) -> bool:
-    return any(node is var for node in _all_expressions(stmt))
-
-
-def _children(stmt: Stmt) -> tuple[Stmt, ...]:
-    if isinstance(stmt, Seq):
-        return stmt.stmts
-    if isinstance(stmt, For | Allocate | LetStmt):
-        return (stmt.body,)
-    if isinstance(stmt, IfThen):
-        return (stmt.then_body,) if stmt.else_body is None else (stmt.then_body, stmt.else_body)
-    return ()
-
-
-def _rebuild(stmt: Stmt, visit) -> Stmt:
-    """`stmt` with `visit` applied to each child statement (the caller recurses through `visit`)."""
-    if isinstance(stmt, Seq):
-        return Seq(tuple(visit(child) for child in stmt.stmts))
-    if isinstance(stmt, For):
-        return For(stmt.var, stmt.min, stmt.extent, stmt.kind, visit(stmt.body), stmt.thread_tag)
-    if isinstance(stmt, Allocate):
-        return Allocate(stmt.buffer, visit(stmt.body))
-    if isinstance(stmt, LetStmt):
-        return LetStmt(stmt.var, stmt.value, visit(stmt.body))
-    if isinstance(stmt, IfThen):
-        return IfThen(stmt.cond, visit(stmt.then_body), None if stmt.else_body is None else visit(stmt.else_body))
-    return stmt
+    return any(node is var for node in walk(stmt))
 
 
 def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
@@ -332,10 +349,9 @@ def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
 
 def _globals(stmt: Stmt) -> tuple[set, set]:
     """The global buffers `stmt` reads and writes."""
-    written = {
-        child.buffer for child in walk_stmts(stmt) if isinstance(child, Store) and child.buffer.scope == "global"
-    }
-    read = {node.buffer for node in _all_expressions(stmt) if isinstance(node, Load) and node.buffer.scope == "global"}
+    nodes = [node for node in walk(stmt) if isinstance(node, Store | Load) and node.buffer.scope == "global"]
+    read = {node.buffer for node in nodes if isinstance(node, Load)}
+    written = {node.buffer for node in nodes if isinstance(node, Store)}
     return read, written
 
 
