@@ -24,6 +24,7 @@ from compiler.te.expr import (
     Var,
     is_float,
 )
+from compiler.tir.names import UniqueNames
 from compiler.tir.nodes import (
     Allocate,
     Barrier,
@@ -112,8 +113,7 @@ class _Printer(StmtVisitor):
 
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
-        self.names: dict[int, str] = {}
-        self.taken: set[str] = set()
+        self.name = UniqueNames(c_name)
         self.helpers: dict[str, str] = {}
         self.lines: list[str] = []
         self.indent = 1
@@ -124,18 +124,6 @@ class _Printer(StmtVisitor):
         self.arms: list[str] = []
 
     # ---- names and types ------------------------------------------------------------------------------------
-
-    def name(self, node: Var | Buffer) -> str:
-        key = id(node)
-        if key not in self.names:
-            base = c_name(node.name)
-            name, suffix = base, 0
-            while name in self.taken:
-                suffix += 1
-                name = f"{base}_{suffix}"
-            self.taken.add(name)
-            self.names[key] = name
-        return self.names[key]
 
     def type(self, dtype: str) -> str:
         if dtype in self.dialect.extensions:
@@ -466,7 +454,7 @@ class _Printer(StmtVisitor):
             const = "" if buffer in stored else "const "
             pointer = f"{dialect.global_space}{const}{self.memory_type(buffer)}* {dialect.restrict}"
             name = self.name(buffer)
-            self.taken.update((f"{name}_base", f"{name}_offset"))
+            self.name.taken.update((f"{name}_base", f"{name}_offset"))
             if dialect.offset_arguments:
                 params += [f"{pointer}{name}_base", f"const int {name}_offset"]
                 views.append(f"{pointer}{name} = {name}_base + {name}_offset;")
@@ -488,6 +476,6 @@ def generate_source(funcs: list[PrimFunc], dialect: Dialect) -> str:
     printer = _Printer(dialect)
     bodies: list[str] = []
     for func in funcs:
-        printer.names, printer.taken = {}, set()
+        printer.name = UniqueNames(c_name)
         bodies += ["", *printer.kernel(func)]
     return "\n".join([dialect.prelude.rstrip("\n"), *printer.helpers.values(), *bodies]) + "\n"

@@ -42,6 +42,7 @@ from compiler.tir import (
     Var,
 )
 from compiler.tir.fast_math import expand_math
+from compiler.tir.names import UniqueNames
 from compiler.tir.nodes import walk_stmts
 from compiler.tir.simplify import Bounds, bounds, loop_bounds
 from compiler.tir.visitor import StmtVisitor, structural_key
@@ -236,6 +237,12 @@ def _float_literal(value: float, dtype: str) -> str:
     return f"{float(np.float32(value))!r}f"
 
 
+def _wgsl_name(name: str) -> str:
+    # One leading underscore keeps every IR name clear of WGSL's keywords, its reserved words, the builtins a
+    # declaration would shadow (max, exp) and this module's own names, none of which start with one.
+    return "_" + ("".join(c if c.isascii() and c.isalnum() else "_" for c in name).strip("_") or "v")
+
+
 class _EntryWriter(StmtVisitor):
     """Writes one entry point: a statement visits to its lines at the current indent, an expression visits
     to its text; `helpers` collects the module-scope helper functions its body calls."""
@@ -244,8 +251,7 @@ class _EntryWriter(StmtVisitor):
         self.func, self.layout, self.helpers = func, layout, helpers
         # the entry point's WGSL name: a kernel may be called `fn` or `main`
         self.entry = "entry_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
-        self.names: dict[int, str] = {}
-        self.taken: set[str] = set()
+        self.name = UniqueNames(_wgsl_name)
         self.lines: list[str] = []
         self.indent = 1
         self.grid, self.block = launch_of(func)
@@ -259,20 +265,6 @@ class _EntryWriter(StmtVisitor):
         self.region_types = self._region_types()
 
     # ---- names and types ----------------------------------------------------------------------------------------
-
-    def name(self, var: Var | Buffer) -> str:
-        key = id(var)
-        if key not in self.names:
-            # One leading underscore keeps every IR name clear of WGSL's keywords, its reserved words, the builtins a
-            # declaration would shadow (max, exp) and this module's own names, none of which start with one.
-            base = "_" + ("".join(c if c.isascii() and c.isalnum() else "_" for c in var.name).strip("_") or "v")
-            name, suffix = base, 0
-            while name in self.taken:
-                suffix += 1
-                name = f"{base}_{suffix}"
-            self.taken.add(name)
-            self.names[key] = name
-        return self.names[key]
 
     def type(self, dtype: str, what: str) -> str:
         if dtype == "float16":
@@ -339,12 +331,7 @@ class _EntryWriter(StmtVisitor):
 
     def fresh(self, base: str) -> str:
         """A new name no IR variable has (those start with one underscore)."""
-        name, suffix = f"tessel_{base}", 0
-        while name in self.taken:
-            suffix += 1
-            name = f"tessel_{base}_{suffix}"
-        self.taken.add(name)
-        return name
+        return self.name.fresh(f"tessel_{base}")
 
     def visit_load(self, node: Load) -> str:
         buffer = node.buffer
@@ -602,7 +589,7 @@ class _EntryWriter(StmtVisitor):
             self.shared.append(f"var<workgroup> {self.entry}_{name}: array<{element}, {buffer.size}>;")
             # WGSL lays out an array of 2-byte f16 or 4-byte scalars densely; bools take 4 bytes
             self.workgroup_bytes += buffer.size * (2 if element == "f16" else 4)
-            self.names[id(buffer)] = f"{self.entry}_{name}"
+            self.name.names[id(buffer)] = f"{self.entry}_{name}"
         else:
             self.emit(f"var {name}: array<{element}, {buffer.size}>;")
         self.visit(node.body)

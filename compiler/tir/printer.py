@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var
+from compiler.tir.names import UniqueNames
 from compiler.tir.nodes import (
     Allocate,
     Barrier,
@@ -47,21 +48,9 @@ class _Printer(StmtVisitor):
     """Expressions visit to their text; statements append their lines at the current indent."""
 
     def __init__(self, indent: int = 0):
-        self.names: dict[int, str] = {}
-        self.taken: set[str] = set()
+        self.name = UniqueNames()
         self.indent = indent
         self.lines: list[str] = []
-
-    def name(self, var: Var) -> str:
-        key = id(var)
-        if key not in self.names:
-            name, suffix = var.name, 0
-            while name in self.taken:
-                suffix += 1
-                name = f"{var.name}_{suffix}"
-            self.taken.add(name)
-            self.names[key] = name
-        return self.names[key]
 
     def line(self, text: str) -> None:
         self.lines.append(f"{'  ' * self.indent}{text}")
