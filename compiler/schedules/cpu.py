@@ -16,7 +16,7 @@ from functools import partial
 import compiler.te as te
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
-from compiler.te.tensor import STASH, ComputeOp, TensorLoad, walk
+from compiler.te.tensor import STASH, ComputeOp, IterVar, TensorLoad, walk
 from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every tuning task's key: bump it when a template's knobs change meaning, so older records stop applying.
@@ -64,6 +64,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "pool_max": {"tile_ow": 8},
     # an NCHW pool's register tile along the output row, in target vectors
     "pool_nchw": {"tile_vectors": 2},
+    # a plane reduction's (global pool over a contiguous H x W) partial sums, in target vectors
+    "plane_reduce": {"partial_vectors": 2},
 }
 
 # Laid over DEFAULTS by the target's vector width in bytes (16 also stands for anything narrower).
@@ -363,9 +365,9 @@ def _schedule_rows(stage: Stage, target: Target) -> None:
         stage.parallel(stage.fuse(*axes[:-1]))
 
 
-def _schedule_reduction(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
+def _schedule_reduction(stage: Stage, target: Target, cfg: ConfigSpace) -> IterVar | None:
     """Parallel over the outer data axes, the reduce loops next, and the innermost data axis as a vector loop
-    inside them, so each reduction step updates a vector of accumulators."""
+    inside them, so each reduction step updates a vector of accumulators. The parallel loop, if any."""
     axes = list(stage.op.axis)
     reduce_axes = list(stage.op.reduce_axis)
     width = lanes(target, stage.op.dtype) * _define_vector_lanes(cfg, "reduce", target)
@@ -379,9 +381,11 @@ def _schedule_reduction(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
     if inner is not None:
         stage.vectorize(inner)
     if len(axes) > 1:
-        stage.parallel(stage.fuse(*axes))
-    elif axes and axes[0].extent > 1:
+        axes = [stage.fuse(*axes)]
+    if axes and (len(stage.op.axis) > 1 or axes[0].extent > 1):
         stage.parallel(axes[0])
+        return axes[0]
+    return None
 
 
 def _order_attached_reduction(stage: Stage, vector_axis: bool) -> None:
@@ -400,6 +404,7 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
     the rest at the root with the generic templates."""
     pending = [s for s in schedule.stages if s not in done and isinstance(s.op, ComputeOp)]
     pending = [s for s in pending if s.attach_type == ROOT and s.relations == [] and not s.annotations]
+    partials = {stage: _factor_plane(schedule, stage, target, cfg) for stage in pending if _is_plane_reduction(stage)}
     hosted = [s for s in pending if _lives_in_host(s)]
     attached: dict[Stage, list[Stage]] = {}
     for stage in hosted:
@@ -411,14 +416,60 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
     for stage in pending:
         if stage in attached:
             _schedule_host(stage, attached[stage], target, cfg)
+            for member in attached[stage]:
+                if member in partials:
+                    _schedule_partials(partials[member], stage, member.attach_ivar)
         elif any(stage in members for members in attached.values()):
             continue
         elif stage.op.reduce_axis:
-            _schedule_reduction(stage, target, cfg)
+            parallel = _schedule_reduction(stage, target, cfg)
+            if stage in partials and parallel is not None:
+                _schedule_partials(partials[stage], stage, parallel)
         elif stage.op.tag == "layout_nchw":
             _schedule_unblock(stage, target)
         else:
             _schedule_injective(stage, target, cfg)
+
+
+def _is_plane_reduction(stage: Stage) -> bool:
+    """A reduction over the last axes of one input (a global pool or ReduceMean over H x W in NCHW) that keeps the
+    others: per output its domain is one contiguous run of memory, long enough for vectors of partial sums."""
+    op = stage.op
+    if not op.reduce_axis or len(op.reduce_axis) < 2 or not all(d == 1 for d in op.shape[2:]):
+        return False
+    loads = [node for node in walk(op.body) if isinstance(node, TensorLoad)]
+    if len(loads) != 1 or len(loads[0].tensor.shape) != len(op.shape):
+        return False
+    reduce_vars = list(op.reduce_axis)
+    axes = loads[0].indices[len(op.shape) - len(reduce_vars) :]
+    extents = [axis.extent for axis in op.reduce_axis]
+    return all(isinstance(e, int) for e in extents) and all(a is v for a, v in zip(axes, reduce_vars, strict=True))
+
+
+def _factor_plane(schedule: Schedule, stage: Stage, target: Target, cfg: ConfigSpace) -> Stage | None:
+    """rfactor a plane reduction into partial_vectors vectors (at most, and at most half the plane) of partial sums, lane t summing the plane's elements
+    t, t + width, ... (contiguous loads), which the stage then adds up: one scalar chain of H x W adds ran at one add
+    per 4 cycles (its latency) where a vector loop makes 16-64 per cycle."""
+    width = lanes(target, stage.op.dtype)
+    cfg.define_knob("partial_vectors", [1, 2, 4], default=fallback("plane_reduce", target)["partial_vectors"])
+    total = math.prod(axis.extent for axis in stage.op.reduce_axis)
+    vectors = min(cfg["partial_vectors"].val, total // (2 * width))  # a short plane (7 x 7) keeps one vector
+    if vectors < 1:
+        return None
+    return schedule[schedule.rfactor(stage.op.output(0), width * vectors)]
+
+
+def _schedule_partials(partial: Stage | None, host: Stage, axis) -> None:
+    """The partial sums as a local buffer made at the host's parallel loop: the lane axis innermost and vectorized."""
+    if partial is None:
+        return
+    lane, *axes = partial.op.axis
+    (step,) = partial.op.reduce_axis
+    partial.set_scope("local")
+    partial.compute_at(host, axis)
+    partial.reorder(*axes, step, lane)
+    partial.vectorize(lane)
+    partial.partition(step)
 
 
 def _lives_in_host(stage: Stage) -> bool:

@@ -12,7 +12,7 @@ from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules.cpu import DEFAULTS, divisor_at_most, fallback, schedule_group, vector_factor
+from compiler.schedules.cpu import DEFAULTS, divisor_at_most, fallback, lanes, schedule_group, vector_factor
 from compiler.target import Target
 from compiler.tune.space import ConfigSpace
 
@@ -519,3 +519,31 @@ def test_fallbacks_overlay_defaults():
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
     assert fallback("dense", Target.parse("llvm -mcpu=haswell -mattr=-avx512f"))["tile_m"] == 6
     assert fallback("dense", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f")) == DEFAULTS["dense"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "op, attrs, shape",
+    [
+        ("GlobalAveragePool", {}, (1, 64, 14, 14)),
+        ("GlobalMaxPool", {}, (2, 5, 13, 13)),
+        ("ReduceMean", {"axes": [2, 3], "keepdims": 1}, (1, 6, 16, 16)),
+        ("GlobalAveragePool", {}, (1, 8, 7, 7)),
+        ("GlobalAveragePool", {}, (1, 4, 3, 3)),
+    ],
+)
+def test_nchw_global_pool_sums_its_plane_in_vectors_of_partial_sums(target, op, attrs, shape):
+    """A global pool over a contiguous NCHW plane: vectors of partial sums (rfactor) over whole vectors of the plane,
+    then one masked tail, added up per channel; a plane shorter than two vectors keeps the scalar loop."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType(shape, "float32"))
+    graph.outputs = graph.add_node(op, [x], attrs)
+    (kernel,) = check(graph, feeds={"x": RNG.standard_normal(shape).astype(np.float32)}, target=target)
+    tir = kernel.source("tir")
+    width, plane = lanes(Target.parse(target), "float32"), shape[2] * shape[3]
+    factor = width * min(fallback("plane_reduce", Target.parse(target))["partial_vectors"], plane // (2 * width))
+    if factor:
+        assert re.search(rf"allocate \w+\.rf: float32\[{factor}, 1, 1, 1, 1\] local", tir), tir
+        assert re.search(rf"for \(\w+\.lane: int32, 0, {factor}\) vectorized", tir), tir
+    else:
+        assert ".rf" not in tir, tir
