@@ -29,7 +29,7 @@ from compiler.te.expr import (
     Var,
     is_float,
 )
-from compiler.tir.analysis import affine_coefficient, can_widen, clamped_run
+from compiler.tir.analysis import affine_coefficient, can_widen, clamped_run, repeated_run
 from compiler.tir.fast_math import expand_math
 from compiler.tir.nodes import (
     Allocate,
@@ -165,6 +165,7 @@ class _FunctionEmitter(StmtVisitor):
         self.buffers: dict[Buffer, ir.Value] = {}
         self.lets: dict[Var, Expr] = {}
         self.vector_var: Var | None = None
+        self.vector_from_zero = False  # the vector loop's lanes count from 0 (lane i is var = i)
         self.parallel_depth = parallel_depth
         self.calls = 0
 
@@ -262,7 +263,22 @@ class _FunctionEmitter(StmtVisitor):
         clamped = clamped_run(node.index, self.vector_var, self.lets)
         if clamped is not None:
             return self.loadclamped_run(node.buffer, *clamped)
+        repeat = repeated_run(node.index, self.vector_var, self.lets) if self.vector_from_zero else None
+        if repeat is not None:
+            return self.load_repeated(node.buffer, index, repeat)
         return self.gather(node.buffer, index)
+
+    def load_repeated(self, buffer: Buffer, index: ir.Value, repeat: int) -> ir.Value:
+        """A vector of buffer[start + lane // repeat]: one load of the run it spans, each element shuffled out
+        `repeat` times. A 2x nearest Resize's columns were one scalar load per lane (a gather)."""
+        b = self.builder
+        lanes = _lanes(index)
+        span = -(-lanes // repeat)
+        if span == 1:
+            return self.broadcast(self.load_scalar(buffer, b.extract_element(index, _zero())), lanes)
+        run = self.load_scalar(buffer, b.shuffle_vector(index, index, ir.Constant(ir.VectorType(_I32, span), None)))
+        picks = ir.Constant(ir.VectorType(_I32, lanes), [lane // repeat for lane in range(lanes)])
+        return b.shuffle_vector(run, run, picks)
 
     def load_strided(self, buffer: Buffer, index: ir.Value, stride: int) -> ir.Value:
         """A vector of buffer[start + stride * lane]: the run of elements from the first lane's to the last one's
@@ -522,6 +538,7 @@ class _FunctionEmitter(StmtVisitor):
         steps = ir.Constant(ir.VectorType(start.type, lanes), list(range(lanes)))
         self.values[node.var] = self.builder.add(self.broadcast(start, lanes), steps)
         self.vector_var = node.var
+        self.vector_from_zero = isinstance(node.min, Const) and int(node.min.value) == 0
         try:
             self.visit(node.body)
         finally:

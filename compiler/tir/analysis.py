@@ -80,6 +80,31 @@ def clamped_run(index: Expr, var: Var, lets: dict[Var, Expr]) -> tuple[Expr, int
     return None
 
 
+def repeated_run(index: Expr, var: Var, lets: dict[Var, Expr]) -> int | None:
+    """k when index = (terms free of var) + var / k, a constant k > 1 (var, a vector loop's, counts up from 0): lane i
+    reads element i // k of one contiguous run, each repeated k times (a nearest Resize by an integer factor)."""
+    terms, repeats = [index], []
+    while terms:
+        term = terms.pop()
+        if isinstance(term, Var) and term in lets and affine_coefficient(term, var, lets) != 0:
+            term = lets[term]
+        if isinstance(term, Binary) and term.op == "add":
+            terms += [term.a, term.b]
+        elif affine_coefficient(term, var, lets) == 0:
+            continue
+        elif (
+            isinstance(term, Binary)
+            and term.op in ("div", "floordiv")
+            and term.a is var
+            and isinstance(term.b, Const)
+            and int(term.b.value) > 1
+        ):
+            repeats.append(int(term.b.value))
+        else:
+            return None
+    return repeats[0] if len(repeats) == 1 else None
+
+
 def can_widen(body: Stmt, var: Var) -> bool:
     """A body widens to vector operations when it is straight-line stores whose lanes cannot see
     each other's writes: a buffer the body reads is written at one affine index (distinct per lane)
