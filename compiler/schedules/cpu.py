@@ -351,6 +351,21 @@ def _schedule_unblock(stage: Stage, target: Target) -> None:
             stage.partition(columns)
 
 
+def _repeats_columns(stage: Stage) -> bool:
+    """An NCHW stage that reads a column `w // k` (a nearest Resize by an integer factor): scheduled by rows, its
+    vectors read repeated runs (codegen's load_repeated) with no division of a fused index per vector."""
+    axes = stage.op.axis
+    if len(axes) != 4 or not isinstance(stage.op, ComputeOp):
+        return False
+    return any(
+        isinstance(node, te.expr.Binary)
+        and node.op == "floordiv"
+        and node.a is axes[-1]
+        and isinstance(node.b, te.Const)
+        for node in walk(stage.op.body)
+    )
+
+
 def _schedule_rows(stage: Stage, target: Target) -> None:
     """A padding stage: parallel over its rows, each row a vector loop when its width allows one, else a plain
     loop. Fusing the row axis in too (as _schedule_injective does) would cost a division and a modulo per element
@@ -427,6 +442,8 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
                 _schedule_partials(partials[stage], stage, parallel)
         elif stage.op.tag == "layout_nchw":
             _schedule_unblock(stage, target)
+        elif _repeats_columns(stage):
+            _schedule_rows(stage, target)
         else:
             _schedule_injective(stage, target, cfg)
 

@@ -552,15 +552,20 @@ def test_nchw_global_pool_sums_its_plane_in_vectors_of_partial_sums(target, op, 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("shape, factor", [((1, 8, 6, 20), 2), ((2, 3, 5, 16), 2), ((1, 4, 3, 8), 4)])
 def test_nearest_resize_by_an_integer_factor_loads_runs_it_repeats(target, shape, factor):
-    """Nearest Resize by an integer factor (asymmetric, floor: torch's nn.Upsample): a vector of output columns reads
-    one contiguous run of its input row, each element shuffled out `factor` times, instead of a load per lane."""
+    """Nearest Resize by an integer factor (asymmetric, floor: torch's nn.Upsample), scheduled by output rows: a vector
+    of output columns reads one contiguous run of its input row, each element shuffled out `factor` times, instead
+    of a load per lane."""
     graph = Graph()
     x = graph.add_input("x", TensorType(shape, "float32"))
     scales = np.array([1, 1, factor, factor], np.float32)
     attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
     graph.outputs = graph.add_node("Resize", [x], {"scales": scales, **attrs})
     (kernel,) = check(graph, {"x": RNG.standard_normal(shape).astype(np.float32)}, target)
-    (vector,) = re.findall(r"for \([\w.]+: int32, 0, (\d+)\) vectorized", kernel.source("tir"))
+    tir = kernel.source("tir")
+    # parallel over output rows, each a serial loop of vectors: no division of a fused index per vector
+    rows = shape[0] * shape[1] * shape[2] * factor
+    assert re.search(rf"for \(ax0\.ax1\.ax2\.fused: int32, 0, {rows}\) parallel", tir), tir
+    (vector,) = re.findall(r"for \([\w.]+: int32, 0, (\d+)\) vectorized", tir)
     loads = re.findall(r"load (<\d+ x float>|float),", kernel.source("ll"))
     # a vector of n lanes repeats n / factor elements: one load of them (a scalar one for a single element)
     assert set(loads) == {f"<{int(vector) // factor} x float>" if int(vector) > factor else "float"}, loads
