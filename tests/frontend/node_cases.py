@@ -5,9 +5,12 @@ generators but not data/node, so the cases come from `collect_testcases()`, in m
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import time
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,6 +92,27 @@ def run_node_tests(runner: Runner, names: Collection[str] | None = None) -> Node
     reported as failed, never raised."""
     cases = [case for case in _node_cases() if names is None or case.name in names]
     return NodeTestReport(tuple(_run_case(case, runner) for case in cases))
+
+
+def _compile_and_run(target: str, graph, feeds):
+    from compiler.build import compile_model
+
+    return compile_model(graph, target=target).run(feeds)
+
+
+def _run_compiled_share(target: str, names: list[str]) -> NodeTestReport:
+    return run_node_tests(functools.partial(_compile_and_run, target), set(names))
+
+
+def run_compiled_node_tests(target: str, workers: int = 2) -> tuple[NodeTestReport, float]:
+    """Every case compiled for `target` (compile_model) and run, and the seconds it took. Each case is compiled on its
+    own, so the cases are split between `workers` spawned processes: the machines this runs on have two cores."""
+    started = time.perf_counter()
+    names = [case.name for case in _node_cases()]
+    shares = [names[worker::workers] for worker in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        reports = list(pool.map(_run_compiled_share, [target] * workers, shares))
+    return NodeTestReport(tuple(result for part in reports for result in part.results)), time.perf_counter() - started
 
 
 @functools.cache
