@@ -40,7 +40,7 @@ from compiler.tir.nodes import (
 )
 from compiler.tir.partition import partition_loops
 from compiler.tir.simplify import Linear, bounds, loop_bounds, simplify, substitute_stmt
-from compiler.tir.visitor import StmtMutator, structural_key
+from compiler.tir.visitor import ScopedMutator, StmtMutator, structural_key
 
 _KINDS = {"parallel": ForKind.PARALLEL, "vectorized": ForKind.VECTORIZED, "unrolled": ForKind.UNROLLED}
 
@@ -450,20 +450,9 @@ def _in_bounds(expr: Expr, env) -> bool:
     return True
 
 
-class _GuardSelects(StmtMutator):
+class _GuardSelects(ScopedMutator):
     """Select evaluates both arms; in a stored value, a select whose arm may read out of bounds (given the bounds of
     the loop and let vars in scope) becomes an IfThenElse, which evaluates only the taken arm."""
-
-    def __init__(self):
-        self.env: dict[Var, tuple] = {}
-
-    def inside(self, var: Var, var_bounds, body: Stmt) -> Stmt:
-        outer = self.env
-        self.env = {**outer, var: var_bounds}
-        try:
-            return self.visit(body)
-        finally:
-            self.env = outer
 
     def visit_expr(self, expr: Expr) -> Expr:
         return expr

@@ -15,7 +15,7 @@ from compiler.te.expr import Compare, Const, Expr, IfThenElse, Select, Var
 from compiler.te.tensor import walk
 from compiler.tir.nodes import For, ForKind, IfThen, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
 from compiler.tir.simplify import Bounds, Linear, bounds, loop_bounds
-from compiler.tir.visitor import StmtMutator, structural_key
+from compiler.tir.visitor import ScopedMutator, structural_key
 
 # a test `coef * v + rest >= threshold`, by comparison, as (sign, threshold) on `a - b`
 _NORMAL = {"ge": (1, 0), "gt": (1, 1), "le": (-1, 0), "lt": (-1, 1)}
@@ -26,23 +26,15 @@ def partition_loops(func: PrimFunc, loop_vars: set[Var]) -> PrimFunc:
     return PrimFunc(func.name, func.params, _Partition(loop_vars).visit(func.body))
 
 
-class _Partition(StmtMutator):
+class _Partition(ScopedMutator):
     """Statements with their marked loops cut, `env` holding the bounds of the vars in scope."""
 
     def __init__(self, loop_vars: set[Var]):
+        super().__init__()
         self.loop_vars = loop_vars
-        self.env: dict[Var, Bounds] = {}
 
     def visit_expr(self, expr: Expr) -> Expr:
         return expr
-
-    def inside(self, var: Var, var_bounds: Bounds, body: Stmt) -> Stmt:
-        outer = self.env
-        self.env = {**outer, var: var_bounds}
-        try:
-            return self.visit(body)
-        finally:
-            self.env = outer
 
     def visit_for(self, stmt: For) -> Stmt:
         low, extent = stmt.min, stmt.extent

@@ -12,7 +12,7 @@ import math
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var, is_int
 from compiler.te.tensor import substitute, walk
 from compiler.tir.nodes import Allocate, Barrier, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Stmt, Store
-from compiler.tir.visitor import StmtMutator, structural_key
+from compiler.tir.visitor import ScopedMutator, StmtMutator, structural_key
 
 Bounds = tuple[int | None, int | None]
 UNKNOWN: Bounds = (None, None)
@@ -240,21 +240,9 @@ def _compare(op: str, x, y) -> bool:
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 
 
-class _Simplifier(StmtMutator):
+class _Simplifier(ScopedMutator):
     """Expressions and statements under the bounds `env` holds for the vars in scope; a statement that does nothing
     visits to None."""
-
-    def __init__(self, env: dict[Var, Bounds]):
-        self.env = env
-
-    def inside(self, var: Var, var_bounds: Bounds, node):
-        """`node` simplified with `var` known to lie in `var_bounds`."""
-        outer = self.env
-        self.env = {**outer, var: var_bounds}
-        try:
-            return self.visit(node)
-        finally:
-            self.env = outer
 
     def generic_visit(self, node):
         if isinstance(node, Stmt):

@@ -83,6 +83,22 @@ class StmtMutator:
         return dataclasses.replace(node, **changes) if changes else node
 
 
+class ScopedMutator(StmtMutator):
+    """A StmtMutator that carries a mapping `env` for the vars in scope (their bounds, say): `inside` visits a body
+    with one more var bound, and restores `env` after."""
+
+    def __init__(self, env: dict | None = None):
+        self.env = {} if env is None else env
+
+    def inside(self, var, value, node):
+        outer = self.env
+        self.env = {**outer, var: value}
+        try:
+            return self.visit(node)
+        finally:
+            self.env = outer
+
+
 def structural_key(node) -> tuple:
     """Equal keys mean structurally equal nodes: vars and buffers by identity, everything else by structure."""
     if isinstance(node, Var):
