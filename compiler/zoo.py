@@ -36,6 +36,8 @@ MODELS = (
     "vit_tiny",
     "bert_tiny",
     "audio_conv1d",
+    "odd_convnet",
+    "odd_transformer",
 )
 OPSET = 17
 DIGITS_PATH = Path(__file__).parent / "data" / "digits.onnx"
@@ -58,6 +60,8 @@ INPUT_SHAPES = {
     "vit_tiny": (1, 3, 112, 176),
     "bert_tiny": (1, 128, 128),
     "audio_conv1d": (1, 1, 16000),
+    "odd_convnet": (1, 3, 97, 131),
+    "odd_transformer": (1, 77, 200),
 }
 
 
@@ -714,6 +718,39 @@ def _audio_conv1d() -> onnx.ModelProto:
     return b.model("audio_conv1d", INPUT_SHAPES["audio_conv1d"], "output", (1, 35))
 
 
+def _odd_convnet() -> onnx.ModelProto:
+    """Shapes no schedule was chosen for (they were picked before any was timed): a 97x131 image, channel counts
+    27, 45, 61, 19 and 80 that no vector width divides, a 5x5 stride-2 stem on 3 channels, a 7x7 depthwise conv, a
+    3-group dilated conv, a stride-3 conv, average and max pools with ceil_mode, a sigmoid gate and a Concat of 61
+    and 19 channels."""
+    b = _Builder(seed=17)
+    x = b.node("HardSwish", [b.batch_norm(b.conv("input", 3, 27, 5, stride=2), 27)], "hswish")
+    x = b.node("Relu", [b.batch_norm(b.conv(x, 27, 27, 7, groups=27), 27)])
+    x = b.node("Relu", [b.batch_norm(b.conv(x, 27, 45, 1), 45)])
+    x = b.node("Relu", [b.conv(x, 45, 45, 3, groups=3, dilation=2, bias=True)])
+    x = b.node("Relu", [b.conv(x, 45, 61, 3, stride=3, bias=True)])
+    x = b.node("AveragePool", [x], "avgpool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    x = b.node("Mul", [x, b.node("Sigmoid", [b.conv(x, 61, 61, 1, bias=True)], "gate")], "gated")
+    x = b.node("Concat", [x, b.node("Relu", [b.conv(x, 61, 19, 3, bias=True)])], "concat", axis=1)
+    x = _max_pool(b, x, 2, 2, ceil=True)
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x], "pool")], "flatten", axis=1)
+    b.gemm(x, 80, 11, output="output")
+    return b.model("odd_convnet", INPUT_SHAPES["odd_convnet"], "output", (1, 11))
+
+
+def _odd_transformer() -> onnx.ModelProto:
+    """Two pre-norm encoder layers at widths no schedule was chosen for: 77 tokens of width 200, 5 heads of 40,
+    an MLP of 700, then mean pooling and a 13-way classifier."""
+    b = _Builder(seed=18)
+    _, sequence, width = INPUT_SHAPES["odd_transformer"]
+    x = "input"
+    for _ in range(2):
+        x = _encoder(b, x, sequence, width, heads=5, hidden=700, post_norm=False)
+    x = _layer_norm(b, b.node("ReduceMean", [x], "mean", axes=[1], keepdims=0), width, decomposed=False)
+    b.gemm(x, width, 13, output="output")
+    return b.model("odd_transformer", INPUT_SHAPES["odd_transformer"], "output", (1, 13))
+
+
 def _digits() -> onnx.ModelProto:
     return onnx.load(str(DIGITS_PATH))
 
@@ -736,6 +773,8 @@ _BUILDERS = {
     "vit_tiny": _vit_tiny,
     "bert_tiny": _bert_tiny,
     "audio_conv1d": _audio_conv1d,
+    "odd_convnet": _odd_convnet,
+    "odd_transformer": _odd_transformer,
 }
 
 

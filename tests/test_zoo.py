@@ -102,6 +102,11 @@ def test_broad_zoo_models_have_their_architectures_signature_ops(models):
     audio = nodes("audio_conv1d", "Conv")
     assert {len(attribute(node, "kernel_shape")) for node in audio} == {1}
     assert sorted(attribute(node, "dilations") or [1] for node in audio) == [[1]] * 4 + [[2], [4]]
+    odd = nodes("odd_convnet", "Conv")
+    assert {attribute(node, "group") for node in odd} == {1, 3, 27}
+    assert {tuple(attribute(node, "strides")) for node in odd} == {(1, 1), (2, 2), (3, 3)}
+    assert [attribute(node, "ceil_mode") for node in nodes("odd_convnet", "AveragePool")] == [1]
+    assert counts("odd_transformer")["Softmax"] == 2 and counts("odd_transformer")["LayerNormalization"] == 5
     # the sequence lengths of CLIP's text encoder (77 tokens: 7x11 patches) and BERT's usual 128
     for name, scores in (("vit_tiny", [1, 3, 77, 77]), ("bert_tiny", [1, 4, 128, 128])):
         inferred = onnx.shape_inference.infer_shapes(models[name]).graph.value_info

@@ -254,7 +254,7 @@ class _Rewriter:
         channels, filters, group = x.type.shape[1], array.shape[0], int(node.attrs.get("group", 1))
         block = self._block_for(filters)
         if group == channels == filters:
-            input_block = block if channels % block == 0 else 0
+            input_block = block if block and channels % block == 0 else 0
         elif group == 1:
             # the input keeps the block it has; a few input channels (an RGB image) form one block of their own
             made = self.first_block.get(x, 0)

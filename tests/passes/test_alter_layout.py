@@ -103,6 +103,15 @@ def test_unblockable_convs_stay_nchw():
     assert ops(altered) == ["LayoutTransform", "ConvNCHWc", "ConvNCHWc", "LayoutTransform", "Conv", "Conv", "Conv"]
 
 
+def test_a_depthwise_conv_whose_channels_no_block_divides_stays_nchw():
+    # 27 channels: no block of 8 or 4 fits them, so the depthwise conv has no block at all (it used to divide by it)
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 27, 9, 9), "float32"))
+    (y,) = graph.add_node("Conv", [x, param(graph, (27, 1, 7, 7))], {"group": 27, "pads": (3, 3, 3, 3)})
+    graph.outputs = graph.add_node("Conv", [y, param(graph, (27, 27, 1, 1))])
+    assert ops(alter_layout(graph, "wasm")) == ["Conv", "Conv"]
+
+
 def test_channels_the_block_misses_take_half_of_it(assert_same_results):
     graph = Graph()
     x = graph.add_input("x", TensorType((1, 8, 5, 5), "float32"))
