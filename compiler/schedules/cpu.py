@@ -21,7 +21,9 @@ from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every tuning task's key: bump it when a template's knobs change meaning, so older records stop applying.
 # 2: a MatMul whose columns no vector divides splits them by powers of two and has no tile_order
-SPACE_VERSION = 2
+# 3: a MatMul's column tile is whole vectors (or its columns are split like a ragged row); its row tile may be a
+#    divisor above the fallback's (77 rows: 7)
+SPACE_VERSION = 3
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -767,15 +769,21 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
     *batch, i, j = output.op.axis
     width = lanes(target, output.op.dtype)
-    # a row no vector divides (attention over 77 tokens) is tiled by powers of two with a guarded last tile, the
-    # loop over column tiles serial and partitioned so only that tile tests it, and no wider than one vector: the
-    # divisors of 77 gave 7 x 11-lane tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups)
-    ragged = partial is None and j.extent > width and j.extent % width != 0
+    # the column tile is the largest divisor of whole vectors up to tile_n. A row with none of at least half of it
+    # (attention over 77 tokens; 200 columns in 16 lanes) is tiled by powers of two with a guarded last tile, the
+    # loop over column tiles serial and partitioned so only that tile tests it, and the tail no wider than one
+    # vector: the divisors of 77 gave 7 x 11-lane tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups),
+    # and odd_transformer's (1, 77, 200) x (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest
+    # divisors of 77 and 200 up to 4 and 16), 0.185 ms in 7 x 8
+    tile_n = values["tile_n"]
+    whole = _vector_divisor(j.extent, tile_n, width)
+    ragged = partial is None and j.extent > width and 2 * whole < min(tile_n, j.extent)
+    while ragged and tile_n > width and j.extent % tile_n > width:
+        tile_n //= 2
+    if whole and not ragged:
+        tile_n = whole
     if partial is None:
-        tile_n = values["tile_n"]
-        while ragged and tile_n > width and j.extent % tile_n > width:
-            tile_n //= 2
-        cfg.define_split("tile_m", i, default=values["tile_m"])
+        cfg.define_split("tile_m", i, default=_row_tile(i.extent, values["tile_m"]))
         cfg.define_split("tile_n", j, policy="power2" if ragged else "factors", default=tile_n)
         cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
         _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
@@ -817,6 +825,20 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     if cfg["unroll_m"].val:
         dense.unroll(di)
     dense.vectorize(dj)
+
+
+def _vector_divisor(extent: int, limit: int, width: int) -> int:
+    """The largest divisor of `extent` that is whole vectors of `width` lanes and not above `limit`; 0 if none."""
+    return next((size for size in range(limit - limit % width, 0, -width) if extent % size == 0), 0)
+
+
+def _row_tile(extent: int, limit: int) -> int:
+    """A dense block's rows: the largest divisor of `extent` not above `limit` when it is at least half of it, else
+    the smallest divisor up to twice `limit` (77 rows by at most 4: 7, where the largest divisor below is 1)."""
+    tile = divisor_at_most(extent, limit)
+    if 2 * tile >= min(limit, extent):
+        return tile
+    return next((size for size in range(limit + 1, 2 * limit + 1) if extent % size == 0), tile)
 
 
 def _pool(schedule: Schedule, pool: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:

@@ -265,6 +265,20 @@ def test_matmul_whose_row_no_vector_divides_ends_in_one_shorter_vector(target, a
     assert not re.search(r"vectorized \{\n\s*if", tir), tir
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_matmul_tiles_are_whole_vectors_and_rows_take_a_divisor_above_the_tile(target):
+    """200 columns: the divisors near the tile (10 in 4 lanes, 25 in 16) are not whole vectors, so the columns are
+    tiled like a ragged row; 77 rows: the block takes 7 rows, not 1 (the largest divisor of 77 below 4 or 8)."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType((1, 77, 200), "float32"))
+    graph.outputs = list(graph.add_node("MatMul", [a, param(graph, (200, 200))]))
+    tir = anchor_kernel(check(graph, {"a": RNG.standard_normal((1, 77, 200)).astype(np.float32)}, target))
+    width = Target.parse(target).vector_bytes // 4
+    extents = [int(size) for size in re.findall(r"\(ax[\w.]*: int32, 0, (\d+)\) vectorized", tir)]
+    assert extents and all(size % width == 0 or size < width for size in extents), tir  # a tail: one short vector
+    assert re.search(r"allocate batch_matmul(\.local)?: float32\[1, 7, \d+\] local", tir), tir
+
+
 def blocked_conv_kernel(kernels) -> str:
     """The loop IR of the first kernel that computes an NCHW[x]c convolution."""
     return next(source for source in (kernel.source("tir") for kernel in kernels) if "allocate conv:" in source)
