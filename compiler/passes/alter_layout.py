@@ -253,8 +253,12 @@ class _Rewriter:
             array, attrs = array[:, :, None, :], _as_2d(attrs)
         channels, filters, group = x.type.shape[1], array.shape[0], int(node.attrs.get("group", 1))
         block = self._block_for(filters)
-        if group == channels == filters:
-            input_block = block if block and channels % block == 0 else 0
+        depthwise = 1 < group == channels == filters
+        if depthwise:
+            # channels short of a whole block are padded as the filters are (72 in blocks of 16: 80), the extra
+            # channels' filters zeros. In NCHW, mobilenet_v3_small's 72-, 88- and 120-channel depthwise convs read
+            # their blocked inputs through a conversion, 0.09-0.12 ms each against onnxruntime's 0.014 (1 thread)
+            input_block = block
         elif group == 1:
             # the input keeps the block it has; a few input channels (an RGB image) form one block of their own
             made = self.first_block.get(x, 0)
@@ -278,6 +282,8 @@ class _Rewriter:
         if padded_filters != filters and bias is not None:
             padded = np.pad(self.graph.params[bias], (0, padded_filters - filters))
             bias = self.graph.add_param(f"{bias.name}_padded", padded)
+        if depthwise:
+            attrs["group"] = padded_filters
         inputs = [self._blocked_of(x, input_block), packed, *([bias] if bias is not None else [])]
         self._replace(node, "ConvNCHWc", inputs, attrs, block)
         return True

@@ -598,3 +598,25 @@ def test_one_dimensional_convs_are_blocked_as_rows_of_height_one(assert_same_res
     assert conv.attrs == {"dilations": (1, 2), "pads": (0, 2, 0, 2)}
     assert altered.nodes[0].attrs["src"] == "NCW" and altered.nodes[-1].attrs["dst"] == "NCW"
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_channels_short_of_a_whole_block_are_padded(assert_same_results):
+    """A depthwise conv over 63 channels (x = 8) stays blocked between the blocked convs around it: 64 channels, its
+    group the padded count, the 64th filter and bias zeros."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 7, 9), "float32"))
+    (y,) = graph.add_node("Conv", [conv(graph, x, 16), param(graph, (63, 16, 1, 1)), param(graph, (63,))])
+    attrs = {"group": 63, "pads": (2, 2, 2, 2), "strides": (2, 2)}
+    (y,) = graph.add_node("Conv", [y, param(graph, (63, 1, 5, 5)), param(graph, (63,))], attrs)
+    (y,) = graph.add_node("HardSwish", [y])
+    graph.outputs = [conv(graph, y, 8)]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == ["LayoutTransform", *["ConvNCHWc", "Relu"], "ConvNCHWc", "ConvNCHWc", "HardSwish"] + [
+        "ConvNCHWc",
+        "Relu",
+        "LayoutTransform",
+    ]
+    depthwise = altered.nodes[4]
+    assert depthwise.attrs["group"] == 64
+    assert [value.type.shape for value in depthwise.inputs[1:]] == [(8, 1, 5, 5, 8), (64,)]
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
