@@ -1,5 +1,5 @@
 """Blocked layouts end to end: small ONNX models whose NCHW[x]c chains run through Concat, Split, Slice, every pool,
-Pad, Resize, the SE scale and residual adds match onnxruntime, as the reference executor on the altered graph and
+Pad, Resize, the SE scale, residual adds and ShuffleNet's channel shuffle match onnxruntime, as the reference executor on the altered graph and
 compiled for the host and wasm; and the altered graphs keep those ops blocked (no conversion between them)."""
 
 import numpy as np
@@ -112,13 +112,31 @@ def audio_net() -> onnx.ModelProto:
     return b.model([b.op("Flatten", [pooled])[0]])
 
 
-MODELS = {"fire": fire_net, "excite": excite_net, "upsample": upsample_net, "audio": audio_net}
+def shuffle_net() -> onnx.ModelProto:
+    """ShuffleNet v2's unit at an odd size: a channel Split, a depthwise branch, Concat, the two-group shuffle as
+    torch exports it (Reshape, Transpose, Reshape), then a four-group one (blocked with x = 8; with 16 on AVX-512 its
+    C / g = 8 is not whole blocks, and it runs in NCHW)."""
+    b = _Builder([1, 8, 7, 9])
+    x = b.conv("x", 8, 32, 3)
+    left, right = b.op("Split", [x, b.constant(np.array([16, 16]))], outputs=2, axis=1)
+    right = b.conv(b.conv(right, 16, 16, 3, relu=False, group=16), 16, 16)
+    (x,) = b.op("Concat", [left, right], axis=1)
+    for groups in (2, 4):
+        (x,) = b.op("Reshape", [x, b.constant(np.array([1, groups, 32 // groups, 7, 9]))])
+        (x,) = b.op("Transpose", [x], perm=[0, 2, 1, 3, 4])
+        (x,) = b.op("Reshape", [x, b.constant(np.array([1, 32, 7, 9]))])
+        (x,) = b.op("Relu", [x])  # else the simplifier merges one shuffle's last Reshape with the next one's first
+    return b.model([b.conv(x, 32, 16, 3)])
+
+
+MODELS = {"fire": fire_net, "excite": excite_net, "upsample": upsample_net, "audio": audio_net, "shuffle": shuffle_net}
 # the ops that must run blocked in each model: none of them is fed or followed by a LayoutTransform in NCHW
 BLOCKED = {
     "fire": {"Concat", "MaxPoolNCHWc", "AveragePoolNCHWc", "ReduceMean"},
     "excite": {"ReduceMean", "HardSigmoid", "Mul", "Add", "Split", "Slice"},
     "upsample": {"MaxPoolNCHWc", "Resize", "Concat", "Pad", "ConvTransposeNCHWc"},
     "audio": {"ConvNCHWc", "MaxPoolNCHWc", "ReduceMean"},
+    "shuffle": {"Split", "Concat", "ChannelShuffleNCHWc"},
 }
 
 

@@ -34,6 +34,7 @@ from compiler.graph.ops.nn import (
     upsample_attrs,
 )
 from compiler.graph.registry import set_compute
+from compiler.te.expr import Compare, Const
 from compiler.te.tensor import STASH, identity_element
 
 Inputs = list[te.Tensor | None]
@@ -296,6 +297,30 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
     if len(shape) == 3:  # a 1-D value, blocked as a row of height 1
         return [te.compute(shape, lambda n, c, w: x[n, c // block, 0, w, c % block], name="nchw", tag="layout_nchw")]
     return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="layout_nchw")]
+
+
+def channel_shuffle_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """Output channel o = ob * x + lane is input channel (o % g) * (C / g) + o // g, with g dividing x and x dividing
+    C / g: block (lane % g) * (C / g / x) + ob // g, lane (ob % g) * (x / g) + lane // g. One load per group, each
+    `start + lane // g` (a run each lane of which repeats g times: codegen's load_repeated), and a select on lane % g;
+    through NCHW the shuffle was a division chain and a gather per element."""
+    (x,) = inputs[:1]
+    groups = int(attrs["groups"])
+    block = x.shape[-1]
+    stride = x.shape[1] // groups  # blocks per group
+
+    def body(n, outer, h, w, lane):
+        column = (outer % groups) * (block // groups) + lane // groups
+        value = x[n, (groups - 1) * stride + outer // groups, h, w, column]
+        for group in reversed(range(groups - 1)):
+            value = te.select(
+                Compare("eq", lane % groups, Const(group, "int32")),
+                x[n, group * stride + outer // groups, h, w, column],
+                value,
+            )
+        return value
+
+    return [te.compute(output_types[0].shape, body, name="shuffle", tag="injective")]
 
 
 def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
@@ -1108,6 +1133,7 @@ def upsample(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTyp
 set_compute("Conv", conv)
 set_compute("ConvNCHWc", conv_nchwc)
 set_compute("LayoutTransform", layout_transform)
+set_compute("ChannelShuffleNCHWc", channel_shuffle_nchwc)
 set_compute("MaxPoolNCHWc", max_pool_nchwc)
 set_compute("ConvTranspose", conv_transpose)
 set_compute("ConvTransposeNCHWc", conv_transpose_nchwc)

@@ -6,7 +6,7 @@ time as (M / x, C / group, kh, kw, x). The blocked layout then flows through eve
 rule each: elementwise ops (ReLU, Clip, residual Add, scale-shift Mul/Add with per-channel params, repacked too,
 and activations broadcast per channel, such as the SE scale (N, C, 1, 1)); max and average pools (MaxPoolNCHWc,
 AveragePoolNCHWc); a group-1 ConvTranspose (ConvTransposeNCHWc); global pools (a mean or max over the two spatial axes); Concat, Split and Slice on channels in
-whole blocks; spatial Pad and Resize. LayoutTransform nodes convert only where the layout must change: into the
+whole blocks; spatial Pad and Resize; ShuffleNet's channel shuffle (ChannelShuffleNCHWc). LayoutTransform nodes convert only where the layout must change: into the
 first blocked op, and back to NCHW before an op that needs it (Flatten, a softmax, a graph output). Hands fusion a
 graph whose convolution groups read and write blocked tensors. A Gemm with transB gets the target's float32 vector
 width as its split_lanes attribute (see alter_layout).
@@ -102,6 +102,11 @@ class _Rewriter:
         self.first_block: dict[Value, int] = {}  # NCHW value -> the x of its first twin
         self.only_blocked: dict[Value, int] = {}  # values whose NCHW form nobody has made yet -> their twin's x
         self.converted: dict[int, Node] = {}  # position of each converted conv -> its ConvNCHWc
+        self.readers: dict[Value, list[Node]] = {}
+        for node in self.graph.nodes:
+            for value in node.inputs:
+                self.readers.setdefault(value, []).append(node)
+        self.absorbed: set[int] = set()  # ids of nodes a rule has rewritten together with an earlier one
         self.rules = {
             "Conv": self._conv,
             "ConvTranspose": self._conv_transpose,
@@ -114,11 +119,14 @@ class _Rewriter:
             "Slice": self._slice,
             "Pad": self._pad,
             "Resize": self._resize,
+            "Reshape": self._channel_shuffle,
             **dict.fromkeys((*UNARY_OPS, *BINARY_OPS), self._elementwise),
         }
 
     def run(self) -> Graph:
         for position, node in enumerate(self.graph.nodes):
+            if id(node) in self.absorbed:
+                continue
             rule = self.rules.get(node.op)
             if node.op == "Conv" and position in self.excluded:
                 rule = None
@@ -414,6 +422,35 @@ class _Rewriter:
             attrs["sizes"] = plan.output[2:]
         attrs["axes"] = (2, 3)
         self._replace(node, "Resize", [self.blocked[(x, block)]], attrs, block)
+        return True
+
+    def _only_reader(self, value: Value, op: str) -> Node | None:
+        """The one node that reads `value`, when it is an `op` and `value` is no graph output."""
+        readers = self.readers.get(value, [])
+        if len(readers) != 1 or readers[0].op != op or value in self.graph.outputs:
+            return None
+        return readers[0]
+
+    def _channel_shuffle(self, node: Node) -> bool:
+        """ShuffleNet's channel shuffle of a blocked value, Reshape (N, C, H, W) -> (N, g, C / g, H, W), Transpose
+        (0, 2, 1, 3, 4), Reshape back to (N, C, H, W), is one ChannelShuffleNCHWc when g divides the block and the
+        block divides C / g: the value stays blocked, and the Concat before it and the Split after it with it."""
+        x = node.inputs[0]
+        block = self.first_block.get(x, 0) if len(x.type.shape) == 4 else 0
+        transpose = self._only_reader(node.outputs[0], "Transpose") if len(node.outputs) == 1 else None
+        if not block or transpose is None or tuple(transpose.attrs.get("perm", ())) != (0, 2, 1, 3, 4):
+            return False
+        back = self._only_reader(transpose.outputs[0], "Reshape")
+        (batch, channels, *spatial), split = x.type.shape, node.outputs[0].type.shape
+        if back is None or back.outputs[0].type.shape != x.type.shape or len(split) != 5:
+            return False
+        groups = split[1]
+        if split != (batch, groups, channels // groups, *spatial) or channels % block:
+            return False
+        if groups < 2 or block % groups or (channels // groups) % block:
+            return False
+        self.absorbed.update((id(transpose), id(back)))
+        self._replace(back, "ChannelShuffleNCHWc", [self.blocked[(x, block)]], {"groups": groups}, block)
         return True
 
     def _elementwise(self, node: Node) -> bool:

@@ -127,6 +127,8 @@ CASES = {
     "layout_transform_padded": ("LayoutTransform", [(1, 6, 3, 5)], {"src": "NCHW", "dst": "NCHW4c", "channels": 6}),
     "layout_transform_cropped": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW", "channels": 7}),
     "layout_transform_to_plain": ("LayoutTransform", [(2, 2, 3, 5, 4)], {"src": "NCHW4c", "dst": "NCHW"}),
+    "channel_shuffle_nchwc_two_groups": ("ChannelShuffleNCHWc", [(1, 6, 3, 5, 8)], {"groups": 2}),
+    "channel_shuffle_nchwc_four_groups": ("ChannelShuffleNCHWc", [(2, 4, 5, 3, 4)], {"groups": 4}),
     "conv_transpose": (
         "ConvTranspose",
         [(1, 3, 4, 5), (3, 2, 3, 3), (2,)],

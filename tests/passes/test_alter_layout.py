@@ -243,6 +243,8 @@ def test_layout_ops_reject_bad_shapes():
         conv.infer([blocked, TensorType((16, 16, 3, 3), "float32")], {})
     with pytest.raises(ShapeError, match="NCHW"):
         get_op("MaxPoolNCHWc").infer([TensorType((1, 16, 4, 4), "float32")], {"kernel_shape": (2, 2)})
+    with pytest.raises(ShapeError, match="divide the block"):
+        get_op("ChannelShuffleNCHWc").infer([blocked], {"groups": 3})
 
 
 @pytest.mark.parametrize(
@@ -619,4 +621,56 @@ def test_depthwise_channels_short_of_a_whole_block_are_padded(assert_same_result
     depthwise = altered.nodes[4]
     assert depthwise.attrs["group"] == 64
     assert [value.type.shape for value in depthwise.inputs[1:]] == [(8, 1, 5, 5, 8), (64,)]
+    assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
+
+
+def shuffle(graph: Graph, x, groups: int):
+    """ShuffleNet's channel shuffle as torch exports it: Reshape to (N, g, C / g, H, W), swap g and C / g, Reshape
+    back."""
+    batch, channels, *spatial = x.type.shape
+    (y,) = graph.add_node("Reshape", [x], {"shape": (batch, groups, channels // groups, *spatial)})
+    (y,) = graph.add_node("Transpose", [y], {"perm": (0, 2, 1, 3, 4)})
+    (y,) = graph.add_node("Reshape", [y], {"shape": tuple(x.type.shape)})
+    return y
+
+
+def test_channel_shuffle_of_a_blocked_value_stays_blocked(assert_same_results):
+    """ShuffleNet v2's unit: a Concat of two branches, the two-group shuffle, the channel split. With x = 8, a shuffle
+    whose groups divide the block and whose C / g is whole blocks is one ChannelShuffleNCHWc, the Concat and Split
+    around it blocked too; 2 groups of 12 channels (not whole blocks) and 3 groups (they do not divide the block) go
+    through NCHW. The odd spatial size (5 x 7) changes nothing."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 16, 5, 7), "float32"))
+    (joined,) = graph.add_node("Concat", [conv(graph, x, 16), conv(graph, x, 16)], {"axis": 1})
+    kept, changed = graph.add_node("Split", [shuffle(graph, joined, 2)], {"axis": 1, "split": (16, 16), "_outputs": 2})
+    (four,) = graph.add_node("Concat", [kept, conv(graph, changed, 16)], {"axis": 1})
+    shuffled = shuffle(graph, four, 4)
+    halves = conv(graph, shuffle(graph, conv(graph, shuffled, 24), 2), 8)
+    thirds = conv(graph, shuffle(graph, conv(graph, shuffled, 48), 3), 8)
+    graph.outputs = [halves, thirds]
+    altered = alter_layout(graph, "wasm")
+    assert ops(altered) == [
+        "LayoutTransform",
+        *["ConvNCHWc", "Relu"] * 2,
+        "Concat",
+        "ChannelShuffleNCHWc",
+        "Split",
+        "ConvNCHWc",
+        "Relu",
+        "Concat",
+        "ChannelShuffleNCHWc",  # 4 groups of 8 channels
+        "ConvNCHWc",
+        "Relu",
+        "LayoutTransform",  # 2 groups of 12 channels: not whole blocks
+        *["Reshape", "Transpose", "Reshape"],
+        "Conv",  # small, and no blocked conv after it: it stays NCHW
+        "Relu",
+        "ConvNCHWc",
+        "Relu",
+        "LayoutTransform",  # 3 groups do not divide a block of 8
+        *["Reshape", "Transpose", "Reshape"],
+        "Conv",
+        "Relu",
+    ]
+    assert [node.attrs for node in altered.nodes if node.op == "ChannelShuffleNCHWc"] == [{"groups": 2}, {"groups": 4}]
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)

@@ -312,6 +312,33 @@ def _layout_transform(x, *, src, dst, channels=None, **_):
 register_op("LayoutTransform", infer=_infer_layout_transform, pattern=Pattern.INJECTIVE, reference=_layout_transform)
 
 
+def _infer_channel_shuffle(types, attrs):
+    """ShuffleNet's channel shuffle of a blocked value (N, C / x, H, W, x): output channel j * g + q is input channel
+    q * (C / g) + j. Only the case whose blocked form is one load per group needs a kernel of its own: g divides
+    x and x divides C / g (any other shuffle stays Reshape -> Transpose -> Reshape in NCHW)."""
+    (x,) = _inputs("ChannelShuffleNCHWc", types, 1, 1)
+    groups = int(attrs.get("groups", 0))
+    if len(x.shape) != 5 or groups < 2:
+        raise ShapeError(f"ChannelShuffleNCHWc needs (N, C/x, H, W, x) and groups >= 2, got {list(x.shape)}, {groups}")
+    block, channels = x.shape[-1], x.shape[1] * x.shape[-1]
+    if block % groups or channels % groups or (channels // groups) % block:
+        raise ShapeError(
+            f"ChannelShuffleNCHWc with {groups} groups needs them to divide the block {block} and the block to divide "
+            f"C / groups ({channels} channels)"
+        )
+    return [x]
+
+
+def _channel_shuffle(x, *, groups, **_):
+    plain = unblock_channels(x)
+    batch, channels, *spatial = plain.shape
+    shuffled = plain.reshape(batch, groups, channels // groups, *spatial).swapaxes(1, 2).reshape(plain.shape)
+    return block_channels(shuffled, x.shape[-1])
+
+
+register_op("ChannelShuffleNCHWc", infer=_infer_channel_shuffle, pattern=Pattern.INJECTIVE, reference=_channel_shuffle)
+
+
 def unpack_weight(packed_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The (M, C / group, kernel...) shape a packed weight of `packed_shape` stands for."""
     return (packed_shape[0] * packed_shape[-1], *packed_shape[1:-1])
