@@ -40,6 +40,33 @@ def test_work_counts_operations_times_iterations_and_vectors_once():
     assert work.stmt_work(unknown) is None and work.worth_parallel(unknown)
 
 
+def test_chunks_cover_every_iteration_once_at_every_extent_and_thread_count():
+    """The pool's chunks are [k*n/pieces, (k+1)*n/pieces): no iteration is skipped or run twice, whatever the extent
+    against the thread count (fewer iterations than chunks included)."""
+    for extent in (1, 2, 3, 5, 7, 8, 13, 21, 28, 31):
+        width = work.PARALLEL_MIN_WORK // (3 * extent) + 1  # 3 operations an element: just above the threshold
+        out = Buffer("out", (extent * width,), "float32")
+        i, j = Var("i"), Var("j")
+        flat = i * width + j
+        inner = For(
+            j,
+            Const(0, "int32"),
+            Const(width, "int32"),
+            ForKind.SERIAL,
+            Store(out, flat, Load(out, flat) + Const(1.0, "float32")),
+        )
+        func = PrimFunc("count", [out], For(i, Const(0, "int32"), Const(extent, "int32"), ForKind.PARALLEL, inner))
+        kernel = build_func(func, num_threads=2)
+        assert "call void @tessel_parallel" in kernel.source("ll")
+        for threads in (2, 3, 5, 1):
+            kernel.num_threads = threads
+            buffer = np.zeros(extent * width, "float32")
+            for _ in range(10):  # dense calls: the workers are woken and take chunks
+                kernel(buffer)
+            np.testing.assert_array_equal(buffer, np.full_like(buffer, 10.0), err_msg=f"{extent} x {threads}")
+        assert kernel.runtime.pool_jobs == 30
+
+
 def test_a_loop_below_the_threshold_stays_on_the_calling_thread():
     small = work.PARALLEL_MIN_WORK // 4 - 1  # 4 operations per iteration: just below the threshold
     large = work.PARALLEL_MIN_WORK // 4 + 1
