@@ -40,6 +40,24 @@ def test_work_counts_operations_times_iterations_and_vectors_once():
     assert work.stmt_work(unknown) is None and work.worth_parallel(unknown)
 
 
+def test_a_vectorized_access_that_is_not_contiguous_costs_per_lane():
+    """A channel shuffle or layout transform gathers: counted as one vector load, such loops were estimated below the
+    threshold and ran on one thread for 20-40 us each."""
+    x, out = Buffer("x", (16, 64), "float32"), Buffer("out", (64, 16), "float32")
+    row, lane = Var("row"), Var("lane")
+
+    def loop(index):
+        lanes = For(lane, Const(0, "int32"), Const(16, "int32"), ForKind.VECTORIZED, Store(out, row * 16 + lane, index))
+        return For(row, Const(0, "int32"), Const(64, "int32"), ForKind.PARALLEL, lanes)
+
+    assert work.stmt_work(loop(Load(x, row * 16 + lane))) == 64 * 2  # contiguous: one vector load and one store
+    assert work.stmt_work(loop(Load(x, row + lane * 2))) == 64 * (2 + 1)  # stride 2: about two vectors' span
+    assert work.stmt_work(loop(Load(x, row + lane * 64))) == 64 * (16 + 1)  # a transpose: a load per lane
+    shuffled = lane % Const(2, "int32") * 8 + lane // Const(2, "int32")
+    gather = work.stmt_work(loop(Load(x, row * 16 + shuffled)))
+    assert gather == 64 * (16 + work.expr_operations(row * 16 + shuffled) + 1)  # not affine: its index too
+
+
 def test_chunks_cover_every_iteration_once_at_every_extent_and_thread_count():
     """The pool's chunks are [k*n/pieces, (k+1)*n/pieces): no iteration is skipped or run twice, whatever the extent
     against the thread count (fewer iterations than chunks included)."""
