@@ -547,7 +547,8 @@ class _FunctionEmitter(StmtVisitor):
 
     def parallel_loop(self, node: For, start: ir.Value, extent: ir.Value) -> None:
         """Outline the body into fn(closure, threads) and run it through tessel_parallel. The threads claim chunks
-        of the iteration range from a shared counter in the closure (CHUNKS_PER_THREAD per thread), so a thread
+        of the iteration range from a shared counter in the closure (CHUNKS_PER_THREAD per thread, of sizes that
+        differ by at most one iteration), so a thread
         that starts late (a sleeping worker takes 100-200 us to wake on a virtual machine) does fewer chunks, or
         none: the pool does not wait for a worker that has not joined."""
         free_vars = [v for v in dict.fromkeys(n for n in walk(node.body) if isinstance(n, Var)) if v in self.values]
@@ -581,16 +582,18 @@ class _FunctionEmitter(StmtVisitor):
         index_type = child_extent.type
         threads = cb.sext(outlined.args[1], _I64)
         total = cb.sext(child_extent, _I64) if index_type.width < 64 else child_extent
-        pieces = cb.mul(threads, ir.Constant(_I64, CHUNKS_PER_THREAD))
-        chunk = cb.sdiv(cb.add(total, cb.sub(pieces, ir.Constant(_I64, 1))), pieces)
+        pieces = _smin(cb, cb.mul(threads, ir.Constant(_I64, CHUNKS_PER_THREAD)), total)
         counter = cb.gep(closure, [_zero(), ir.Constant(_I32, counter_field)], source_etype=closure_type)
         claim, work, done = (outlined.append_basic_block(name) for name in ("claim", "work", "done"))
         cb.branch(claim)
         cb.position_at_end(claim)
-        begin = cb.atomic_rmw("add", counter, chunk, "monotonic")
-        cb.cbranch(cb.icmp_signed("<", begin, total), work, done)
+        piece = cb.atomic_rmw("add", counter, ir.Constant(_I64, 1), "monotonic")
+        cb.cbranch(cb.icmp_signed("<", piece, pieces), work, done)
         cb.position_at_end(work)
-        end = _smin(cb, cb.add(begin, chunk), total)
+        # piece k is [k*total/pieces, (k+1)*total/pieces): sizes differ by at most one iteration, so threads of
+        # equal speed finish together (ceil-sized chunks left 28 iterations as 7 chunks of 4, split 16 + 12)
+        begin = cb.sdiv(cb.mul(piece, total), pieces)
+        end = cb.sdiv(cb.mul(cb.add(piece, ir.Constant(_I64, 1)), total), pieces)
         if index_type.width < 64:
             begin, end = cb.trunc(begin, index_type), cb.trunc(end, index_type)
         child.serial_loop(node.var, child_start, begin, end, node.body)

@@ -40,6 +40,51 @@ def test_work_counts_operations_times_iterations_and_vectors_once():
     assert work.stmt_work(unknown) is None and work.worth_parallel(unknown)
 
 
+def test_a_vectorized_access_that_is_not_contiguous_costs_per_lane():
+    """A channel shuffle or layout transform gathers: counted as one vector load, such loops were estimated below the
+    threshold and ran on one thread for 20-40 us each."""
+    x, out = Buffer("x", (16, 64), "float32"), Buffer("out", (64, 16), "float32")
+    row, lane = Var("row"), Var("lane")
+
+    def loop(index):
+        lanes = For(lane, Const(0, "int32"), Const(16, "int32"), ForKind.VECTORIZED, Store(out, row * 16 + lane, index))
+        return For(row, Const(0, "int32"), Const(64, "int32"), ForKind.PARALLEL, lanes)
+
+    assert work.stmt_work(loop(Load(x, row * 16 + lane))) == 64 * 2  # contiguous: one vector load and one store
+    assert work.stmt_work(loop(Load(x, row + lane * 2))) == 64 * (2 + 1)  # stride 2: about two vectors' span
+    assert work.stmt_work(loop(Load(x, row + lane * 64))) == 64 * (16 + 1)  # a transpose: a load per lane
+    shuffled = lane % Const(2, "int32") * 8 + lane // Const(2, "int32")
+    gather = work.stmt_work(loop(Load(x, row * 16 + shuffled)))
+    assert gather == 64 * (16 + work.expr_operations(row * 16 + shuffled) + 1)  # not affine: its index too
+
+
+def test_chunks_cover_every_iteration_once_at_every_extent_and_thread_count():
+    """The pool's chunks are [k*n/pieces, (k+1)*n/pieces): no iteration is skipped or run twice, whatever the extent
+    against the thread count (fewer iterations than chunks included)."""
+    for extent in (1, 2, 3, 5, 7, 8, 13, 21, 28, 31):
+        width = work.PARALLEL_MIN_WORK // (3 * extent) + 1  # 3 operations an element: just above the threshold
+        out = Buffer("out", (extent * width,), "float32")
+        i, j = Var("i"), Var("j")
+        flat = i * width + j
+        inner = For(
+            j,
+            Const(0, "int32"),
+            Const(width, "int32"),
+            ForKind.SERIAL,
+            Store(out, flat, Load(out, flat) + Const(1.0, "float32")),
+        )
+        func = PrimFunc("count", [out], For(i, Const(0, "int32"), Const(extent, "int32"), ForKind.PARALLEL, inner))
+        kernel = build_func(func, num_threads=2)
+        assert "call void @tessel_parallel" in kernel.source("ll")
+        for threads in (2, 3, 5, 1):
+            kernel.num_threads = threads
+            buffer = np.zeros(extent * width, "float32")
+            for _ in range(10):  # dense calls: the workers are woken and take chunks
+                kernel(buffer)
+            np.testing.assert_array_equal(buffer, np.full_like(buffer, 10.0), err_msg=f"{extent} x {threads}")
+        assert kernel.runtime.pool_jobs == 30
+
+
 def test_a_loop_below_the_threshold_stays_on_the_calling_thread():
     small = work.PARALLEL_MIN_WORK // 4 - 1  # 4 operations per iteration: just below the threshold
     large = work.PARALLEL_MIN_WORK // 4 + 1
