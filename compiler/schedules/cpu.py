@@ -23,7 +23,8 @@ from compiler.tune.space import ConfigSpace, run_template
 # 2: a MatMul whose columns no vector divides splits them by powers of two and has no tile_order
 # 3: a MatMul's column tile is whole vectors (or its columns are split like a ragged row); its row tile may be a
 #    divisor above the fallback's (77 rows: 7)
-SPACE_VERSION = 3
+# 4: an NCHW conv's ragged rows take tiles of whole vectors
+SPACE_VERSION = 4
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -588,7 +589,7 @@ def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg:
     values = fallback("conv2d", target)
     n, oc, oh, ow = output.op.axis
     cfg.define_split("tile_oc", oc, default=values["tile_oc"])
-    cfg.define_split("tile_ow", ow, default=values["tile_ow"])
+    _define_row_tile(cfg, "tile_ow", ow, values["tile_ow"], lanes(target, output.op.dtype))
     cfg.define_knob("unroll_oc", [0, 1], default=values["unroll_oc"])
     _limit_registers(cfg, target, output.op.dtype, ("tile_oc",), "tile_ow")
     oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
@@ -596,6 +597,7 @@ def _conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg:
     output.reorder(n, oc_outer, oh, ow_outer, oc_inner, ow_inner)
     output.parallel(output.fuse(n, oc_outer, oh))
     output.vectorize(ow_inner)
+    _partition_tail(output, ow_outer, ow.extent, cfg["tile_ow"].size[-1])
     conv.set_scope("local")
     conv.compute_at(output, ow_outer)
     cn, coc, coh, cow = conv.op.axis
@@ -645,7 +647,7 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
     values = fallback("depthwise_conv2d", target)
     n, c, oh, ow = output.op.axis
     cfg.define_split("tile_oh", oh, default=values["tile_oh"])
-    cfg.define_split("tile_ow", ow, default=values["tile_ow"])
+    _define_row_tile(cfg, "tile_ow", ow, values["tile_ow"], lanes(target, output.op.dtype))
     cfg.define_knob("unroll_taps", [0, 1], default=values["unroll_taps"])
     _limit_registers(cfg, target, output.op.dtype, ("tile_oh",), "tile_ow")
     pad = _padding_stage(schedule, conv.op.output(0))
@@ -662,6 +664,7 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
     channels = output.fuse(n, c)
     output.parallel(channels)
     output.vectorize(ow_inner)
+    _partition_tail(output, ow_outer, ow.extent, cfg["tile_ow"].size[-1])
     conv.set_scope("local")
     conv.compute_at(output, ow_outer)
     cn, cc, coh, cow = conv.op.axis
@@ -776,12 +779,11 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # and odd_transformer's (1, 77, 200) x (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest
     # divisors of 77 and 200 up to 4 and 16), 0.185 ms in 7 x 8
     tile_n = values["tile_n"]
-    whole = _vector_divisor(j.extent, tile_n, width)
-    ragged = partial is None and j.extent > width and 2 * whole < min(tile_n, j.extent)
+    ragged = partial is None and _ragged(j.extent, tile_n, width)
     while ragged and tile_n > width and j.extent % tile_n > width:
         tile_n //= 2
-    if whole and not ragged:
-        tile_n = whole
+    if not ragged:
+        tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
         cfg.define_split("tile_m", i, default=_row_tile(i.extent, values["tile_m"]))
         cfg.define_split("tile_n", j, policy="power2" if ragged else "factors", default=tile_n)
@@ -830,6 +832,30 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
 def _vector_divisor(extent: int, limit: int, width: int) -> int:
     """The largest divisor of `extent` that is whole vectors of `width` lanes and not above `limit`; 0 if none."""
     return next((size for size in range(limit - limit % width, 0, -width) if extent % size == 0), 0)
+
+
+def _ragged(extent: int, limit: int, width: int) -> bool:
+    """Whether a vectorized row of `extent` has no divisor of whole vectors up to `limit` and at least half of it
+    (66 columns in 4 or 16 lanes; 200 in 16), so that a tile dividing it would be a vector and a remnant (11 lanes)."""
+    return extent > width and 2 * _vector_divisor(extent, limit, width) < min(limit, extent)
+
+
+def _define_row_tile(cfg: ConfigSpace, name: str, axis, limit: int, width: int) -> None:
+    """A split of a vectorized row into tiles of at most `limit` lanes: its divisors, the largest of whole vectors
+    the fallback; a ragged row takes tiles of 1-4 whole vectors instead, the last one shorter, in its own piece
+    (`_partition_tail`). odd_convnet's 3-group dilated conv on 49 x 66 (1 thread) took 1.0 ms in 5 x 11-lane
+    tiles, 0.56 ms in 5 x 16 and a tail of 2."""
+    if not _ragged(axis.extent, limit, width):
+        cfg.define_split(name, axis, default=_vector_divisor(axis.extent, limit, width) or limit)
+        return
+    vectors = [width * count for count in range(1, 5) if width * count <= axis.extent]
+    cfg.define_split(name, axis, policy=vectors, default=max(width, limit - limit % width))
+
+
+def _partition_tail(stage: Stage, outer, extent: int, tile: int) -> None:
+    """Partition the loop over the tiles of a row when its last tile is shorter, so only that one tests its bound."""
+    if extent % tile:
+        stage.partition(outer)
 
 
 def _row_tile(extent: int, limit: int) -> int:

@@ -279,6 +279,23 @@ def test_matmul_tiles_are_whole_vectors_and_rows_take_a_divisor_above_the_tile(t
     assert re.search(r"allocate batch_matmul(\.local)?: float32\[1, 7, \d+\] local", tir), tir
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("w_shape", "attrs"),
+    [((12, 4, 3, 3), {"group": 3, "dilations": [2, 2], "pads": [2, 2, 2, 2]}), ((6, 1, 7, 7), {"group": 6})],
+)
+def test_nchw_conv_rows_no_whole_vectors_divide_take_vector_tiles(target, w_shape, attrs):
+    """66 output columns: their divisors near the tile (11, 3) are not whole vectors, so the grouped and depthwise
+    NCHW templates tile the row in whole vectors and one shorter last tile, not in 11- or 3-lane vectors."""
+    pads = attrs.get("pads", [3, 3, 3, 3])
+    graph, feeds = conv_graph((1, 12 if attrs["group"] == 3 else 6, 9, 66), w_shape, {**attrs, "pads": pads}, "")
+    tir = anchor_kernel(check(graph, feeds, target))
+    width = Target.parse(target).vector_bytes // 4
+    conv = tir[tir.index("allocate conv") :]  # the conv's loops (a padded copy before it has loops of its own)
+    extents = [int(size) for size in re.findall(r"\(ax[\w.]*: int32, 0, (\d+)\) vectorized", conv)]
+    assert extents and all(size % width == 0 or size == 66 % width for size in extents), (extents, tir)
+
+
 def blocked_conv_kernel(kernels) -> str:
     """The loop IR of the first kernel that computes an NCHW[x]c convolution."""
     return next(source for source in (kernel.source("tir") for kernel in kernels) if "allocate conv:" in source)
