@@ -600,3 +600,27 @@ def test_nearest_resize_by_an_integer_factor_loads_runs_it_repeats(target, shape
     loads = re.findall(r"load (<\d+ x float>|float),", kernel.source("ll"))
     # a vector of n lanes repeats n / factor elements: one load of them (a scalar one for a single element)
     assert set(loads) == {f"<{int(vector) // factor} x float>" if int(vector) > factor else "float"}, loads
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    ("attrs", "blend"),
+    [
+        ({"mode": "linear", "scales": (1.0, 1.0, 2.0, 2.0)}, "float32"),  # half_pixel, unet_small's upsampling
+        ({"mode": "linear", "scales": (1.0, 1.0, 3.0, 2.0), "coordinate_transformation_mode": "asymmetric"}, "float32"),
+        ({"mode": "linear", "sizes": (1, 24, 8, 11)}, "float64"),  # not an integer factor: float64 positions
+        ({"mode": "nearest", "scales": (1.0, 1.0, 2.0, 2.0)}, None),  # half_pixel, round_prefer_floor
+    ],
+)
+def test_blocked_resize_runs_by_rows_and_blends_integer_factors_in_float32(target, attrs, blend):
+    """A Resize of a blocked value (24 channels on odd 5 x 7 planes): parallel over (batch, channel block, output
+    row), a serial loop over the row's columns, each a vector of the block; a linear integer upscale blends in
+    float32, as onnxruntime does, anything else keeps its float64 positions."""
+    graph, feeds = conv_graph((1, 8, 5, 7), (24, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "scale_shift_relu")
+    (resized,) = graph.add_node("Resize", [graph.outputs[0]], attrs)
+    graph.outputs = [resized]
+    kernels = check(then_pointwise_conv(graph), feeds, target, packed=True)
+    (tir,) = [kernel.source("tir") for kernel in kernels if "resize[" in kernel.source("tir")]
+    assert re.search(r"for \(ax0\.ax1\.ax2\.fused: int32, 0, \d+\) parallel \{\n\s*for \(ax3: int32, 0, \d+\) \{", tir)
+    if blend is not None:
+        assert ("float64" in tir) == (blend == "float64"), tir
