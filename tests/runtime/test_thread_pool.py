@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -142,6 +143,35 @@ def test_workers_confined_to_the_callers_only_cpu_still_give_one_threads_results
         assert kernel.runtime.pool_jobs == 60
     finally:
         os.sched_setaffinity(0, saved)
+
+
+def threads_of_this_process() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_caller_takes_its_cpu_out_of_sleeping_workers_affinity_before_waking_them():
+    """A sleeping worker woken onto the caller's CPU cannot run until the caller blocks (thread_pool.c,
+    keep_workers_off): before waking sleepers, the caller leaves its CPU out of their affinity."""
+    size = 1 << 21  # 4 operations an element: above the pool's wake threshold
+    x = np.ones(size, "float32")
+    out = np.zeros_like(x)
+    kernel = build_func(affine_func(size), num_threads=2)
+    before = threads_of_this_process()
+    kernel(x, out)  # starts this library's worker
+    workers = threads_of_this_process() - before
+    assert workers
+    saved = os.sched_getaffinity(0)
+    try:
+        for cpu in sorted(saved)[:2]:
+            os.sched_setaffinity(0, {cpu})
+            time.sleep(0.05)  # the worker spins 0.3 ms, then sleeps
+            kernel(x, out)
+            for tid in workers:
+                assert os.sched_getaffinity(tid) == saved - {cpu}
+    finally:
+        os.sched_setaffinity(0, saved)
+    np.testing.assert_array_equal(out, x * 3 + 1)
 
 
 def test_several_python_threads_calling_one_library_at_once_get_their_own_results():
