@@ -44,18 +44,18 @@ let total = [0, 0];
 for (const call of manifest.calls) {
   const runs = models.map((model) => kernel(model.executor, call));
   const exports = models[1].executor.instance.exports;
-  for (const run of runs) for (let round = 0; round < 10; round++) run();
   const jobs = exports.tessel_pool_jobs();
   const joins = exports.tessel_pool_joins();
-  // `repeat` calls of one side, then of the other: back to back, as within a run, so the workers are awake
-  // (after the pool's first DENSE_JOBS jobs) as they are between one kernel and the next
-  const times = runs.map((run) =>
-    Array.from({ length: repeat }, () => {
+  // `repeat` calls of one side, then of the other, each after 10 untimed calls (more than the pool's DENSE_JOBS, so
+  // the workers are awake), back to back as kernels run within a run
+  const times = runs.map((run) => {
+    for (let round = 0; round < 10; round++) run();
+    return Array.from({ length: repeat }, () => {
       const started = performance.now();
       run();
       return performance.now() - started;
-    }),
-  );
+    });
+  });
   const medians = times.map(median);
   total = total.map((sum, side) => sum + medians[side]);
   rows.push({
@@ -63,8 +63,8 @@ for (const call of manifest.calls) {
     kernel: call.kernel,
     one: medians[0],
     many: medians[1],
-    jobs: (exports.tessel_pool_jobs() - jobs) / repeat,
-    joins: (exports.tessel_pool_joins() - joins) / repeat,
+    jobs: (exports.tessel_pool_jobs() - jobs) / (repeat + 10),
+    joins: (exports.tessel_pool_joins() - joins) / (repeat + 10),
   });
 }
 console.log(`${bundle}: kernels on 1 and ${threads} threads, median of ${repeat} calls each`);
