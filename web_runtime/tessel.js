@@ -365,6 +365,8 @@ class WasmExecutor {
     this.memory = memory;
     this.instance = instance;
     this.entry = instance.exports[manifest.entry.name];
+    // threaded variants: wakes sleeping workers as a run starts (bundles built before it have none)
+    this.wakePool = instance.exports.tessel_pool_wake;
     this.workers = [];
     let end = roundUp(instance.exports.__heap_base.value, ALIGNMENT);
     const reserve = (size) => {
@@ -431,6 +433,7 @@ class WasmExecutor {
         new Uint8Array(array.buffer, array.byteOffset, array.byteLength),
       );
     });
+    if (this.workers.length > 0 && this.wakePool) this.wakePool();
     const failed = this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
     if (failed) throw new Error(`tessel: ${describeFailure(this.manifest, failed)}`);
     const results = outputs.map((spec, position) => {

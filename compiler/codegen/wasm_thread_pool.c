@@ -11,7 +11,9 @@
    - the caller spins for them and never sleeps, because a browser's main thread may not memory.atomic.wait;
    - idle workers spin SPIN_ROUNDS rounds (the gaps between one kernel's loop and the next within a run), then sleep
      with memory.atomic.wait32; a caller wakes them only for a large job or after DENSE_JOBS jobs without waking
-     (wasm has no clock of its own to tell a dense sequence of jobs from a sparse one). */
+     (wasm has no clock of its own to tell a dense sequence of jobs from a sparse one);
+   - the host calls tessel_pool_wake() as each run starts: a run is the dense sequence the pool cannot see, so the
+     workers are woken then, while the first kernels run, if the jobs since the last run did RUN_WAKE_MIN_WORK. */
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -24,6 +26,9 @@
 #define SPIN_ROUNDS 20000
 #define WAKE_MIN_WORK 4194304
 #define DENSE_JOBS 8
+/* A run whose loops do this much work takes ~100 us on one thread here (unusual_shapes in benchmarks/wasm.py: 4.5M
+   operations, 0.5 ms), while a woken worker arrives 20-60 us after the notify, which costs the caller a few us. */
+#define RUN_WAKE_MIN_WORK 1048576
 #define OPEN 0x80000000u   /* state: the job accepts workers */
 #define JOINED 0x7fffffffu /* state: workers inside the job */
 
@@ -39,6 +44,7 @@ static struct {
     void *closure;
     int32_t threads;
     int32_t jobs_since_wake;
+    int64_t work_since_run; /* operations handed to the pool since the last tessel_pool_wake */
 } pool;
 
 /* Jobs handed to the pool and the times a worker took part in one, for tests and benchmarks. */
@@ -48,10 +54,14 @@ EXPORT("tessel_pool_jobs") uint32_t tessel_pool_jobs(void) { return atomic_load(
 EXPORT("tessel_pool_joins") uint32_t tessel_pool_joins(void) { return atomic_load(&joins); }
 EXPORT("tessel_pool_workers") int32_t tessel_pool_workers(void) { return atomic_load(&pool.workers); }
 
+/* The rounds count only once the job a worker last saw is closed: a worker that ran out of chunks spins, uncounted,
+   while the caller finishes its own last chunk (up to an eighth of a loop at 2 threads), so that its rounds bridge
+   the gap to the next job rather than the caller's tail. */
 static uint32_t next_generation(uint32_t seen) {
-    for (int round = 0; round < SPIN_ROUNDS; round++) {
+    for (int round = 0; round < SPIN_ROUNDS;) {
         uint32_t generation = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (generation != seen) return generation;
+        if (!(atomic_load_explicit(&pool.state, memory_order_relaxed) & OPEN)) round++;
     }
     atomic_fetch_add(&pool.sleepers, 1);
     uint32_t generation;
@@ -80,6 +90,22 @@ EXPORT("tessel_worker") void tessel_worker(void) {
     }
 }
 
+static void wake_sleepers(void) {
+    if (atomic_exchange(&pool.sleepers, 0) == 0) return;
+    pool.jobs_since_wake = 0;
+    __builtin_wasm_memory_atomic_notify((int32_t *)&pool.generation, (uint32_t)-1);
+}
+
+/* Called by the host on the calling thread before each run: wakes the sleepers when the last run's loops (the jobs
+   since the previous call) did enough work. A bumped generation with no job open sends them back to spinning. */
+EXPORT("tessel_pool_wake") void tessel_pool_wake(void) {
+    int worth_waking = pool.work_since_run >= RUN_WAKE_MIN_WORK;
+    pool.work_since_run = 0;
+    if (!worth_waking || atomic_load(&pool.sleepers) == 0) return;
+    atomic_fetch_add(&pool.generation, 1);
+    wake_sleepers();
+}
+
 void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work) {
     int32_t available = atomic_load(&pool.workers) + 1;
     if (threads <= 0 || threads > available) threads = available;
@@ -94,11 +120,8 @@ void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work)
     atomic_fetch_add_explicit(&jobs, 1, memory_order_relaxed);
     atomic_store(&pool.state, OPEN);
     atomic_fetch_add(&pool.generation, 1);
-    int worth_waking = work < 0 || work >= WAKE_MIN_WORK || ++pool.jobs_since_wake >= DENSE_JOBS;
-    if (worth_waking && atomic_exchange(&pool.sleepers, 0) != 0) {
-        pool.jobs_since_wake = 0;
-        __builtin_wasm_memory_atomic_notify((int32_t *)&pool.generation, (uint32_t)-1);
-    }
+    pool.work_since_run += work < 0 ? RUN_WAKE_MIN_WORK : work;
+    if (work < 0 || work >= WAKE_MIN_WORK || ++pool.jobs_since_wake >= DENSE_JOBS) wake_sleepers();
     body(closure, threads);
     uint32_t state = atomic_fetch_and(&pool.state, ~OPEN) & ~OPEN;
     while (state & JOINED) state = atomic_load(&pool.state);

@@ -164,6 +164,8 @@ class WasmModel:
         self.entry = self.instance.exports[entry]
         ctypes.memmove(self._base() + self.params_offset, params, len(params))
         self.threads = 1 + len(stacks)
+        # wakes sleeping workers as a run starts, as tessel.js does (wasm_thread_pool.c, tessel_pool_wake)
+        self.wake_pool = self.instance.exports.get("tessel_pool_wake") if stacks else None
         for stack in stacks:
             threading.Thread(target=_worker, args=(self.instance, stack + WASM_STACK_BYTES), daemon=True).start()
         self._await_workers(len(stacks))
@@ -211,6 +213,8 @@ class WasmModel:
         base = self._base()
         for offset, array in zip(self.input_offsets, inputs):
             ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
+        if self.wake_pool is not None:
+            self.wake_pool(self.instance.store)
         status = self.entry(
             self.instance.store, *self.input_offsets, *self.output_offsets, self.params_offset, self.arena_offset
         )
