@@ -44,7 +44,7 @@ from compiler.tir import (
 from compiler.tir.fast_math import expand_math
 from compiler.tir.names import UniqueNames
 from compiler.tir.nodes import walk_stmts
-from compiler.tir.simplify import Bounds, bounds, loop_bounds
+from compiler.tir.simplify import Bounds, bounds, loop_bounds, simplify, substitute_stmt
 from compiler.tir.visitor import StmtVisitor, structural_key
 
 # Register types. 8- and 16-bit integers compute in i32, wrapped to their width after every operation, as the other
@@ -549,9 +549,11 @@ class _EntryWriter(StmtVisitor):
         start, extent = self.visit(node.min), self.visit(node.extent)
         zero = isinstance(node.min, Const) and node.min.value == 0
         end = extent if zero else f"{start} + {extent}"
+        if node.kind == ForKind.UNROLLED and _unrollable(node):
+            self.unroll(node)
+            return
         if node.kind != ForKind.THREAD_BINDING:
             self.env[node.var] = loop_bounds(node.min, node.extent, self.env)
-            # Vectorized and unrolled loops run as plain loops: the WGSL compiler unrolls what pays.
             self.emit(f"for (var {var}: i32 = {start}; {var} < {end}; {var}++) {{")
             self.block_of(node.body)
             self.emit("}")
@@ -579,6 +581,17 @@ class _EntryWriter(StmtVisitor):
             self.emit("}")
         self.indent -= 1
         self.emit("}")
+
+    def unroll(self, node: For) -> None:
+        """An unrolled loop as one block per iteration, its variable a constant there: a register tile's indices
+        become literals, so the shader compiler can keep the tile in registers (SwiftShader and lavapipe neither
+        unroll a WGSL loop nor promote a dynamically indexed function array: they spill it to memory)."""
+        for step in range(int(node.extent.value)):
+            value = Const(int(node.min.value) + step, node.var.dtype)
+            body = simplify(substitute_stmt(node.body, {node.var: value}), self.env)
+            self.emit("{")
+            self.block_of(body)
+            self.emit("}")
 
     def visit_allocate(self, node: Allocate) -> None:
         buffer = node.buffer
@@ -647,6 +660,14 @@ class _EntryWriter(StmtVisitor):
             status_binding,
         )
         return text, entry
+
+
+# The most iterations of one unrolled loop that are printed out one by one; a longer one stays a WGSL loop.
+UNROLL_LIMIT = 64
+
+
+def _unrollable(loop: For) -> bool:
+    return isinstance(loop.min, Const) and isinstance(loop.extent, Const) and loop.extent.value <= UNROLL_LIMIT
 
 
 def generate_wgsl(kernels: list[tuple[PrimFunc, str, Layout]], shader_f16: bool = False) -> ShaderModule:

@@ -24,7 +24,7 @@ from compiler.te.tensor import ComputeOp, IterVar
 from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every GPU tuning task's key: bump it when a template's knobs change meaning.
-SPACE_VERSION = 1
+SPACE_VERSION = 2
 
 # Each template's fallback config by knob name, clipped to the target's threads per block. A split's value is the
 # inner sizes its fallback is at most.
@@ -33,15 +33,18 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "injective": {"num_thread": 256},
     # threads over the outputs, or (cross_thread) one block per output whose threads share its reduction
     "reduce": {"num_thread": 256},
-    # threads along the output positions, tile_oc output channels per thread in registers
-    "conv2d": {"num_thread": 128, "tile_oc": 4},
-    "conv1d": {"num_thread": 128, "tile_oc": 4},
+    # threads along the output positions, tile_w columns (at most; a divisor of the row) by tile_oc output channels
+    # per thread in registers
+    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 4},
+    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 4},
     # the seeds' schedule: a blocking_h x blocking_w output tile per block over one channel, its input tile and
     # filter in shared memory, num_thread_y x num_thread_x threads (the fallback aims at 2 x 2 outputs per thread),
     # vthread_y x vthread_x virtual threads interleaving each thread's outputs
     "depthwise_conv2d": {"blocking_h": 32, "blocking_w": 32, "vthread_y": 1, "vthread_x": 1},
-    # a block of (threads x register tile) rows and columns, A's and B's tiles of tile_k along k in shared memory
-    "dense": {"tile_y": (8, 4), "tile_x": (16, 4), "tile_k": 8},
+    # a block of (threads x register tile) rows and columns, A's and B's tiles of tile_k along k in shared memory;
+    # 16-row blocks waste less of a token count that is no multiple of 32, and 64 threads with tile_k 16 halve the
+    # barriers per multiply-add of 128 threads with tile_k 8 (docs/gpu.md, "Register tiles for the browser")
+    "dense": {"tile_y": (4, 4), "tile_x": (16, 4), "tile_k": 16},
     # one output per thread, the window's taps unrolled
     "pool_max": {"num_thread": 128},
     "pool_avg": {"num_thread": 128},
@@ -51,6 +54,8 @@ THREAD_CHOICES = (32, 64, 128, 256, 512, 1024)
 # the thread counts along one axis of a depthwise block and its virtual threads, as in the seeds' grid
 AXIS_THREADS = (1, 2, 4, 8, 16, 32)
 VTHREADS = (1, 2, 4)
+# the output columns one conv thread may hold
+TILE_WIDTHS = (1, 2, 4, 8)
 
 
 def fallback(kind: str, target: Target) -> dict[str, object]:
@@ -304,25 +309,35 @@ def _row_bytes(stage: Stage, kept: list[bool]) -> int:
 
 
 def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
-    """Direct convolution (group 1 or grouped, 1-D or 2-D, NCHW): each thread owns one output position and tile_oc
-    output channels held in registers, consecutive threads consecutive positions (their input reads coalesce), the
-    block num_thread positions of one channel tile; the epilogue runs on the thread's tile before it is stored."""
+    """Direct convolution (group 1 or grouped, 1-D or 2-D, NCHW): each thread owns a register tile of tile_w
+    neighbouring output columns of one row by tile_oc output channels, so every input value it loads feeds tile_oc
+    multiply-adds and every weight tile_w; consecutive threads take consecutive column runs, the block num_thread
+    runs of one channel tile; the epilogue runs on the thread's tile before it is stored."""
     kind = cfg.template
     values = fallback(kind, target)
     n, oc, *spatial = output.op.axis
     threads = _define_threads(cfg, kind, target)
     cfg.define_split("tile_oc", oc, default=values["tile_oc"])
+    columns = spatial[-1]
+    # the fallback's run is the widest of its choices that divides the row, so no run crosses a row's end
+    widths = [width for width in TILE_WIDTHS if width <= max(1, columns.extent)]
+    width = max((w for w in widths if columns.extent % w == 0 and w <= values["tile_w"]), default=1)
+    cfg.define_knob("tile_w", widths, default=width)
     oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
-    positions = output.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    runs, column = output.split(columns, cfg["tile_w"].val)
+    outer = [*spatial[:-1], runs]
+    positions = output.fuse(*outer) if len(outer) > 1 else outer[0]
     blocks, thread = output.split(positions, _thread_count(threads, positions.extent))
-    output.reorder(n, oc_outer, blocks, thread, oc_inner)
+    output.reorder(n, oc_outer, blocks, thread, column, oc_inner)
     output.bind(thread, te.thread_axis("threadIdx.x"))
+    output.unroll(column)
     output.unroll(oc_inner)
     _bind_blocks(output, output.fuse(n, oc_outer, blocks), target)
     conv.set_scope("local")
     conv.compute_at(output, thread)
     cn, coc, *cspatial = conv.op.axis
-    conv.reorder(cn, *cspatial, *conv.op.reduce_axis, coc)
+    conv.reorder(cn, *cspatial[:-1], *conv.op.reduce_axis, cspatial[-1], coc)
+    conv.unroll(cspatial[-1])
     conv.unroll(coc)
 
 

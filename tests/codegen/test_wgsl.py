@@ -94,6 +94,34 @@ def test_matmul_with_shared_and_local_caches():
     np.testing.assert_allclose(run(s, [a, b, c], [x, y]), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
 
 
+def test_an_unrolled_register_tile_indexes_its_array_with_literals():
+    """Each thread accumulates a 3 x 4 tile (a tail row guarded); the unrolled loops print once per iteration, so
+    the tile's indices are constants the shader compiler can keep in registers, and the results stay numpy's."""
+    a = te.placeholder((22, 17), name="A")
+    b = te.placeholder((17, 24), name="B")
+    k = te.reduce_axis((0, 17), name="k")
+    c = te.compute((22, 24), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    s = te.create_schedule(c.op)
+    c_local = s.cache_write(c, "local")
+    i, j = s[c].op.axis
+    ty, ri = s[c].split(i, 3)
+    tx, rj = s[c].split(j, 4)
+    s[c].reorder(ty, tx, ri, rj)
+    s[c].bind(ty, te.thread_axis("threadIdx.y"))
+    s[c].bind(tx, te.thread_axis("threadIdx.x"))
+    s[c].unroll(ri)
+    s[c].unroll(rj)
+    s[c_local].compute_at(s[c], tx)
+    li, lj = s[c_local].op.axis
+    s[c_local].reorder(s[c_local].op.reduce_axis[0], li, lj)
+    s[c_local].unroll(li)
+    s[c_local].unroll(lj)
+    code = generate_wgsl([(with_launch(lower(s, [a, b, c], "tile")), "tile", Layout.separate(3))]).code
+    assert "_C_local[11i]" in code and code.count("for (") == 1  # only the reduction stays a loop
+    x, y = RNG.standard_normal((22, 17)).astype("float32"), RNG.standard_normal((17, 24)).astype("float32")
+    np.testing.assert_allclose(run(s, [a, b, c], [x, y]), x.astype(np.float64) @ y, rtol=1e-4, atol=1e-4)
+
+
 MATH = {
     "exp": (lambda x: te.exp(x), np.exp, 1e-5),
     "log": (lambda x: te.log(te.abs(x) + 1e-3), lambda x: np.log(np.abs(x) + np.float32(1e-3)), 1e-5),
