@@ -128,6 +128,18 @@ def copy_bandwidth(threads: int, megabytes: int = 512, repeat: int = 10) -> floa
     return 2 * part * threads / best
 
 
+# Spins until its parent exits, so a benchmark killed mid-column (a timeout, Ctrl-C) leaves no core busy behind it.
+_SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+
+
+def busy_core() -> subprocess.Popen:
+    """Another process that keeps one core busy until it is terminated or this process exits, given time to start
+    spinning."""
+    child = subprocess.Popen([sys.executable, "-c", _SPIN])
+    time.sleep(0.2)
+    return child
+
+
 def summary(times_ms: list[float]) -> dict[str, float]:
     return {"median": statistics.median(times_ms), "min": min(times_ms), "max": max(times_ms)}
 

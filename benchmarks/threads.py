@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from functools import partial
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from common import busy_core
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -269,10 +269,6 @@ def measure(variants: dict, pattern: str, rounds: int) -> dict[str, list[float]]
                 time.sleep(pause)
                 samples[label].append(timed(run))
     return samples
-
-
-def busy_core() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 def cell(times: list[float]) -> str:

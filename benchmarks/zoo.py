@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 
 import onnxruntime as ort
 from common import (
+    busy_core,
     check_close,
     geometric_mean,
     interleaved,
@@ -54,16 +52,9 @@ COLUMNS = {
 }
 
 
-def spinning_child() -> subprocess.Popen:
-    """Another process that keeps one core busy until it is terminated, given time to start spinning."""
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    time.sleep(0.2)
-    return child
-
-
 def time_native(module, session, feeds, column: Column, repeat: int) -> tuple[float, float]:
     """Median milliseconds of Tessel and of onnxruntime in `column`'s call pattern."""
-    child = spinning_child() if column.busy_core else None
+    child = busy_core() if column.busy_core else None
     try:
         tessel, rival = interleaved(
             [partial(module.run, feeds), partial(session.run, None, feeds)],
