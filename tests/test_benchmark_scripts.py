@@ -63,3 +63,13 @@ def test_threads_benchmark_prints_a_row_per_model_and_pattern():
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert len(cells) == 8 and all(float(cell) > 0 for cell in cells[-2:])
+
+
+def test_kernels_benchmark_matches_each_group_to_onnxruntime_nodes():
+    command = [sys.executable, "benchmarks/kernels.py", "digits", "--repeat", "2", "--rounds", "1"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("whole run: Tessel ")
+    rows = [line for line in lines if line.startswith("| fused_")]
+    assert rows and any("ConvNCHWc" in row and "| Conv" in row for row in rows), result.stdout
