@@ -624,3 +624,27 @@ def test_blocked_resize_runs_by_rows_and_blends_integer_factors_in_float32(targe
     assert re.search(r"for \(ax0\.ax1\.ax2\.fused: int32, 0, \d+\) parallel \{\n\s*for \(ax3: int32, 0, \d+\) \{", tir)
     if blend is not None:
         assert ("float64" in tir) == (blend == "float64"), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"strides": [2, 2]},  # unet_small's 2x2 upsampling: one tap per output
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},  # 3x3: taps of each column's phase
+        {"strides": [1, 2], "dilations": [2, 1], "pads": [0, 1, 2, 0]},
+    ],
+)
+def test_blocked_conv_transpose_keeps_a_register_tile_of_columns(target, attrs):
+    """A ConvTranspose of a blocked value (odd 5 x 7 planes, 16 -> 24 channels): parallel over (batch, filter block,
+    output row), a local tile of output columns x the filter block, its columns unrolled inside the loops over the
+    input channels and taps, the bias added as the tile is stored."""
+    graph, feeds = conv_graph((1, 8, 5, 7), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "scale_shift_relu")
+    kernel = [2, 2] if attrs == {"strides": [2, 2]} else [3, 3]
+    weight, bias = param(graph, (16, 24, *kernel)), param(graph, (24,))
+    (up,) = graph.add_node("ConvTranspose", [graph.outputs[0], weight, bias], {"kernel_shape": kernel, **attrs})
+    graph.outputs = [up]
+    kernels = check(then_pointwise_conv(graph), feeds, target, packed=True)
+    (tir,) = [kernel.source("tir") for kernel in kernels if "allocate conv_transpose" in kernel.source("tir")]
+    assert_tile_epilogue(tir, "conv_transpose")
+    assert re.search(r"for \(column: int32, 0, \d+\) unrolled \{\n\s*for \(inner: int32, 0, \d+\) vectorized", tir), tir
