@@ -34,9 +34,10 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # threads over the outputs, or (cross_thread) one block per output whose threads share its reduction
     "reduce": {"num_thread": 256},
     # threads along the output positions, tile_w columns (at most; a divisor of the row) by tile_oc output channels
-    # per thread in registers
-    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 4},
-    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 4},
+    # per thread in registers; tile_w 4 ran faster on SwiftShader, but Chromium then took 170 s instead of 9 s to
+    # make resnet18's pipelines (docs/gpu.md), so the fallback keeps one column
+    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1},
+    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1},
     # the seeds' schedule: a blocking_h x blocking_w output tile per block over one channel, its input tile and
     # filter in shared memory, num_thread_y x num_thread_x threads (the fallback aims at 2 x 2 outputs per thread),
     # vthread_y x vthread_x virtual threads interleaving each thread's outputs
