@@ -24,7 +24,8 @@ from compiler.tune.space import ConfigSpace, run_template
 # 3: a MatMul's column tile is whole vectors (or its columns are split like a ragged row); its row tile may be a
 #    divisor above the fallback's (77 rows: 7)
 # 4: an NCHW conv's ragged rows take tiles of whole vectors
-SPACE_VERSION = 4
+# 5: a MatMul's space adds unroll_k, parallel, pack_b and, on a ragged row, vector multiples as column tiles
+SPACE_VERSION = 5
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -62,7 +63,17 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # tile_order (1, 0) walks the column tiles outermost, so the tiles that share a strip of B follow each other
     # while it is in cache. (1, 128, 768) x (768, 768) on AVX-512, one thread: 1.49 ms, against 1.82 ms with
     # 4 x 16 rows outer (and 5.55 ms before a batched MatMul had a template); x (768, 3072): 6.2 against 13.5 ms
-    "dense": {"tile_m": 8, "tile_n": 32, "unroll_m": 1, "split_k_tile_n": 8, "tile_order": (1, 0)},
+    # "parallel" "outer" runs the outer tile loop alone in parallel; pack_b copies B's panel (unroll_k, the k loop
+    # unrolled, is 1 here): the search's knobs, their fallbacks today's code
+    "dense": {
+        "tile_m": 8,
+        "tile_n": 32,
+        "unroll_m": 1,
+        "split_k_tile_n": 8,
+        "tile_order": (1, 0),
+        "parallel": "tiles",
+        "pack_b": 0,
+    },
     # an NCHW[x]c pool's register tile: tile_ow output columns, each a channel block's vector
     "pool_max": {"tile_ow": 8},
     # a blocked ConvTranspose's register tile: tile_ow output columns, each a filter block's vector (not measured
@@ -789,7 +800,12 @@ def _fits_registers(target: Target, blocks: int, columns: int, block_vectors: in
 def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
     """A tile_m x tile_n register block per step, vectorized along the output row, the k loop outside the block.
     With B transposed (N, K) the compute first sums interleaved partial products; those are vectorized along the
-    contiguous k instead, split_k_tile_n rows of B at a time, one output row per block."""
+    contiguous k instead, split_k_tile_n rows of B at a time, one output row per block.
+
+    The search may also unroll the k loop by unroll_k, run only the outer tile loop in parallel (so the inner one
+    walks its tiles in one thread, in order) and pack the k x tile_n panel of B the block reads into a local buffer:
+    with columns outermost and parallel "outer" it is packed once per column tile and read by every row tile.
+    Their fallbacks (no unroll, every tile loop parallel, no packing) build what the template built before them."""
     values = fallback("dense", target)
     partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
     *batch, i, j = output.op.axis
@@ -808,7 +824,7 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
         cfg.define_split("tile_m", i, default=_row_tile(i.extent, values["tile_m"]))
-        cfg.define_split("tile_n", j, policy="power2" if ragged else "factors", default=tile_n)
+        cfg.define_split("tile_n", j, policy=_ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
         cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
         _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
         i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
@@ -822,20 +838,30 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         output.reorder(*batch, i_outer, j_outer, i_inner, j_inner)
         output.parallel(output.fuse(*batch, i_outer))
         output.partition(j_outer)
-        fused = j_outer
+        fused = panel_loop = j_outer
     else:
         cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
         tiles = cfg["tile_order"].permute([i_outer, j_outer])
         output.reorder(*batch, *tiles, i_inner, j_inner)
-        fused = output.fuse(*batch, *tiles)
-        output.parallel(fused)
+        parallel = "tiles"
+        if partial is None:
+            cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
+            parallel = cfg["parallel"].val
+        if parallel == "tiles":
+            fused = panel_loop = output.fuse(*batch, *tiles)
+            output.parallel(fused)
+        else:
+            outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
+            output.parallel(outer)
+            fused = tiles[1]
+            # with the column tiles outermost, B's panel stays the same for every row tile inside
+            panel_loop = outer if tiles[0] is j_outer else fused
     output.vectorize(j_inner)
-    dense.set_scope("local")
-    dense.compute_at(output, fused)
-    *dbatch, di, dj = dense.op.axis
-    (k,) = dense.op.reduce_axis
     if partial is not None:
-        dense.reorder(di, dj, k)
+        dense.set_scope("local")
+        dense.compute_at(output, fused)
+        *dbatch, di, dj = dense.op.axis
+        dense.reorder(di, dj, *dense.op.reduce_axis)
         stage = schedule[partial]
         stage.set_scope("local")
         stage.compute_at(output, fused)
@@ -845,7 +871,20 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         stage.unroll(pj)
         stage.vectorize(lane)
         return
-    dense.reorder(*dbatch, k, di, dj)
+    (k,) = dense.op.reduce_axis
+    cfg.define_split("unroll_k", k, policy=[size for size in (1, 2, 4, 8) if k.extent % size == 0], default=1)
+    cfg.define_knob("pack_b", [0, 1], default=values["pack_b"])
+    if cfg["pack_b"].val:
+        _pack_panel(schedule, dense, panel_loop, output, width)
+    dense.set_scope("local")
+    dense.compute_at(output, fused)
+    *dbatch, di, dj = dense.op.axis
+    k_axes = [k]
+    if cfg["unroll_k"].size[-1] > 1:
+        k_axes = list(cfg["unroll_k"].apply(schedule, dense, k))
+    dense.reorder(*dbatch, *k_axes, di, dj)
+    if len(k_axes) > 1:
+        dense.unroll(k_axes[1])
     if cfg["unroll_m"].val:
         dense.unroll(di)
     dense.vectorize(dj)
@@ -887,6 +926,36 @@ def _row_tile(extent: int, limit: int) -> int:
     if 2 * tile >= min(limit, extent):
         return tile
     return next((size for size in range(limit + 1, 2 * limit + 1) if extent % size == 0), tile)
+
+
+def _ragged_tiles(extent: int, width: int) -> list[int]:
+    """A ragged row's column tiles: powers of two and the first multiples of the vector width (3 vectors of 16 take
+    48 of 200 columns, 4 tiles and a tail of 8), each with a guarded last tile."""
+    powers = {1 << shift for shift in range(extent.bit_length()) if 1 << shift <= extent}
+    return sorted(powers | {width * count for count in range(1, 5) if width * count <= extent})
+
+
+def _pack_panel(schedule: Schedule, dense: Stage, loop, output: Stage, width: int) -> None:
+    """Copy the k x tile_n panel of B that the register block reads into a contiguous local buffer, made inside
+    `loop` (one copy per iteration of it): the block then reads B at unit stride, whatever B's row length (a
+    power-of-two row maps every k of a strip to the same few cache sets)."""
+    (k,) = dense.op.reduce_axis
+    loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
+    reads_b = [
+        node.tensor
+        for node in loads
+        if any(_uses(index, k) for index in node.indices[-2:-1]) and _uses(node.indices[-1], dense.op.axis[-1])
+    ]
+    if not reads_b:
+        return
+    panel = schedule.cache_read(reads_b[0], "local", [dense.op.output(0)])
+    stage = schedule[panel]
+    stage.compute_at(output, loop)
+    _vectorize_innermost(stage, width)
+
+
+def _uses(expr, var) -> bool:
+    return any(node is var for node in walk(expr))
 
 
 def _pool(schedule: Schedule, pool: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:

@@ -214,7 +214,7 @@ def _bind_native(built: Built, arrays: list[np.ndarray]):
 
 
 def _bind_wasm(built: Built, arrays: list[np.ndarray]):
-    from compiler.runtime.wasm import WasmInstance
+    from compiler.runtime.wasm import WasmInstance, direct_call
 
     instance = WasmInstance(built.library)
     offsets = instance.reserve([array.nbytes for array in arrays])
@@ -224,7 +224,7 @@ def _bind_wasm(built: Built, arrays: list[np.ndarray]):
 
     for offset, array in zip(offsets, arrays):
         ctypes.memmove(base() + offset, array.ctypes.data, array.nbytes)
-    call = _wasm_call(instance, instance.exports[built.name], offsets)
+    call = direct_call(instance, instance.exports[built.name], offsets)
 
     def read() -> list[np.ndarray]:
         results = []
@@ -235,34 +235,6 @@ def _bind_wasm(built: Built, arrays: list[np.ndarray]):
         return results
 
     return call, read
-
-
-def _wasm_call(instance, entry, offsets: list[int]) -> Callable[[], None]:
-    """A call of `entry` on its i32 `offsets` straight through wasmtime's C API, the arguments converted once: the
-    Python binding's own call looks up the type and converts every argument each time, about 120 us a call on this
-    machine against 10 us this way, which would swamp a small kernel's time. Where the binding's internals are not
-    the ones this knows, its public call is used."""
-    import wasmtime
-
-    try:
-        from wasmtime import _ffi as ffi
-        from wasmtime._func import enter_wasm
-
-        results = (ffi.wasmtime_val_t * len(entry.type(instance.store).results))()
-        arguments = (ffi.wasmtime_val_t * len(offsets))()
-        for slot, offset in zip(arguments, offsets):
-            slot.kind, slot.of.i32 = ffi.WASMTIME_I32.value, offset
-        context, function = instance.store._context(), ctypes.byref(entry._func)
-    except (ImportError, AttributeError):
-        return lambda: entry(instance.store, *offsets)
-
-    def call() -> None:
-        with enter_wasm(instance.store) as trap:
-            error = ffi.wasmtime_func_call(context, function, arguments, len(offsets), results, len(results), trap)
-            if error:
-                raise wasmtime.WasmtimeError._from_ptr(error)
-
-    return call
 
 
 def _bind_runtime(built: Built, arrays: list[np.ndarray]):

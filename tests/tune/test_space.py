@@ -205,7 +205,15 @@ def test_a_cpu_template_at_other_points_of_its_space_matches_numpy(target):
     graph, node = dense_group()
     space = ConfigSpace()
     schedule_group(group_to_te(node), target, space)
-    assert space.template == "dense" and set(space.knobs) == {"tile_m", "tile_n", "unroll_m", "tile_order"}
+    assert space.template == "dense" and set(space.knobs) == {
+        "tile_m",
+        "tile_n",
+        "unroll_m",
+        "tile_order",
+        "parallel",
+        "unroll_k",
+        "pack_b",
+    }
     x, weights = RNG.standard_normal((16, 32)).astype(np.float32), next(iter(graph.params.values()))
     arrays = [x if value.name == "x" else weights for value in node.inputs]
     expected = np.maximum(x @ weights, 0)

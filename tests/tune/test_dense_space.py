@@ -1,0 +1,147 @@
+"""The dense/batch_matmul template's search knobs (compiler/schedules/cpu.py, _dense): unroll_k, the parallel axis,
+B's packed panels and a ragged row's vector-multiple tiles. Each point of the space built and run computes what
+numpy does; the fallback is the template's old code (the digests of tests/tune/test_fallback_schedules.py, and the
+zoo's MatMuls below)."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from compiler import zoo
+from compiler.build import build
+from compiler.frontend.onnx import load_onnx
+from compiler.graph.ir import Graph, TensorType
+from compiler.ops import group_to_te
+from compiler.passes.pipeline import optimize
+from compiler.schedules.cpu import schedule_group
+from compiler.target import Target
+from compiler.tir.lower import lower
+from compiler.tir.printer import format_func
+from compiler.tune.space import ConfigSpace
+
+RNG = np.random.default_rng(3)
+NEW_KNOBS = {"unroll_k", "parallel", "pack_b"}
+
+# sha256 of the loop IR of the dense-template groups of bert_tiny and vit_tiny, by vector width in bytes, recorded
+# from the template before unroll_k, parallel and pack_b existed (main at 96a0f67, after its whole-vector
+# column tiles and 77-row blocks of 7)
+DENSE_DIGESTS = {
+    ("bert_tiny", 64): "9d18b59d1433a3f5d65863de6e18bc31c1ca3182fa4d55d68b1200f83c595da5",
+    ("bert_tiny", 32): "7a0949642aa678ac752c7e9f902f07e9f9b8f83576f4370651d4a5ff1a9e7815",
+    ("bert_tiny", 16): "e602296d39f10195db2935023f1a1a137c108139ebe1016bba0bd2c9d549a53c",
+    ("vit_tiny", 64): "454a10bb98c05b2873c08628c44618f714d481499bf78eb48e3901f563fe1e00",
+    ("vit_tiny", 32): "a325f5d811ee650cac15c64b092f7a2667f36bad20e301c37be0ff324f33018d",
+    ("vit_tiny", 16): "3ee28f79fd9eb247dbbea58f512cc132b7387efcb037aab3ea2ee304122cf94a",
+}
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f", "wasm"])
+@pytest.mark.parametrize("name", ["bert_tiny", "vit_tiny"])
+def test_the_fallback_builds_the_old_dense_code(name, target):
+    target = Target.parse(target)
+    texts = []
+    for node in optimize(load_onnx(zoo.build_model(name)), target=target).nodes:
+        group = group_to_te(node)
+        space = ConfigSpace()
+        schedule = schedule_group(group, target, space)
+        if space.template == "dense":
+            if "pack_b" in space.knobs:
+                assert space.fallback["pack_b"].val == 0 and space.fallback["unroll_k"].size[-1] == 1
+            texts.append(format_func(lower(schedule, [*group.inputs, *group.outputs], "kernel")))
+    digest = hashlib.sha256("\n\n".join(texts).encode()).hexdigest()
+    assert digest == DENSE_DIGESTS[(name, target.vector_bytes)]
+
+
+def matmul_node(a_shape, b_shape, transpose_b: bool = False):
+    """A MatMul (+Relu) of an input by a weight, or (transpose_b) of two inputs, the second transposed on its last
+    two axes first, as attention's Q K^T is."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType(a_shape, "float32"))
+    if transpose_b:
+        b = graph.add_input("b", TensorType(b_shape, "float32"))
+        perm = [*range(len(b_shape) - 2), len(b_shape) - 1, len(b_shape) - 2]
+        (b,) = graph.add_node("Transpose", [b], {"perm": perm})
+    else:
+        b = graph.add_param("b", RNG.standard_normal(b_shape).astype(np.float32))
+    (y,) = graph.add_node("MatMul", [a, b])
+    (y,) = graph.add_node("Relu", [y])
+    graph.outputs = [y]
+    nodes = optimize(graph).nodes
+    return graph, nodes[-1]
+
+
+def configs_to_try(space: ConfigSpace, count: int):
+    """Configs spread over the valid space, with every value of the new knobs among them."""
+    valid = list(space.valid_configs())
+    picked = valid[:: max(1, len(valid) // count)]
+    for knob in NEW_KNOBS & set(space.knobs):
+        for value in range(len(space.knobs[knob].choices)):
+            picked += [config for config in valid if config.choices[knob] == value][:2]
+    return list(dict.fromkeys(picked))
+
+
+CASES = {
+    # 40 columns: ragged on AVX-512 and AVX2 (no multiple of 16 or 8 lanes), whole vectors in wasm
+    "dense": ((21, 24), (24, 40), False),
+    "batch_matmul": ((2, 3, 13, 16), (2, 3, 16, 20), False),
+    "attention_scores": ((1, 3, 11, 8), (1, 3, 11, 8), True),
+}
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_new_knob_computes_the_matmul(case, target):
+    a_shape, b_shape, transpose_b = CASES[case]
+    graph, node = matmul_node(a_shape, b_shape, transpose_b)
+    space = ConfigSpace()
+    schedule_group(group_to_te(node), target, space)
+    assert space.template == "dense" and {"unroll_k", "pack_b"} <= set(space.knobs)
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32) if transpose_b else next(iter(graph.params.values()))
+    b_t = np.swapaxes(b, -1, -2)
+    expected = np.maximum(a @ (b_t if transpose_b else b), 0)
+    # the group reads B as given, or (when the Transpose is a group of its own) transposed
+    (b_value,) = [value for value in node.inputs if value.name != "a"]
+    operand = np.ascontiguousarray(b if tuple(b_value.type.shape) == b.shape else b_t)
+    tried = configs_to_try(space, 6)
+    assert {config["pack_b"].val for config in tried} == {0, 1}
+    for config in tried:
+        group = group_to_te(node)
+        kernel = build(schedule_group(group, target, config.to_json()), [*group.inputs, *group.outputs], target)
+        y = np.full(expected.shape, np.nan, np.float32)
+        kernel(*[a if value.name == "a" else operand for value in node.inputs], y)
+        np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=str(config.to_json()))
+
+
+def test_ragged_rows_tile_by_vector_multiples():
+    """77 columns on AVX-512: powers of two and 1-4 vectors of 16 lanes, every one with a guarded last tile."""
+    _, node = matmul_node((7, 8), (8, 77))
+    space = ConfigSpace()
+    schedule_group(group_to_te(node), "llvm", space)
+    sizes = {choice[-1] for choice in space.knobs["tile_n"].choices}
+    assert sizes == {1, 2, 4, 8, 16, 32, 48, 64}
+    assert "tile_order" not in space.knobs and "parallel" not in space.knobs
+
+
+def test_parallel_outer_with_columns_outermost_packs_once_per_column_tile():
+    """pack_b with the column tiles outermost and only they parallel: the panel is made outside the row tiles."""
+    _, node = matmul_node((32, 16), (16, 64))
+    space = ConfigSpace()
+    schedule_group(group_to_te(node), "llvm", space)
+    config = next(
+        config
+        for config in space.valid_configs()
+        if config["pack_b"].val
+        and config["parallel"].val == "outer"
+        and config["tile_order"].perm == (1, 0)
+        and config["tile_m"].size[-1] == 8
+        and config["tile_n"].size[-1] == 32
+    )
+    group = group_to_te(node)
+    text = format_func(lower(schedule_group(group, "llvm", config.to_json()), [*group.inputs, *group.outputs], "k"))
+    # inside the parallel loop over the 2 column tiles, the panel is copied, then the 4 row tiles read it
+    parallel, copy, rows = (
+        text.index(part) for part in ("0, 2) parallel", "b.local[(ax0*32)", "(ax0.outer: int32, 0, 4)")
+    )
+    assert parallel < copy < rows
