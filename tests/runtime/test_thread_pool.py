@@ -174,6 +174,33 @@ def test_a_caller_takes_its_cpu_out_of_sleeping_workers_affinity_before_waking_t
     np.testing.assert_array_equal(out, x * 3 + 1)
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_jobs_below_the_wake_threshold_wake_sleepers_once_their_work_adds_up_to_it():
+    """Each call is a job of 3.1M operations, under the 4.2M that wakes sleepers alone, and 4 calls are fewer than the
+    8 dense jobs that also do: the work of the jobs that come close together is what must wake them (thread_pool.c,
+    WAKE_MIN_WORK). Waking is seen as keep_workers_off's change to the worker's affinity."""
+    size = 786_432  # 4 operations an element
+    x = np.ones(size, "float32")
+    out = np.zeros_like(x)
+    kernel = build_func(affine_func(size), num_threads=2)
+    before = threads_of_this_process()
+    kernel(x, out)  # starts this library's worker
+    workers = threads_of_this_process() - before
+    assert workers
+    saved = os.sched_getaffinity(0)
+    cpu = sorted(saved)[0]
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.05)  # the worker spins 0.3 ms, then sleeps
+        for _ in range(4):
+            kernel(x, out)
+        for tid in workers:
+            assert os.sched_getaffinity(tid) == saved - {cpu}
+    finally:
+        os.sched_setaffinity(0, saved)
+    np.testing.assert_array_equal(out, x * 3 + 1)
+
+
 def test_several_python_threads_calling_one_library_at_once_get_their_own_results():
     """ctypes lets go of the GIL, so the calls overlap: one holds the pool, the others run their loop alone; each
     caller's output must be its own input's."""
