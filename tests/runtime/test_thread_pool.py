@@ -149,23 +149,35 @@ def threads_of_this_process() -> set[int]:
     return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
+def kernel_and_its_worker(size: int):
+    """A 2-thread kernel of `size` elements (4 operations each), its buffers, and the ids of the worker thread its
+    first call started."""
+    x = np.ones(size, "float32")
+    out = np.zeros_like(x)
+    kernel = build_func(affine_func(size), num_threads=2)
+    before = threads_of_this_process()
+    kernel(x, out)
+    workers = threads_of_this_process() - before
+    assert workers
+    return kernel, x, out, workers
+
+
+def confine_and_let_workers_sleep(cpu: int) -> None:
+    """Confine the calling thread to `cpu`, then wait until idle workers sleep (they spin 0.3 ms, then sleep)."""
+    os.sched_setaffinity(0, {cpu})
+    time.sleep(0.05)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_a_caller_takes_its_cpu_out_of_sleeping_workers_affinity_before_waking_them():
     """A sleeping worker woken onto the caller's CPU cannot run until the caller blocks (thread_pool.c,
     keep_workers_off): before waking sleepers, the caller leaves its CPU out of their affinity."""
     size = 1 << 21  # 4 operations an element: above the pool's wake threshold
-    x = np.ones(size, "float32")
-    out = np.zeros_like(x)
-    kernel = build_func(affine_func(size), num_threads=2)
-    before = threads_of_this_process()
-    kernel(x, out)  # starts this library's worker
-    workers = threads_of_this_process() - before
-    assert workers
+    kernel, x, out, workers = kernel_and_its_worker(size)
     saved = os.sched_getaffinity(0)
     try:
         for cpu in sorted(saved)[:2]:
-            os.sched_setaffinity(0, {cpu})
-            time.sleep(0.05)  # the worker spins 0.3 ms, then sleeps
+            confine_and_let_workers_sleep(cpu)
             kernel(x, out)
             for tid in workers:
                 assert os.sched_getaffinity(tid) == saved - {cpu}
@@ -180,18 +192,11 @@ def test_jobs_below_the_wake_threshold_wake_sleepers_once_their_work_adds_up_to_
     8 dense jobs that also do: the work of the jobs that come close together is what must wake them (thread_pool.c,
     WAKE_MIN_WORK). Waking is seen as keep_workers_off's change to the worker's affinity."""
     size = 786_432  # 4 operations an element
-    x = np.ones(size, "float32")
-    out = np.zeros_like(x)
-    kernel = build_func(affine_func(size), num_threads=2)
-    before = threads_of_this_process()
-    kernel(x, out)  # starts this library's worker
-    workers = threads_of_this_process() - before
-    assert workers
+    kernel, x, out, workers = kernel_and_its_worker(size)
     saved = os.sched_getaffinity(0)
     cpu = sorted(saved)[0]
     try:
-        os.sched_setaffinity(0, {cpu})
-        time.sleep(0.05)  # the worker spins 0.3 ms, then sleeps
+        confine_and_let_workers_sleep(cpu)
         for _ in range(4):
             kernel(x, out)
         for tid in workers:
