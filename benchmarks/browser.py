@@ -1,9 +1,12 @@
 """Tessel's WebGPU executor against onnxruntime-web's WebGPU execution provider, in one headless Chromium page on the
-same adapter (issue 13 §4's WebGPU rows; the wasm rows are benchmarks/wasm.py --browser). Each zoo model is compiled
-for webgpu and served with its .onnx, tessel.js and onnxruntime-web's WebGPU build from a local server; outputs are
-checked against onnxruntime (Python) first, then, interleaved: the time from load() (InferenceSession.create) to the
-first result in a fresh page, the bytes of runtime and model the page fetched, and the median latency of runs.
-Never run in CI. Run: .venv/bin/python benchmarks/browser.py [--models ...] [--repeat 20] [--loads 3]"""
+same adapter (issue 13 §4's WebGPU rows), or with --backend wasm Tessel's wasm executor against onnxruntime-web's wasm
+one, each at its default thread count (the threads' speed-up and best-thread-count latency are benchmarks/wasm.py's).
+Each zoo model is compiled for the backend and served with its .onnx, tessel.js and onnxruntime-web's build for that
+backend from a local server; outputs are checked against onnxruntime (Python) first, then, interleaved: the time from
+load() (InferenceSession.create) to the first result in a fresh page, the bytes of runtime and model the page
+fetched, and the median latency of runs.
+Never run in CI. Run: .venv/bin/python benchmarks/browser.py [--backend webgpu|wasm] [--models ...] [--repeat 20]
+[--loads 3]"""
 
 from __future__ import annotations
 
@@ -24,9 +27,14 @@ from common import HERE, install_onnxruntime_web, print_table, ratio, spread, su
 
 import compiler
 from compiler import zoo
+from compiler.build import EVERY_WASM_VARIANT
 
 ROOT = HERE.parent
-ORT_FILES = ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm")
+# onnxruntime-web's files per backend: its module first, then the wasm it loads
+ORT_FILES = {
+    "webgpu": ("ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs", "ort-wasm-simd-threaded.asyncify.wasm"),
+    "wasm": ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"),
+}
 # issue 13's models; bert_tiny is its transformer encoder block (two post-norm encoder layers over a float32 input of
 # summed embeddings). resnet18 runs with --models resnet18: on SwiftShader one run takes seconds and a load minutes.
 DEFAULT = ("mobilenet_v2", "mlp", "dwconv_block", "bert_tiny", "vit_tiny")
@@ -41,20 +49,22 @@ PAGE = """
 const decode = (text) => new Float32Array(Uint8Array.from(atob(text), (c) => c.charCodeAt(0)).buffer);
 const sides = {};
 window.bench = {
-  async load(which, name, dims, data) {
+  async load(which, backend, name, dims, data) {
     const input = decode(data);
     const started = performance.now();  // the runtime's download counts, as it does for a page
     let run;
     if (which === "tessel") {
       const tessel = await import("/runtime/tessel.js");
-      const model = await tessel.load(`/bundles/${name}/`, { backend: "webgpu" });
+      const model = await tessel.load(`/bundles/${name}/`, { backend });
       run = async () => Object.values(await model.run({ [model.inputs[0].name]: { data: input, dims } }))[0].data;
-      sides[which] = { model, backend: model.backendReason };
+      const variant = model.variant ? `, ${model.variant.code} on ${model.variant.threads} thread(s)` : "";
+      sides[which] = { model, backend: `${model.backendReason}${variant}` };
     } else {
-      const ort = await import("/ort/ort.webgpu.min.mjs");
+      const ort = await import(backend === "webgpu" ? "/ort/ort.webgpu.min.mjs" : "/ort/ort.wasm.min.mjs");
       ort.env.wasm.wasmPaths = "/ort/";
-      ort.env.wasm.numThreads = 1;
-      const session = await ort.InferenceSession.create(`/models/${name}.onnx`, { executionProviders: ["webgpu"] });
+      // its WebGPU EP's wasm side runs on one thread; the wasm EP keeps its default thread count
+      if (backend === "webgpu") ort.env.wasm.numThreads = 1;
+      const session = await ort.InferenceSession.create(`/models/${name}.onnx`, { executionProviders: [backend] });
       const feeds = { [session.inputNames[0]]: new ort.Tensor("float32", input, dims) };
       run = async () => (await session.run(feeds))[session.outputNames[0]].getData();
       sides[which] = { session };
@@ -63,7 +73,7 @@ window.bench = {
     const firstMs = performance.now() - started;
     sides[which].run = run;
     const bytes = performance.getEntriesByType("resource").reduce((sum, entry) => sum + entry.encodedBodySize, 0);
-    return { firstMs, bytes, output: Array.from(first), backend: sides[which].backend || "webgpu EP" };
+    return { firstMs, bytes, output: Array.from(first), backend: sides[which].backend || `${backend} EP` };
   },
   async time(which) {
     const started = performance.now();
@@ -94,12 +104,13 @@ class _Handler(SimpleHTTPRequestHandler):
         pass
 
 
-def _prepare(directory: Path, names: list[str]) -> dict[str, dict]:
-    """The served tree: /runtime (tessel.js), /ort (onnxruntime-web's WebGPU build), /bundles/<name>, /models."""
+def _prepare(directory: Path, names: list[str], backend: str) -> dict[str, dict]:
+    """The served tree: /runtime (tessel.js), /ort (onnxruntime-web's build for `backend`), /bundles/<name>,
+    /models."""
     install_onnxruntime_web()
     shutil.copytree(ROOT / "web_runtime", directory / "runtime")
     (directory / "ort").mkdir()
-    for name in ORT_FILES:
+    for name in ORT_FILES[backend]:
         shutil.copy(HERE / "node_modules" / "onnxruntime-web" / "dist" / name, directory / "ort" / name)
     (directory / "models").mkdir()
     (directory / "index.html").write_text(PAGE)
@@ -107,7 +118,9 @@ def _prepare(directory: Path, names: list[str]) -> dict[str, dict]:
     for name in names:
         model = zoo.build_model(name)
         (directory / "models" / f"{name}.onnx").write_bytes(model.SerializeToString())
-        compiler.compile_model(model, target="webgpu").export(directory / "bundles" / name)
+        # a wasm bundle carries every variant, as the server's do, and tessel.js picks the fastest the page can run
+        options = {"wasm_variants": EVERY_WASM_VARIANT} if backend == "wasm" else {}
+        compiler.compile_model(model, target=backend, **options).export(directory / "bundles" / name)
         feeds = zoo.sample_input(name)
         (array,) = feeds.values()
         session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -121,19 +134,20 @@ def _encoded(array: np.ndarray) -> str:
     return base64.b64encode(array.astype(np.float32).tobytes()).decode()
 
 
-def _load_in_fresh_page(context, url: str, which: str, name: str, case: dict) -> dict:
+def _load_in_fresh_page(context, url: str, which: str, backend: str, name: str, case: dict) -> dict:
     page = context.new_page()
     page.goto(url)
     page.wait_for_function("window.benchReady === true")
     result = page.evaluate(
-        "([which, name, dims, data]) => window.bench.load(which, name, dims, data)",
-        [which, name, list(case["input"].shape), _encoded(case["input"])],
+        "([which, backend, name, dims, data]) => window.bench.load(which, backend, name, dims, data)",
+        [which, backend, name, list(case["input"].shape), _encoded(case["input"])],
     )
     return page, result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="webgpu", choices=sorted(ORT_FILES), help="both sides run on this")
     parser.add_argument("--models", nargs="+", default=list(DEFAULT), choices=zoo.MODELS)
     parser.add_argument("--repeat", type=int, default=20, help="timed runs of each side, interleaved")
     parser.add_argument("--loads", type=int, default=3, help="fresh-page loads of each side, interleaved")
@@ -142,7 +156,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="tessel-browser-bench-") as folder:
         directory = Path(folder)
-        cases = _prepare(directory, arguments.models)
+        backend = arguments.backend
+        cases = _prepare(directory, arguments.models, backend)
         server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(directory)))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
@@ -161,18 +176,20 @@ def main() -> None:
                 print(f"{name}: loading and timing both sides on {adapter}...", file=sys.stderr, flush=True)
                 case = cases[name]
                 firsts = {"tessel": [], "ort": []}
-                sizes, pages = {}, {}
+                sizes, pages, ran = {}, {}, {}
                 for _ in range(arguments.loads):
                     for which in ("tessel", "ort"):
                         if which in pages:
                             pages[which].close()
-                        pages[which], result = _load_in_fresh_page(context, url, which, name, case)
+                        pages[which], result = _load_in_fresh_page(context, url, which, backend, name, case)
                         got = np.array(result["output"], np.float32).reshape(case["expected"].shape)
                         np.testing.assert_allclose(
                             got, case["expected"], rtol=1e-3, atol=1e-4, err_msg=f"{name} {which}"
                         )
                         firsts[which].append(result["firstMs"])
                         sizes[which] = result["bytes"]
+                        ran[which] = result["backend"]
+                print(f"{name}: Tessel ran {ran['tessel']}; onnxruntime-web its {ran['ort']}", file=sys.stderr)
                 times = {"tessel": [], "ort": []}
                 for _ in range(arguments.repeat):
                     for which in ("tessel", "ort"):
@@ -197,14 +214,14 @@ def main() -> None:
             browser.close()
         server.shutdown()
     print(
-        f"{datetime.date.today()}, Chromium {version}, WebGPU adapter {adapter}, onnxruntime-web WebGPU EP; "
+        f"{datetime.date.today()}, Chromium {version}, WebGPU adapter {adapter}, onnxruntime-web {backend} EP; "
         f"{arguments.repeat} interleaved runs, first result: median of {arguments.loads} fresh-page loads"
     )
     print_table(
         [
             "model",
-            "Tessel WebGPU ms (median / min / max)",
-            "ort-web WebGPU ms (median / min / max)",
+            f"Tessel {backend} ms (median / min / max)",
+            f"ort-web {backend} ms (median / min / max)",
             "latency ratio",
             "Tessel load→first ms",
             "ort-web load→first ms",

@@ -41,8 +41,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import compiler
 from compiler import zoo
+from compiler.build import EVERY_WASM_VARIANT
 
-VARIANTS = ("threads", "relaxed-simd", "threads+relaxed-simd")
 # Node 20's V8 has relaxed SIMD behind this flag (Chrome has it from 114 on)
 NODE_FLAGS = ("--experimental-wasm-relaxed-simd",)
 UNUSUAL = "unusual_shapes"
@@ -214,7 +214,7 @@ def main() -> None:
     modules, feeds_of, entries = {}, {}, []
     for name in arguments.models:
         model = unusual_model() if name == UNUSUAL else zoo.build_model(name)
-        modules[name] = compiler.compile_model(model, target="wasm", wasm_variants=VARIANTS)
+        modules[name] = compiler.compile_model(model, target="wasm", wasm_variants=EVERY_WASM_VARIANT)
         rng = np.random.default_rng(0)
         feeds_of[name] = (
             {"input": rng.standard_normal((1, 7, 61, 43)).astype(np.float32)}

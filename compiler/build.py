@@ -127,6 +127,8 @@ Progress = Callable[[str, float], None]
 
 # What each wasm variant's feature adds to the target (bundle.WASM_FEATURES).
 WASM_FEATURE_ATTRIBUTES = {"threads": "+atomics,+bulk-memory", "relaxed-simd": "+relaxed-simd"}
+# Every wasm variant beside the plain code: what the server ships, so tessel.js can run the fastest one an engine has.
+EVERY_WASM_VARIANT = ("threads", "relaxed-simd", "threads+relaxed-simd")
 
 
 def _wasm_variants(target: Target, variants) -> list[dict]:

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiler.build import COMPILER_VERSION
+from compiler.build import COMPILER_VERSION, EVERY_WASM_VARIANT
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
 from compiler.tune.space import TuningWarning
 from server.store import Store
@@ -33,7 +33,7 @@ FINISHED = (DONE, FAILED)
 RESTART_MESSAGE = "the server restarted before this job finished; upload the model again"
 # What the server asks of compile_model beyond the target, per target: every wasm bundle carries its threaded and
 # relaxed-SIMD variants, so tessel.js runs the fastest one the page's engine has (docs/server.md, "Threaded wasm").
-TARGET_OPTIONS = {"wasm": {"wasm_variants": ("threads", "relaxed-simd", "threads+relaxed-simd")}}
+TARGET_OPTIONS = {"wasm": {"wasm_variants": EVERY_WASM_VARIANT}}
 
 
 def error_status(error: TesselError) -> int:

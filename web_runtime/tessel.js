@@ -136,6 +136,39 @@ async function* readStream(stream) {
   }
 }
 
+// Reads `chunks` from now on and keeps what arrives until the consumer asks for it, so a download can start before
+// the place it goes to is known (the params' offset in memory comes from the compiled module). A failed download
+// surfaces where the chunks are read, never as an unhandled rejection.
+function prefetched(chunks) {
+  const arrived = [];
+  let finished = null;
+  let wake = () => {};
+  (async () => {
+    try {
+      for await (const chunk of chunks) {
+        arrived.push(chunk);
+        wake();
+      }
+      finished = {};
+    } catch (error) {
+      finished = { error };
+    }
+    wake();
+  })();
+  return (async function* () {
+    for (;;) {
+      if (arrived.length) {
+        yield arrived.shift();
+      } else if (finished) {
+        if (finished.error) throw finished.error;
+        return;
+      } else {
+        await new Promise((resolve) => (wake = resolve));
+      }
+    }
+  })();
+}
+
 async function collect(chunks, onLoaded) {
   const parts = [];
   let loaded = 0;
@@ -596,6 +629,8 @@ const wasmBackend = {
       ...(limits.maximum_pages === null ? {} : { maximum: limits.maximum_pages }),
       ...(limits.shared ? { shared: true } : {}),
     });
+    // The params download beside the code's; they are copied in once the module says where they go.
+    const params = prefetched(source.chunks(manifest.params.file));
     // The digest is checked before the compile's outcome is looked at, so a damaged download says so rather
     // than giving the engine's CompileError.
     const { bytes, instantiated } = await source.wasm(variant.code, { env: { memory } }, options.onProgress);
@@ -619,8 +654,16 @@ const wasmBackend = {
     }
     const executor = new WasmExecutor(manifest, instance, memory, variant.threads - 1, variant.stack_bytes || 0);
     executor.variant = { code: variant.code, features: variant.features, threads: variant.threads };
-    await executor.loadParams(source.chunks(manifest.params.file), options.onProgress);
-    if (variant.threads > 1) await executor.startWorkers(module);
+    // the workers instantiate the module while the params are copied in and checked
+    const workers = variant.threads > 1 ? executor.startWorkers(module) : null;
+    try {
+      await executor.loadParams(params, options.onProgress);
+    } catch (error) {
+      await workers;
+      executor.dispose();
+      throw error;
+    }
+    await workers;
     return executor;
   },
 };

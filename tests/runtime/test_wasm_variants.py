@@ -12,16 +12,14 @@ import wasmtime
 
 import compiler
 from compiler import zoo
-from compiler.build import Module
+from compiler.build import EVERY_WASM_VARIANT, Module
 from compiler.bundle import BundleError
 from compiler.errors import TargetError
-
-VARIANTS = ("threads", "relaxed-simd", "threads+relaxed-simd")
 
 
 @pytest.fixture(scope="module")
 def mlp_bundle(tmp_path_factory):
-    module = compiler.compile_model(zoo.build_model("mlp"), target="wasm", wasm_variants=VARIANTS)
+    module = compiler.compile_model(zoo.build_model("mlp"), target="wasm", wasm_variants=EVERY_WASM_VARIANT)
     return module, module.export(tmp_path_factory.mktemp("bundle") / "mlp")
 
 

@@ -104,7 +104,9 @@ describe("loading", () => {
     before(async () => {
       server = createServer(async (request, response) => {
         try {
-          const [, file] = request.url.match(/^\/bundles\/digits\/([\w.]+)$/);
+          // /bundles/no-params/ is digits without its params.bin
+          const [, name, file] = request.url.match(/^\/bundles\/(digits|no-params)\/([\w.]+)$/);
+          if (name === "no-params" && file === "params.bin") throw new Error("not served");
           const data = await readFile(join(digits.bundle, file));
           const type = request.url.endsWith(".wasm") ? "application/wasm" : "application/octet-stream";
           response.writeHead(200, { "Content-Type": type, "Content-Length": data.byteLength }).end(data);
@@ -127,6 +129,11 @@ describe("loading", () => {
 
     test("a missing bundle names the URL and the HTTP status", async () => {
       await assert.rejects(tessel.load(`http://127.0.0.1:${server.address().port}/nothing/`), /HTTP 404/);
+    });
+
+    test("a params.bin that cannot be fetched names it, though its download starts beside the code's", async () => {
+      const noParams = `http://127.0.0.1:${server.address().port}/bundles/no-params/`;
+      await assert.rejects(tessel.load(noParams), /fetching .*no-params\/params\.bin failed with HTTP 404/);
     });
   });
 

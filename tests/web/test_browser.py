@@ -20,6 +20,7 @@ import onnxruntime
 import pytest
 
 from compiler import compile_model, zoo
+from compiler.build import EVERY_WASM_VARIANT
 from compiler.data.train_digits import held_out_split
 
 CHROMIUM_ARGS = [
@@ -346,7 +347,6 @@ def test_tune_on_this_device_times_candidates_in_the_page_and_compiles_with_them
 # ---- threaded and relaxed-SIMD wasm in the page ----------------------------------------------------------------
 
 THREAD_MODELS = ("mlp", "digits", "squeezenet")
-WASM_VARIANTS = ("threads", "relaxed-simd", "threads+relaxed-simd")
 # Loads a bundle once per option set, runs it twice on the same input and returns what ran and what came out.
 RUN_VARIANTS = """async ({bundle, feeds, configs}) => {
   const tessel = await import("/runtime/tessel.js");
@@ -377,7 +377,7 @@ def variant_bundles(store_root):
     store, bundles = Store(store_root), {}
     for name in THREAD_MODELS:
         model = zoo.build_model(name)
-        module = compile_model(model, target="wasm", wasm_variants=WASM_VARIANTS)
+        module = compile_model(model, target="wasm", wasm_variants=EVERY_WASM_VARIANT)
         bundle_id = module.manifest["content_hash"]
         if not store.has_bundle(bundle_id):
             staging = store.new_staging_dir()

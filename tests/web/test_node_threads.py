@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 from node_helpers import run_node_tests, write_case
 
+from compiler.build import EVERY_WASM_VARIANT
+
 MODELS = ("mlp", "digits", "dwconv_block")
-VARIANTS = ("threads", "relaxed-simd", "threads+relaxed-simd")
 NODE_TEST = Path(__file__).with_name("threads.test.mjs")
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     root = tmp_path_factory.mktemp("threads")
-    return root, [write_case(name, root, wasm_variants=VARIANTS) for name in MODELS]
+    return root, [write_case(name, root, wasm_variants=EVERY_WASM_VARIANT) for name in MODELS]
 
 
 @pytest.mark.parametrize("relaxed", [False, True], ids=["node-default", "relaxed-simd"])
