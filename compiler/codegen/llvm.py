@@ -53,6 +53,9 @@ NUM_THREADS_GLOBAL = "tessel_num_threads"
 # void tessel_parallel(void (*body)(void *closure, int32_t threads), void *closure, int32_t threads, int64_t work):
 # thread_pool.c; work is tir/work.py's estimate (-1: unknown)
 PARALLEL_ENTRY = "tessel_parallel"
+# void tessel_pool_run(int32_t threads, int64_t work): called as a model's run entry starts, with the work its
+# kernels' pooled loops do in all (-1: unknown), so the pool can wake sleeping workers while the first kernels run
+RUN_ENTRY = "tessel_pool_run"
 # A model's run entry numbers its kernel calls from 1 in `current call`; a failed te.index_check copies the
 # number into `failed call`, which the entry returns (0: every index was in range).
 CURRENT_CALL_GLOBAL, FAILED_CALL_GLOBAL = "tessel_current_call", "tessel_failed_call"
@@ -119,6 +122,7 @@ class _ModuleContext:
         self.module = ir.Module(name="tessel")
         self.module.triple = target.triple
         self.counter = 0  # makes outlined-function and static-array names unique
+        self.pooled_work: dict[str, int] = {}  # per kernel, the work of the loops it hands to the pool (-1: unknown)
         # Parallel loops go to a thread pool natively and in threaded wasm (+atomics: link.py links
         # wasm_thread_pool.c over a shared memory); plain wasm runs them serially.
         self.parallel = target.kind == "llvm" or "atomics" in target.feature_set
@@ -175,6 +179,17 @@ class _FunctionEmitter(StmtVisitor):
             self.builder.ret_void()
         else:
             self.builder.ret(self.builder.load(self.context.failed_call, typ=_I32))
+
+    def announce_run(self, kernels: list[str]) -> None:
+        """Tell the thread pool, as a run starts, how much work the run's pooled loops do (thread_pool.c,
+        tessel_pool_run): nothing when no kernel hands a loop to the pool."""
+        works = [self.context.pooled_work[name] for name in kernels if name in self.context.pooled_work]
+        if not works:
+            return
+        work = -1 if min(works) < 0 else sum(works)
+        announce = self.context.function(RUN_ENTRY, ir.VoidType(), [_I32, _I64])
+        threads = self.builder.load(self.context.num_threads, typ=_I32)
+        self.builder.call(announce, [threads, ir.Constant(_I64, work)])
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -590,10 +605,14 @@ class _FunctionEmitter(StmtVisitor):
         piece = cb.atomic_rmw("add", counter, ir.Constant(_I64, 1), "monotonic")
         cb.cbranch(cb.icmp_signed("<", piece, pieces), work, done)
         cb.position_at_end(work)
-        # piece k is [k*total/pieces, (k+1)*total/pieces): sizes differ by at most one iteration, so threads of
-        # equal speed finish together (ceil-sized chunks left 28 iterations as 7 chunks of 4, split 16 + 12)
-        begin = cb.sdiv(cb.mul(piece, total), pieces)
-        end = cb.sdiv(cb.mul(cb.add(piece, ir.Constant(_I64, 1)), total), pieces)
+        # Sizes differ by at most one iteration, the longer chunks first: the first total % pieces chunks have one
+        # iteration more. Threads of equal speed claim every threads-th chunk, so each gets its share of the longer
+        # ones; spread evenly (chunk k ending at (k+1)*total/pieces), 28 iterations were 3, 4, 3, 4... and one of
+        # two threads claimed every 4, 16 iterations to the other's 12 (ceil-sized chunks: 7 of 4, the same split).
+        size = cb.sdiv(total, pieces)
+        longer = cb.srem(total, pieces)
+        begin = cb.add(cb.mul(piece, size), _smin(cb, piece, longer))
+        end = cb.add(cb.add(begin, size), cb.zext(cb.icmp_signed("<", piece, longer), _I64))
         if index_type.width < 64:
             begin, end = cb.trunc(begin, index_type), cb.trunc(end, index_type)
         child.serial_loop(node.var, child_start, begin, end, node.body)
@@ -607,6 +626,8 @@ class _FunctionEmitter(StmtVisitor):
             b.store(value, b.gep(closure_value, [_zero(), ir.Constant(_I32, position)], source_etype=closure_type))
         pool = context.function(PARALLEL_ENTRY, ir.VoidType(), [_PTR, _PTR, _I32, _I64])
         work = stmt_work(node)
+        known = context.pooled_work.get(self.function.name, 0)
+        context.pooled_work[self.function.name] = -1 if work is None or known < 0 else known + work
         num_threads = b.load(context.num_threads, typ=_I32)
         one = ir.Constant(_I32, 1)
         # One thread means no thread pool at all: the body runs on the caller's thread and claims every chunk.
@@ -942,7 +963,9 @@ def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str
         )
         for func, entry in zip(funcs, entries)
     ]
-    for func, function, entry in zip(funcs, functions, entries):
+    # the kernels first, so that each entry knows the work its kernels hand to the pool
+    order = sorted(zip(funcs, functions, entries), key=lambda item: item[2])
+    for func, function, entry in order:
         function.attributes.add("nounwind")
         emitter = _FunctionEmitter(context, function)
         for argument, buffer in zip(function.args, func.params):
@@ -952,6 +975,7 @@ def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str
             emitter.buffers[buffer] = argument
         if entry:
             emitter.builder.store(ir.Constant(_I32, 0), context.failed_call)
+            emitter.announce_run([call.func for call in func.body.stmts])
         # wasm has no C library, so its float64 math is expanded too (over float64 exp and log)
         native = NATIVE_MATH if target.kind == "wasm" else NATIVE_MATH + LIBM_MATH
         emitter.visit(expand_math(func.body, native))

@@ -11,6 +11,8 @@
    - idle workers spin for SPIN_NS (or the environment's TESSEL_SPIN_US), bridging the gaps between one kernel's
      loop and the next within a run, yielding the core after YIELD_AFTER_NS so that a caller sharing it runs,
      then sleep on a futex, and a caller wakes them only when the job is large or jobs come densely (below);
+   - a model's run entry announces its pooled work as it starts (tessel_pool_run), so a run that will wake sleeping
+     workers wakes them then, while its first kernels run;
    - a worker that finds itself on the caller's CPU moves off it (leave_callers_cpu, below), and a caller about
      to wake sleeping workers first takes its CPU out of their affinity (keep_workers_off);
    - one job at a time: a caller that finds the pool busy (another thread's job) runs its loop alone, so two
@@ -71,7 +73,7 @@ static struct {
 
 /* Jobs handed to the pool (a loop kept serial, or run at one thread, never counts), and the times a worker took
 part in one: for tests and benchmarks. */
-_Atomic uint64_t tessel_pool_jobs, tessel_pool_joins;
+_Atomic uint64_t tessel_pool_jobs, tessel_pool_joins, tessel_pool_run_wakes;
 
 static void futex(_Atomic uint32_t *word, int operation, uint32_t value) {
     syscall(SYS_futex, (uint32_t *)word, operation | FUTEX_PRIVATE_FLAG, value, NULL, NULL, 0);
@@ -197,6 +199,23 @@ static void start_workers(int wanted) {
         pool.workers++;
     }
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
+}
+
+/* Called by a model's run entry as the run starts, with the work its parallel loops will hand to the pool (tir/
+   work.py's estimates summed over the run, -1 when unknown): a run is the dense sequence of jobs that the pool
+   otherwise sees only job by job, so when the run's work would wake sleepers, they are woken now and arrive while
+   the first kernels run. A bumped generation with no job open sends them back to spinning. */
+HIDDEN void tessel_pool_run(int32_t threads, int64_t work) {
+    if (threads <= 0) threads = cores();
+    if (threads == 1 || pool.workers == 0 || (work >= 0 && work < WAKE_MIN_WORK)) return;
+    if (atomic_load(&pool.sleepers) == 0 || pthread_mutex_trylock(&pool.busy) != 0) return;
+    if (atomic_exchange(&pool.sleepers, 0) != 0) {
+        atomic_fetch_add(&pool.generation, 1);
+        keep_workers_off(sched_getcpu());
+        futex(&pool.generation, FUTEX_WAKE, MAX_WORKERS);
+        atomic_fetch_add_explicit(&tessel_pool_run_wakes, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&pool.busy);
 }
 
 HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work) {

@@ -107,6 +107,14 @@ EXPORT("tessel_pool_wake") void tessel_pool_wake(void) {
     wake_sleepers();
 }
 
+/* Called by a model's run entry as the run starts, with its pooled loops' work summed at compile time (-1: unknown):
+   the same rule as tessel_pool_wake, from the run's own estimate rather than the last run's. */
+void tessel_pool_run(int32_t threads, int64_t work) {
+    if (threads == 1 || (work >= 0 && work < RUN_WAKE_MIN_WORK) || atomic_load(&pool.sleepers) == 0) return;
+    atomic_fetch_add(&pool.generation, 1);
+    wake_sleepers();
+}
+
 void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work) {
     int32_t available = atomic_load(&pool.workers) + 1;
     if (threads <= 0 || threads > available) threads = available;

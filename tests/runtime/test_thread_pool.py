@@ -4,7 +4,10 @@ work threshold is emitted without a pool call and never reaches the pool; whole 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import re
 import threading
 import time
 
@@ -230,9 +233,16 @@ def test_several_python_threads_calling_one_library_at_once_get_their_own_result
     assert 0 < kernel.runtime.pool_jobs <= 400
 
 
+@functools.cache
+def compiled(name: str):
+    """A zoo model compiled once for the tests below, each of which sets its thread count."""
+    return compiler.compile_model(zoo.build_model(name), target="llvm", num_threads=1)
+
+
 @pytest.mark.parametrize("name", ["mlp", "dwconv_block"])
 def test_whole_models_give_one_threads_outputs_at_every_thread_count(name):
-    module = compiler.compile_model(zoo.build_model(name), target="llvm", num_threads=1)
+    module = compiled(name)
+    module.num_threads = 1
     feeds = zoo.sample_input(name)
     expected = module.run(feeds)
     for threads in (2, 3, 0):
@@ -262,3 +272,34 @@ def test_a_reduction_gives_the_same_bits_at_one_and_two_threads():
     assert kernel.runtime.pool_jobs == 1
     np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(one, data.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+WAKE_MIN_WORK = 4_194_304  # thread_pool.c: the work that wakes sleeping workers
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize("name", ["mlp", "dwconv_block"])
+def test_a_run_announces_its_pooled_work_and_wakes_sleepers_as_it_starts_only_when_that_pays(name):
+    """A model's run entry calls tessel_pool_run with the work of every loop its kernels hand to the pool (each kernel
+    called once here, so the sum of the tessel_parallel estimates); after a pause, when the workers sleep, a run of
+    that much work wakes them before its first kernel (dwconv_block, 25M operations) and a smaller one does not
+    (mlp, 0.3M): tessel_pool_run_wakes counts the wakes."""
+    module = compiled(name)
+    source = module.source("ll")
+    announced = [int(work) for work in re.findall(r"call void @tessel_pool_run\(i32 %[\w.]+, i64 (-?\d+)\)", source)]
+    pooled = [int(work) for work in re.findall(r"call void @tessel_parallel\(.*, i64 (-?\d+)\)", source)]
+    assert announced == [sum(pooled)] and pooled
+    library = module.runtime.library
+    wakes = ctypes.c_uint64.in_dll(library.handle, "tessel_pool_run_wakes")
+    feeds = zoo.sample_input(name)
+    module.num_threads = 1
+    expected = module.run(feeds)
+    module.num_threads = 2
+    module.run(feeds)  # starts the worker
+    for _ in range(3):
+        time.sleep(0.05)  # the worker spins 0.3 ms, then sleeps
+        before = wakes.value
+        outputs = module.run(feeds)
+        assert wakes.value - before == (1 if announced[0] >= WAKE_MIN_WORK else 0)
+        for spec in module.outputs:
+            np.testing.assert_array_equal(outputs[spec.name], expected[spec.name])
