@@ -80,6 +80,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "tile_order": (1, 0),
         "parallel": "tiles",
         "pack_b": 0,
+        # 1: a row tile above tile_m (77 rows: 7) takes fewer columns, so the block keeps tile_m x tile_n
+        # accumulators instead of growing past the registers
+        "keep_accumulators": 0,
     },
     # an NCHW[x]c pool's register tile: tile_ow output columns, each a channel block's vector
     "pool_max": {"tile_ow": 8},
@@ -118,7 +121,17 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         },
         # one vector wide in wasmtime: dwconv_block 4.1 ms, against 5.0-5.2 with 2 x 8 and 5.9 with 4 x 16
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 4},
-        "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "tile_order": (0, 1)},
+        # In V8 (Node 20, 1 thread, each kernel alone, interleaved) a block runs near the engine's peak while its
+        # accumulators, B's vectors and the broadcast fit 16 registers, and spills beyond: 4 x 8 (XNNPACK's wasm-SIMD
+        # GEMM tile) against 4 x 16, bert_tiny's (128, 128) x (128, 512) 0.29 ms against 0.57, the model 3.3 against
+        # 5.3 ms; 77 rows take 7 x 4 (odd_transformer's (77, 200) x (200, 700) 0.40 ms, 0.75 in 7 x 8)
+        "dense": {
+            "split_k_tile_n": 4,
+            "tile_m": 4,
+            "tile_n": 8,
+            "tile_order": (0, 1),
+            "keep_accumulators": 1,
+        },
         # not measured: the register budget of the dense block above (16 accumulators)
         "conv1d": {"tile_oc": 4, "tile_ow": 16},
     },
@@ -843,13 +856,16 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # and odd_transformer's (1, 77, 200) x (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest
     # divisors of 77 and 200 up to 4 and 16), 0.185 ms in 7 x 8
     tile_n = values["tile_n"]
+    tile_m = _row_tile(i.extent, values["tile_m"])
+    if values["keep_accumulators"] and tile_m > values["tile_m"]:
+        tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
     while ragged and tile_n > width and j.extent % tile_n > width:
         tile_n //= 2
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
-        cfg.define_split("tile_m", i, default=_row_tile(i.extent, values["tile_m"]))
+        cfg.define_split("tile_m", i, default=tile_m)
         cfg.define_split("tile_n", j, policy=_ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
         cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
         _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
