@@ -52,8 +52,15 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # an NCHW[x]c conv's register tile: tile_blocks filter blocks x tile_ow output columns, both unrolled, each
     # filter block a vector (two on 16-byte targets, see VECTOR_DEFAULTS). `taps` "inner" moves the kernel window
     # inside the loop over a block's input channels, so the weights are read in memory order and one iteration
-    # makes kh x kw x the tile's multiply-adds
-    "conv2d_nchwc": {"tile_ow": 14, "tile_blocks": 1, "taps": "outer"},
+    # makes kh x kw x the tile's multiply-adds. A 1 x 1 window takes pointwise_tile_ow x pointwise_tile_blocks
+    # instead where the target gives them (None: the same tile as any window)
+    "conv2d_nchwc": {
+        "tile_ow": 14,
+        "tile_blocks": 1,
+        "taps": "outer",
+        "pointwise_tile_ow": None,
+        "pointwise_tile_blocks": None,
+    },
     # padding in place: the column tiles cut into the border ones (which test the column) and the interior
     # (mobilenet_v2, 1 thread: 6.4 ms against 7.2 with a padded copy, its depthwise kernels 2.5-3x faster; wasmtime:
     # 24.7 against 26.9 ms). "rows" makes the padded rows of each output row right before its taps, which pays when
@@ -73,6 +80,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "tile_order": (1, 0),
         "parallel": "tiles",
         "pack_b": 0,
+        # 1: a row tile above tile_m (77 rows: 7) takes fewer columns, so the block keeps tile_m x tile_n
+        # accumulators instead of growing past the registers
+        "keep_accumulators": 0,
     },
     # an NCHW[x]c pool's register tile: tile_ow output columns, each a channel block's vector
     "pool_max": {"tile_ow": 8},
@@ -95,11 +105,33 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     16: {
         # the taps inside the input channels (wasmtime, 1 thread, Module.profile, interleaved): resnet18 80.3-80.6 ms
         # against 99.9-102.6 (its 512-channel 7 x 7 convs 4.45 against 6.35), resnet50_bottleneck 15.3-15.5
-        # against 16.0-16.3
-        "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2, "taps": "inner"},
+        # against 16.0-16.3. The tile is sized for V8 (Node 20, x86-64: 16 xmm registers), 1 thread, each kernel
+        # timed alone, interleaved: 2 blocks x 7 columns (28 accumulators), where 2 x 8 (32) fell off a cliff:
+        # resnet18's 3 x 3 convs on 56 x 56 4.7 ms against 7.5, the model 76.4 against 87.0 ms (1 x 7: 79.0,
+        # 1 x 4: 117). A 1 x 1 window has a short multiply-add chain per loaded input: there 1 block x 4 columns
+        # (8 accumulators, XNNPACK's 4 x 8 wasm-SIMD GEMM tile) ran near the engine's peak where 2 x 7 or 1 x 7
+        # spilled: mobilenet_v2's 16 -> 96 channels on 112 x 112 1.07 ms against 1.49 (2 x 8) and 1.54 (2 x 7),
+        # 96 -> 24 on 56 x 56 0.26 against 0.52 (1 x 8)
+        "conv2d_nchwc": {
+            "tile_ow": 7,
+            "tile_blocks": 2,
+            "taps": "inner",
+            "pointwise_tile_ow": 4,
+            "pointwise_tile_blocks": 1,
+        },
         # one vector wide in wasmtime: dwconv_block 4.1 ms, against 5.0-5.2 with 2 x 8 and 5.9 with 4 x 16
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 4},
-        "dense": {"split_k_tile_n": 4, "tile_m": 4, "tile_n": 16, "tile_order": (0, 1)},
+        # In V8 (Node 20, 1 thread, each kernel alone, interleaved) a block runs near the engine's peak while its
+        # accumulators, B's vectors and the broadcast fit 16 registers, and spills beyond: 4 x 8 (XNNPACK's wasm-SIMD
+        # GEMM tile) against 4 x 16, bert_tiny's (128, 128) x (128, 512) 0.29 ms against 0.57, the model 3.3 against
+        # 5.3 ms; 77 rows take 7 x 4 (odd_transformer's (77, 200) x (200, 700) 0.40 ms, 0.75 in 7 x 8)
+        "dense": {
+            "split_k_tile_n": 4,
+            "tile_m": 4,
+            "tile_n": 8,
+            "tile_order": (0, 1),
+            "keep_accumulators": 1,
+        },
         # not measured: the register budget of the dense block above (16 accumulators)
         "conv1d": {"tile_oc": 4, "tile_ow": 16},
     },
@@ -178,13 +210,13 @@ def divisor_at_most(extent: int, limit: int) -> int:
     return 1
 
 
-def tile_or_tail(extent: int, limit: int) -> int:
-    """A register tile along `extent`: the largest divisor not above `limit` when it is at least half of it, else
+def tile_or_tail(extent: int, limit: int, least: float = 0.5) -> int:
+    """A register tile along `extent`: the largest divisor not above `limit` when it is at least `least` of it, else
     the fewest tiles of at most `limit`, balanced, the last one shorter (31 columns: 11 + 11 + 9; in tiles of 1,
     the only divisor, a conv ran 3.7x slower per output than over 32 columns). The template partitions the tile
     loop, so only the tail tile tests its bound, and the simplifier shortens its loops to it."""
     tile = divisor_at_most(extent, limit)
-    if 2 * tile >= min(limit, extent):
+    if tile >= least * min(limit, extent):
         return tile
     return -(-extent // -(-extent // limit))
 
@@ -731,6 +763,10 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     on the tile before it is stored, still in the blocked layout."""
     values = fallback(conv.op.tag, target)
     n, outer, oh, ow, inner = output.op.axis
+    pointwise = conv.op.tag == "conv2d_nchwc" and all(axis.extent == 1 for axis in conv.op.reduce_axis[1:-1])
+    pointwise_tile = pointwise and values["pointwise_tile_ow"] is not None
+    if pointwise_tile:
+        values.update(tile_ow=values["pointwise_tile_ow"], tile_blocks=values["pointwise_tile_blocks"])
     # the column tiles: the row's divisors and its balanced tilings whose last tile is shorter (31 columns:
     # 11 + 11 + 9), the fallback a divisor unless all of them are far below the tile (tile_or_tail)
     # The fallback keeps the accumulators of its full tile (tile_blocks x tile_ow of the defaults), enough
@@ -743,7 +779,10 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     blocks = divisor_at_most(outer.extent, values["tile_blocks"])
     block_vectors = -(-inner.extent // lanes(target, output.op.dtype))
     columns = vector_registers(target) // 2 // block_vectors
-    tile_ow = tile_or_tail(ow.extent, max(values["tile_ow"], min(accumulators // blocks, columns)))
+    # a pointwise tile keeps its columns with a shorter last tile rather than halve them (14 columns in 4, 4, 4, 2:
+    # mobilenet_v2's 64 -> 384 channels on 14 x 14 0.21 ms in V8, against 0.47 in 7 tiles of 2)
+    least = 0.75 if pointwise_tile else 0.5
+    tile_ow = tile_or_tail(ow.extent, max(values["tile_ow"], min(accumulators // blocks, columns)), least)
     cfg.define_split("tile_ow", ow, policy=column_tiles(ow.extent), default=tile_ow)
     more_blocks = accumulators // tile_ow
     while more_blocks > blocks and not _fits_registers(target, more_blocks, tile_ow, block_vectors):
@@ -817,13 +856,16 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # and odd_transformer's (1, 77, 200) x (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest
     # divisors of 77 and 200 up to 4 and 16), 0.185 ms in 7 x 8
     tile_n = values["tile_n"]
+    tile_m = _row_tile(i.extent, values["tile_m"])
+    if values["keep_accumulators"] and tile_m > values["tile_m"]:
+        tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
     while ragged and tile_n > width and j.extent % tile_n > width:
         tile_n //= 2
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
-        cfg.define_split("tile_m", i, default=_row_tile(i.extent, values["tile_m"]))
+        cfg.define_split("tile_m", i, default=tile_m)
         cfg.define_split("tile_n", j, policy=_ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
         cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
         _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")

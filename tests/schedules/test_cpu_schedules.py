@@ -393,7 +393,7 @@ def test_blocked_max_pool_keeps_a_register_tile_and_reads_its_padding_in_place(t
 @pytest.mark.parametrize("target", TARGETS)
 def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(target):
     """31 columns (SqueezeNet after a ceil_mode pool): the only divisor below the tile's limit is 1, so the tiles are
-    balanced, the last shorter (AVX-512's one filter block of 16 channels: 16 + 15; wasm's two blocks: 8 + 8 + 8 + 7),
+    balanced, the last shorter (AVX-512's one filter block of 16 channels: 16 + 15; wasm's two blocks: 4 x 7 + 3),
     the tile loop partitioned so the full tiles test nothing and the tail's loops are short (0.31 -> 0.08 ms for a
     16 -> 64 3x3 conv)."""
     graph, feeds = conv_graph((1, 8, 3, 31), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
@@ -542,9 +542,11 @@ def test_fallbacks_overlay_defaults():
     assert fallback("conv2d") == DEFAULTS["conv2d"]
     assert fallback("conv2d_nchwc", Target.parse("wasm")) == {
         **DEFAULTS["conv2d_nchwc"],
-        "tile_ow": 8,
+        "tile_ow": 7,
         "tile_blocks": 2,
         "taps": "inner",
+        "pointwise_tile_ow": 4,
+        "pointwise_tile_blocks": 1,
     }
     assert fallback("conv2d_nchwc", Target.parse("llvm -mattr=-avx512f")) == DEFAULTS["conv2d_nchwc"]
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
