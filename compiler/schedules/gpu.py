@@ -34,10 +34,10 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # threads over the outputs, or (cross_thread) one block per output whose threads share its reduction
     "reduce": {"num_thread": 256},
     # threads along the output positions, tile_w columns (at most; a divisor of the row) by tile_oc output channels
-    # per thread in registers; tile_w 4 ran faster on SwiftShader, but Chromium then took 170 s instead of 9 s to
-    # make resnet18's pipelines (docs/gpu.md), so the fallback keeps one column
-    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1},
-    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1},
+    # per thread in registers; cache 1 loads each reduction step's operands of the tile into registers once
+    # (webgpu's fallback: TARGET_DEFAULTS)
+    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1, "cache": 0},
+    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1, "cache": 0},
     # the seeds' schedule: a blocking_h x blocking_w output tile per block over one channel, its input tile and
     # filter in shared memory, num_thread_y x num_thread_x threads (the fallback aims at 2 x 2 outputs per thread),
     # vthread_y x vthread_x virtual threads interleaving each thread's outputs
@@ -50,13 +50,21 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "pool_max": {"num_thread": 128},
     "pool_avg": {"num_thread": 128},
 }
-# What a target kind's fallback changes in DEFAULTS. WebGPU's only measured adapters (Chromium's SwiftShader and
-# lavapipe) run a workgroup's invocations as SIMD lanes of a CPU thread, and a workgroupBarrier splits them into
-# coroutines: a shared-memory tile costs more there (in shader compilation above all) than the global reads it
-# saves, which the CPU's caches serve anyway. Measured (docs/gpu.md, "Fewer barriers for CPU adapters"): bert_tiny
-# 328 -> 255 ms a run and 3.3 -> 1.1 s to the first result on SwiftShader, 55 -> 29 ms on lavapipe.
+# What a target kind's fallback changes in DEFAULTS (docs/gpu.md, "Fewer barriers, cached conv tiles"). WebGPU's
+# only measured adapters (Chromium's SwiftShader and lavapipe) run a workgroup's invocations as SIMD lanes of a CPU
+# thread, and a workgroupBarrier splits them into coroutines: a shared-memory tile costs more there (in shader
+# compilation above all) than the global reads it saves, which the CPU's caches serve anyway (bert_tiny 328 -> 255
+# ms a run and 3.3 -> 1.1 s to the first result on SwiftShader, 55 -> 29 ms on lavapipe). A conv tile of 4 columns
+# whose operands are cached in registers runs a 64-channel 56x56 conv in 282 ms against 455 for one column and
+# compiles in 85 ms, where 4 uncached columns took SwiftShader 8 s to compile.
+_CONV_WEBGPU = {"tile_w": 4, "cache": 1}
 TARGET_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
-    "webgpu": {"dense": {"shared": 0}, "depthwise_conv2d": {"shared": 0}},
+    "webgpu": {
+        "dense": {"shared": 0},
+        "depthwise_conv2d": {"shared": 0},
+        "conv2d": _CONV_WEBGPU,
+        "conv1d": _CONV_WEBGPU,
+    },
 }
 
 THREAD_CHOICES = (32, 64, 128, 256, 512, 1024)
@@ -332,6 +340,12 @@ def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: C
     widths = [width for width in TILE_WIDTHS if width <= max(1, columns.extent)]
     width = max((w for w in widths if columns.extent % w == 0 and w <= values["tile_w"]), default=1)
     cfg.define_knob("tile_w", widths, default=width)
+    # cache 1: per reduction step, the tile's input values and weights are loaded once into registers, so each
+    # multiply-add reads registers only (without it each of the tile's multiply-adds loads both operands itself)
+    cfg.define_knob("cache", [0, 1], default=values["cache"])
+    caches = []
+    if cfg["cache"].val:
+        caches = [schedule.cache_read(t, "local", [conv.op.output(0)]) for t in dict.fromkeys(conv.op.input_tensors)]
     oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
     runs, column = output.split(columns, cfg["tile_w"].val)
     outer = [*spatial[:-1], runs]
@@ -348,6 +362,11 @@ def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: C
     conv.reorder(cn, *cspatial[:-1], *conv.op.reduce_axis, cspatial[-1], coc)
     conv.unroll(cspatial[-1])
     conv.unroll(coc)
+    for cache in caches:
+        stage = schedule[cache]
+        stage.compute_at(conv, conv.op.reduce_axis[-1])
+        for axis in stage.op.axis:
+            stage.unroll(axis)
 
 
 def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
