@@ -24,7 +24,7 @@ from compiler.te.tensor import ComputeOp, IterVar
 from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every GPU tuning task's key: bump it when a template's knobs change meaning.
-SPACE_VERSION = 2
+SPACE_VERSION = 3
 
 # Each template's fallback config by knob name, clipped to the target's threads per block. A split's value is the
 # inner sizes its fallback is at most.
@@ -34,21 +34,37 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # threads over the outputs, or (cross_thread) one block per output whose threads share its reduction
     "reduce": {"num_thread": 256},
     # threads along the output positions, tile_w columns (at most; a divisor of the row) by tile_oc output channels
-    # per thread in registers; tile_w 4 ran faster on SwiftShader, but Chromium then took 170 s instead of 9 s to
-    # make resnet18's pipelines (docs/gpu.md), so the fallback keeps one column
-    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1},
-    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1},
+    # per thread in registers; cache 1 loads each reduction step's operands of the tile into registers once
+    # (webgpu's fallback: TARGET_DEFAULTS)
+    "conv2d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1, "cache": 0},
+    "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1, "cache": 0},
     # the seeds' schedule: a blocking_h x blocking_w output tile per block over one channel, its input tile and
     # filter in shared memory, num_thread_y x num_thread_x threads (the fallback aims at 2 x 2 outputs per thread),
     # vthread_y x vthread_x virtual threads interleaving each thread's outputs
-    "depthwise_conv2d": {"blocking_h": 32, "blocking_w": 32, "vthread_y": 1, "vthread_x": 1},
+    "depthwise_conv2d": {"blocking_h": 32, "blocking_w": 32, "vthread_y": 1, "vthread_x": 1, "shared": 1},
     # a block of (threads x register tile) rows and columns, A's and B's tiles of tile_k along k in shared memory;
     # 16-row blocks waste less of a token count that is no multiple of 32, and 64 threads with tile_k 16 halve the
     # barriers per multiply-add of 128 threads with tile_k 8 (docs/gpu.md, "Register tiles for the browser")
-    "dense": {"tile_y": (4, 4), "tile_x": (16, 4), "tile_k": 16},
+    "dense": {"tile_y": (4, 4), "tile_x": (16, 4), "tile_k": 16, "shared": 1},
     # one output per thread, the window's taps unrolled
     "pool_max": {"num_thread": 128},
     "pool_avg": {"num_thread": 128},
+}
+# What a target kind's fallback changes in DEFAULTS (docs/gpu.md, "Fewer barriers, cached conv tiles"). WebGPU's
+# only measured adapters (Chromium's SwiftShader and lavapipe) run a workgroup's invocations as SIMD lanes of a CPU
+# thread, and a workgroupBarrier splits them into coroutines: a shared-memory tile costs more there (in shader
+# compilation above all) than the global reads it saves, which the CPU's caches serve anyway (bert_tiny 328 -> 255
+# ms a run and 3.3 -> 1.1 s to the first result on SwiftShader, 55 -> 29 ms on lavapipe). A conv tile of 4 columns
+# whose operands are cached in registers runs a 64-channel 56x56 conv in 282 ms against 455 for one column and
+# compiles in 85 ms, where 4 uncached columns took SwiftShader 8 s to compile.
+_CONV_WEBGPU = {"tile_w": 4, "cache": 1}
+TARGET_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
+    "webgpu": {
+        "dense": {"shared": 0},
+        "depthwise_conv2d": {"shared": 0},
+        "conv2d": _CONV_WEBGPU,
+        "conv1d": _CONV_WEBGPU,
+    },
 }
 
 THREAD_CHOICES = (32, 64, 128, 256, 512, 1024)
@@ -61,7 +77,7 @@ TILE_WIDTHS = (1, 2, 4, 8)
 
 def fallback(kind: str, target: Target) -> dict[str, object]:
     """The template's fallback knob values, the thread counts clipped to what one block of `target` may run."""
-    values = dict(DEFAULTS[kind])
+    values = {**DEFAULTS[kind], **TARGET_DEFAULTS.get(target.kind, {}).get(kind, {})}
     if "num_thread" in values:
         values["num_thread"] = min(values["num_thread"], target.device.max_threads)
     return values
@@ -324,6 +340,12 @@ def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: C
     widths = [width for width in TILE_WIDTHS if width <= max(1, columns.extent)]
     width = max((w for w in widths if columns.extent % w == 0 and w <= values["tile_w"]), default=1)
     cfg.define_knob("tile_w", widths, default=width)
+    # cache 1: per reduction step, the tile's input values and weights are loaded once into registers, so each
+    # multiply-add reads registers only (without it each of the tile's multiply-adds loads both operands itself)
+    cfg.define_knob("cache", [0, 1], default=values["cache"])
+    caches = []
+    if cfg["cache"].val:
+        caches = [schedule.cache_read(t, "local", [conv.op.output(0)]) for t in dict.fromkeys(conv.op.input_tensors)]
     oc_outer, oc_inner = cfg["tile_oc"].apply(schedule, output, oc)
     runs, column = output.split(columns, cfg["tile_w"].val)
     outer = [*spatial[:-1], runs]
@@ -340,6 +362,11 @@ def _conv(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: C
     conv.reorder(cn, *cspatial[:-1], *conv.op.reduce_axis, cspatial[-1], coc)
     conv.unroll(cspatial[-1])
     conv.unroll(coc)
+    for cache in caches:
+        stage = schedule[cache]
+        stage.compute_at(conv, conv.op.reduce_axis[-1])
+        for axis in stage.op.axis:
+            stage.unroll(axis)
 
 
 def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
@@ -379,13 +406,19 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
             ty * tx <= limit
             and rows % (ty * vy) == 0
             and columns % (tx * vx) == 0
-            and _shared_bytes((tile, data.dtype), (math.prod(taps), filters.dtype)) <= target.device.shared_bytes
+            and (
+                not config["shared"].val
+                or _shared_bytes((tile, data.dtype), (math.prod(taps), filters.dtype)) <= target.device.shared_bytes
+            )
         )
 
+    cfg.define_knob("shared", [0, 1], default=values["shared"])
     cfg.add_filter(fits)
-    caches = [schedule.cache_read(filters, "shared", [conv.op.output(0)])]
-    if tiled:
-        caches.insert(0, schedule.cache_read(data, "shared", [conv.op.output(0)]))
+    caches = []
+    if cfg["shared"].val:
+        caches = [schedule.cache_read(filters, "shared", [conv.op.output(0)])]
+        if tiled:
+            caches.insert(0, schedule.cache_read(data, "shared", [conv.op.output(0)]))
     threads_y, threads_x = cfg["num_thread_y"].val, cfg["num_thread_x"].val
     row_blocks, rows = cfg["blocking_h"].apply(schedule, output, oh)
     column_blocks, columns = cfg["blocking_w"].apply(schedule, output, ow)
@@ -450,17 +483,19 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     operands = list(dict.fromkeys(dense.op.input_tensors)) if partial_op is None else []
     if partial_op is None:
         cfg.define_split("tile_k", dense.op.reduce_axis[0], policy="power2", default=values["tile_k"])
+        cfg.define_knob("shared", [0, 1], default=values["shared"])
 
     def fits(config) -> bool:
         (_, ty, ry), (_, tx, rx) = config["tile_y"].size, config["tile_x"].size
-        if partial_op is not None:
+        if partial_op is not None or not config["shared"].val:
             return ty * tx <= limit
         step = config["tile_k"].size[-1]
         tiles = [(ty * ry * step, operands[0].dtype), (tx * rx * step, operands[-1].dtype)]
         return ty * tx <= limit and _shared_bytes(*tiles) <= target.device.shared_bytes
 
     cfg.add_filter(fits)
-    caches = [schedule.cache_read(t, "shared", [dense.op.output(0)]) for t in operands]
+    shared = partial_op is None and cfg["shared"].val
+    caches = [schedule.cache_read(t, "shared", [dense.op.output(0)]) for t in operands] if shared else []
     i_block, i_thread, i_inner = cfg["tile_y"].apply(schedule, output, i)
     j_block, j_thread, j_inner = cfg["tile_x"].apply(schedule, output, j)
     output.reorder(*batch, i_block, j_block, i_thread, j_thread, i_inner, j_inner)
@@ -511,4 +546,4 @@ TEMPLATES = {
     "pool_avg": _pool,
 }
 
-__all__ = ["DEFAULTS", "SPACE_VERSION", "TEMPLATES", "fallback", "schedule_group"]
+__all__ = ["DEFAULTS", "SPACE_VERSION", "TARGET_DEFAULTS", "TEMPLATES", "fallback", "schedule_group"]
