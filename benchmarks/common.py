@@ -200,12 +200,15 @@ def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSessio
 
 
 def interleaved(runs, repeat: int, block: int = 1, pause_s: float = 0.0, interval_s: float = 0.0) -> list[list[float]]:
-    """Milliseconds of `repeat` runs of each of `runs`, after WARMUP runs of each: `block` runs of one, then `block`
-    of the next (A B A B ... when block is 1), with `pause_s` seconds idle after each block and `interval_s` idle
-    before each timed run (a caller that runs the model now and then, not back to back)."""
-    for _ in range(WARMUP):
-        for run in runs:
+    """Milliseconds of `repeat` runs of each of `runs`, after WARMUP runs of each (each one's warm-up followed by
+    `pause_s` idle): `block` runs of one, then `block` of the next (A B A B ... when block is 1), with `pause_s`
+    seconds idle after each block and `interval_s` idle before each timed run (a caller that runs the model now and
+    then, not back to back)."""
+    for run in runs:
+        for _ in range(WARMUP):
             run()
+        # the warm-up is a block too: one side's spinning threads must not run into the other's first timed block
+        time.sleep(pause_s)
     times = [[] for _ in runs]
     while len(times[-1]) < repeat:
         count = min(block, repeat - len(times[-1]))
