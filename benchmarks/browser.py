@@ -36,7 +36,7 @@ ORT_FILES = {
     "wasm": ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"),
 }
 # issue 13's models; bert_tiny is its transformer encoder block (two post-norm encoder layers over a float32 input of
-# summed embeddings). resnet18 runs with --models resnet18: on SwiftShader one run takes seconds and a load minutes.
+# summed embeddings). resnet18 runs with --models resnet18: on SwiftShader a run takes about 4 s and ort-web's load 15 s.
 DEFAULT = ("mobilenet_v2", "mlp", "dwconv_block", "bert_tiny", "vit_tiny")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking"]
 

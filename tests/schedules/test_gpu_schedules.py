@@ -226,6 +226,19 @@ def test_matmul_tiles_in_shared_memory(target, a_shape, b_shape):
     check(graph, feeds, target, lambda space: {**space.fallback.to_json(), "shared": 1 - space.fallback["shared"].val})
 
 
+def test_webgpu_caches_a_conv_tiles_operands_unless_the_conv_is_grouped():
+    """webgpu's conv fallback loads each reduction step's inputs and weights of the 4-column tile into registers; a
+    grouped conv's channel tile may cross a group's end, so its space has no cache."""
+    plain, feeds = conv_graph((1, 8, 10, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "relu6")
+    tir = tir_of(check(plain, feeds, "webgpu"))
+    assert re.search(r"allocate pad\.local: float32\[1, 1, 1, 4\] local", tir), tir
+    grouped, feeds = conv_graph((2, 8, 5, 7), (12, 4, 1, 1), {"group": 2}, "relu6")
+    kernels = check(grouped, feeds, "webgpu")
+    assert ".local" not in tir_of(kernels)
+    (_, space), *_ = kernels
+    assert list(space.knobs["cache"].choices) == [0]
+
+
 def test_webgpu_fallbacks_have_no_shared_tiles_or_barriers():
     """On WebGPU the depthwise and matmul fallbacks keep their thread tiles but read global memory: the measured
     adapters (SwiftShader, lavapipe) pay more for a barrier than a CPU cache does for the reads (docs/gpu.md)."""
