@@ -507,7 +507,8 @@ class _FunctionEmitter(StmtVisitor):
         if node.kind == ForKind.VECTORIZED and isinstance(node.extent, Const) and self.vector_var is None:
             lanes = int(node.extent.value)
             if 1 < lanes <= _MAX_LANES and can_widen(node.body, node.var):
-                self.widen(node, start, lanes)
+                for first, count in _vector_pieces(lanes, self.target.vector_bytes // 4):
+                    self.widen(node, self.builder.add(start, ir.Constant(start.type, first)), count, first == 0)
                 return
         if node.kind in (ForKind.VECTORIZED, ForKind.UNROLLED) and isinstance(node.extent, Const):
             if int(node.extent.value) <= _MAX_LANES:
@@ -549,11 +550,12 @@ class _FunctionEmitter(StmtVisitor):
         b.branch(header)
         b.position_at_end(done)
 
-    def widen(self, node: For, start: ir.Value, lanes: int) -> None:
+    def widen(self, node: For, start: ir.Value, lanes: int, first: bool = True) -> None:
+        """The body once over `lanes` lanes from `start`; `first`: they begin at the loop's own start."""
         steps = ir.Constant(ir.VectorType(start.type, lanes), list(range(lanes)))
         self.values[node.var] = self.builder.add(self.broadcast(start, lanes), steps)
         self.vector_var = node.var
-        self.vector_from_zero = isinstance(node.min, Const) and int(node.min.value) == 0
+        self.vector_from_zero = first and isinstance(node.min, Const) and int(node.min.value) == 0
         try:
             self.visit(node.body)
         finally:
@@ -891,6 +893,16 @@ def _float_resize(b: ir.IRBuilder, value: ir.Value, target_type: ir.Type) -> ir.
 def _lanes_of(b: ir.IRBuilder, vector: ir.Value, first: int, count: int) -> ir.Value:
     """Lanes first .. first + count - 1 of `vector`, as a vector of `count`."""
     return b.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(_I32, count), list(range(first, first + count))))
+
+
+def _vector_pieces(lanes: int, native: int) -> list[tuple[int, int]]:
+    """(first lane, count) of the vectors a vector loop of `lanes` is emitted as: one when it is at most a `native`
+    vector or a power of two wide, else native vectors and the remnant. LLVM kept the accumulators of a 28-lane loop
+    (a MatMul's last column tile of 700) in stack memory, moving them lane by lane with vinsertps; as 16 + 12 lanes
+    they stay in registers."""
+    if lanes <= native or lanes & (lanes - 1) == 0:
+        return [(0, lanes)]
+    return [(first, min(native, lanes - first)) for first in range(0, lanes, native)]
 
 
 def _concatenate(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:

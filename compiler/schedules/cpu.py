@@ -850,17 +850,21 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     *batch, i, j = output.op.axis
     width = lanes(target, output.op.dtype)
     # the column tile is the largest divisor of whole vectors up to tile_n. A row with none of at least half of it
-    # (attention over 77 tokens; 200 columns in 16 lanes) is tiled by powers of two with a guarded last tile, the
-    # loop over column tiles serial and partitioned so only that tile tests it, and the tail no wider than one
-    # vector: the divisors of 77 gave 7 x 11-lane tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups),
-    # and odd_transformer's (1, 77, 200) x (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest
-    # divisors of 77 and 200 up to 4 and 16), 0.185 ms in 7 x 8
+    # (attention over 77 tokens; 200 columns in 16 lanes) takes the fallback's tile with a guarded last tile, the
+    # loop over column tiles serial and partitioned so only that tile tests it: the divisors of 77 gave 7 x 11-lane
+    # tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups), and odd_transformer's (1, 77, 200) x
+    # (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest divisors of 77 and 200 up to 4 and 16),
+    # 0.185 ms in 7 x 8. The tail is not narrowed to one vector: codegen emits a vector loop wider than a register
+    # and no power of two as registers and a remnant (_vector_pieces), so a 28-lane tail of 700 columns costs what
+    # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
+    # tile that narrowing chose; onnxruntime 0.095). The tile is halved only while the block does not fit the
+    # registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms against 0.23 in 7 x 8)
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
     if values["keep_accumulators"] and tile_m > values["tile_m"]:
         tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
-    while ragged and tile_n > width and j.extent % tile_n > width:
+    while ragged and tile_n > width and not _dense_fits_registers(target, tile_m, -(-tile_n // width)):
         tile_n //= 2
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
@@ -930,6 +934,12 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     if cfg["unroll_m"].val:
         dense.unroll(di)
     dense.vectorize(dj)
+
+
+def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:
+    """Whether a dense block of `rows` x `vectors` accumulators fits the vector registers with the vectors of B it
+    loads per step and the broadcast of A's element."""
+    return rows * vectors + vectors + 1 <= vector_registers(target)
 
 
 def _vector_divisor(extent: int, limit: int, width: int) -> int:

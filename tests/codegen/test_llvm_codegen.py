@@ -13,6 +13,7 @@ from codegen_helpers import TARGETS, elementwise, index, loop, unary_call
 from compiler.build import build_func
 from compiler.codegen.llvm import generate_module
 from compiler.errors import TargetError
+from compiler.target import Target
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, IfThenElse, Let, Logical, Select, Var
 from compiler.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Store
 
@@ -442,6 +443,24 @@ def test_unrolled_and_wide_vectorized_loops(target):
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("lanes", [28, 48, 12])
+def test_odd_wide_vector_loops_are_emitted_as_register_vectors_and_a_remnant(target, lanes):
+    """A vector loop wider than a register and no power of two (a ragged row's last tile) is cut into register-wide
+    vectors and the rest; LLVM legalized a 28-lane loop's values lane by lane through the stack."""
+    func = elementwise("odd", ["float32"] * 3, "float32", 5 * lanes, lambda a, b, c: (a + b) * c, lanes=lanes)
+    a, b, c = (RNG.standard_normal(5 * lanes).astype("float32") for _ in range(3))
+    kernel, (*_, out) = run(func, target, a, b, c)
+    np.testing.assert_allclose(out, (a + b) * c, rtol=1e-6)
+    native = Target.parse(target).vector_bytes // 4
+    shapes = {int(count) for count in re.findall(r"<(\d+) x float>", kernel.source("ll"))}
+    if lanes > native:
+        assert shapes and max(shapes) <= native, shapes
+        assert lanes % native in shapes | {0}, shapes
+    else:
+        assert lanes in shapes, shapes
+
+
 # ---- parallel and GPU-style loops on CPU ------------------------------------------------------
 
 
@@ -613,7 +632,8 @@ def test_vectorized_fused_axis_with_floor_index_math(target):
     x = RNG.standard_normal((rows, cols)).astype("float32")
     kernel, (_, out) = run(func, target, x)
     np.testing.assert_array_equal(out, x.T + 1)
-    assert "<10 x float>" in kernel.source("ll")
+    # one vector of 10 lanes, or (wasm's 4 lanes) register-wide pieces of it
+    assert f"<{min(10, Target.parse(target).vector_bytes // 4)} x float>" in kernel.source("ll")
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -12,7 +12,15 @@ from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
-from compiler.schedules.cpu import DEFAULTS, divisor_at_most, fallback, lanes, schedule_group, vector_factor
+from compiler.schedules.cpu import (
+    DEFAULTS,
+    divisor_at_most,
+    fallback,
+    lanes,
+    schedule_group,
+    vector_factor,
+    vector_registers,
+)
 from compiler.target import Target
 from compiler.tune.space import ConfigSpace
 
@@ -259,8 +267,8 @@ def test_matmul_whose_row_no_vector_divides_ends_in_one_shorter_vector(target, a
     graph.outputs = list(graph.add_node("MatMul", [a, b]))
     feeds = {"a": RNG.standard_normal(a_shape).astype(np.float32), "b": RNG.standard_normal(b_shape).astype(np.float32)}
     tir = anchor_kernel(check(graph, feeds, target))
-    width = Target.parse(target).vector_bytes // 4
-    tail = b_shape[-1] % width
+    tile = 1 << (min(fallback("dense", Target.parse(target))["tile_n"], b_shape[-1]).bit_length() - 1)
+    tail = b_shape[-1] % tile
     assert re.search(rf"\(ax[\w.]*: int32, 0, {tail}\) vectorized", tir), tir
     assert not re.search(r"vectorized \{\n\s*if", tir), tir
 
@@ -277,6 +285,29 @@ def test_matmul_tiles_are_whole_vectors_and_rows_take_a_divisor_above_the_tile(t
     extents = [int(size) for size in re.findall(r"\(ax[\w.]*: int32, 0, (\d+)\) vectorized", tir)]
     assert extents and all(size % width == 0 or size < width for size in extents), tir  # a tail: one short vector
     assert re.search(r"allocate batch_matmul(\.local)?: float32\[1, 7, \d+\] local", tir), tir
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+@pytest.mark.parametrize(("rows", "block_rows", "depth", "columns"), [(77, 7, 200, 700), (77, 7, 9, 59)])
+def test_ragged_matmul_columns_keep_a_wide_tile_while_it_fits_the_registers(target, rows, block_rows, depth, columns):
+    """700 columns in 16 lanes have no whole-vector divisor: the column tile stays the fallback's tile_n (two
+    vectors on AVX-512, with a 28-column last tile), halved only while the block of accumulators, the vectors of B
+    and A's broadcast do not fit the vector registers, not until the tail fits one vector; the tail's odd-width
+    vectors are codegen's to cut into registers. 59 columns: a prime. (Wasm's blocks keep their accumulators by
+    narrowing the columns of a tall row tile: keep_accumulators.)"""
+    graph = Graph()
+    a = graph.add_input("a", TensorType((1, rows, depth), "float32"))
+    bias = param(graph, (columns,))
+    graph.outputs = list(graph.add_node("Add", [*graph.add_node("MatMul", [a, param(graph, (depth, columns))]), bias]))
+    tir = anchor_kernel(check(graph, {"a": RNG.standard_normal((1, rows, depth)).astype(np.float32)}, target))
+    parsed = Target.parse(target)
+    width, tile = lanes(parsed, "float32"), fallback("dense", parsed)["tile_n"]
+    while tile > width and block_rows * (tile // width) + tile // width + 1 > vector_registers(parsed):
+        tile //= 2
+    tile = min(tile, 1 << (columns.bit_length() - 1))
+    block = rf"allocate batch_matmul(\.local)?: float32\[1, {block_rows}, {tile}\] local"
+    assert re.search(block, tir), tir
+    assert re.search(rf"\(ax[\w.]*: int32, 0, {columns % tile}\) vectorized", tir), tir
 
 
 @pytest.mark.parametrize("target", TARGETS)
