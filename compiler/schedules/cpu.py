@@ -134,6 +134,10 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         },
         # not measured: the register budget of the dense block above (16 accumulators)
         "conv1d": {"tile_oc": 4, "tile_ow": 16},
+        # an NCHW conv's 8 x 16 (32 accumulators) spills in V8 too; at most 2 channels x 16 columns (8): Node 20,
+        # 1 thread, odd_convnet's 3-group dilated 3x3 conv (45 channels, so 1 x 16) on 49 x 66 1.38 ms against 2.41
+        # in 5 x 16 (3 x 8: 1.89, 5 x 8: 2.05, 3 x 12: 2.80), the model 3.18 against 4.25 ms
+        "conv2d": {"tile_oc": 2, "tile_ow": 16},
     },
     # AVX-512: 2 filter blocks x 8 columns. 3x3 convs, 1 thread, interleaved (Module.profile): 64 channels on 56 x 56
     # 0.90 ms against 0.99 with 1 x 14, 128 on 28 x 28 0.91 against 1.01, 256 on 14 x 14 0.90 against 1.00 (and
