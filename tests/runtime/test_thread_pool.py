@@ -4,6 +4,7 @@ work threshold is emitted without a pool call and never reaches the pool; whole 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -130,9 +131,7 @@ def test_workers_confined_to_the_callers_only_cpu_still_give_one_threads_results
     with the process confined to one CPU, every job at 2 and 3 threads collides, and the worker stays and works."""
     size = 1 << 16
     x = np.random.default_rng(1).standard_normal(size).astype("float32")
-    saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(saved)})
-    try:
+    with confined_to(min(os.sched_getaffinity(0))):
         kernel = build_func(affine_func(size), num_threads=1)
         expected = np.zeros_like(x)
         kernel(x, expected)
@@ -144,8 +143,6 @@ def test_workers_confined_to_the_callers_only_cpu_still_give_one_threads_results
                 kernel(x, out)
                 np.testing.assert_array_equal(out, expected)
         assert kernel.runtime.pool_jobs == 60
-    finally:
-        os.sched_setaffinity(0, saved)
 
 
 def threads_of_this_process() -> set[int]:
@@ -165,9 +162,19 @@ def kernel_and_its_worker(size: int):
     return kernel, x, out, workers
 
 
-def confine_and_let_workers_sleep(cpu: int) -> None:
-    """Confine the calling thread to `cpu`, then wait until idle workers sleep (they spin 0.3 ms, then sleep)."""
+@contextlib.contextmanager
+def confined_to(cpu: int):
+    """The calling thread confined to `cpu` inside the block, its affinity given back after; yields that affinity."""
+    saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {cpu})
+    try:
+        yield saved
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def let_workers_sleep() -> None:
+    """Wait until idle workers sleep: they spin 0.3 ms, then sleep."""
     time.sleep(0.05)
 
 
@@ -177,15 +184,12 @@ def test_a_caller_takes_its_cpu_out_of_sleeping_workers_affinity_before_waking_t
     keep_workers_off): before waking sleepers, the caller leaves its CPU out of their affinity."""
     size = 1 << 21  # 4 operations an element: above the pool's wake threshold
     kernel, x, out, workers = kernel_and_its_worker(size)
-    saved = os.sched_getaffinity(0)
-    try:
-        for cpu in sorted(saved)[:2]:
-            confine_and_let_workers_sleep(cpu)
+    for cpu in sorted(os.sched_getaffinity(0))[:2]:
+        with confined_to(cpu) as saved:
+            let_workers_sleep()
             kernel(x, out)
             for tid in workers:
                 assert os.sched_getaffinity(tid) == saved - {cpu}
-    finally:
-        os.sched_setaffinity(0, saved)
     np.testing.assert_array_equal(out, x * 3 + 1)
 
 
@@ -196,16 +200,13 @@ def test_jobs_below_the_wake_threshold_wake_sleepers_once_their_work_adds_up_to_
     WAKE_MIN_WORK). Waking is seen as keep_workers_off's change to the worker's affinity."""
     size = 786_432  # 4 operations an element
     kernel, x, out, workers = kernel_and_its_worker(size)
-    saved = os.sched_getaffinity(0)
-    cpu = sorted(saved)[0]
-    try:
-        confine_and_let_workers_sleep(cpu)
+    cpu = min(os.sched_getaffinity(0))
+    with confined_to(cpu) as saved:
+        let_workers_sleep()
         for _ in range(4):
             kernel(x, out)
         for tid in workers:
             assert os.sched_getaffinity(tid) == saved - {cpu}
-    finally:
-        os.sched_setaffinity(0, saved)
     np.testing.assert_array_equal(out, x * 3 + 1)
 
 
