@@ -398,7 +398,8 @@ class WasmExecutor {
     this.memory = memory;
     this.instance = instance;
     this.entry = instance.exports[manifest.entry.name];
-    // threaded variants: wakes sleeping workers as a run starts (bundles built before it have none)
+    // threaded variants built before their run entry woke the pool itself (tessel_pool_run) export this for the host
+    // to call as a run starts; newer ones do not
     this.wakePool = instance.exports.tessel_pool_wake;
     this.workers = [];
     let end = roundUp(instance.exports.__heap_base.value, ALIGNMENT);

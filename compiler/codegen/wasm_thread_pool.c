@@ -12,8 +12,9 @@
    - idle workers spin SPIN_ROUNDS rounds (the gaps between one kernel's loop and the next within a run), then sleep
      with memory.atomic.wait32; a caller wakes them only for a large job or after DENSE_JOBS jobs without waking
      (wasm has no clock of its own to tell a dense sequence of jobs from a sparse one);
-   - the host calls tessel_pool_wake() as each run starts: a run is the dense sequence the pool cannot see, so the
-     workers are woken then, while the first kernels run, if the jobs since the last run did RUN_WAKE_MIN_WORK. */
+   - a model's run entry calls tessel_pool_run() as the run starts, with its loops' work summed at compile time: a
+     run is the dense sequence the pool cannot see, so the workers are woken then, while the first kernels run, if
+     that work reaches RUN_WAKE_MIN_WORK. */
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -44,7 +45,6 @@ static struct {
     void *closure;
     int32_t threads;
     int32_t jobs_since_wake;
-    int64_t work_since_run; /* operations handed to the pool since the last tessel_pool_wake */
 } pool;
 
 /* Jobs handed to the pool and the times a worker took part in one, for tests and benchmarks. */
@@ -97,18 +97,8 @@ static void wake_sleepers(void) {
     __builtin_wasm_memory_atomic_notify((int32_t *)&pool.generation, (uint32_t)-1);
 }
 
-/* Called by the host on the calling thread before each run: wakes the sleepers when the last run's loops (the jobs
-   since the previous call) did enough work. A bumped generation with no job open sends them back to spinning. */
-EXPORT("tessel_pool_wake") void tessel_pool_wake(void) {
-    int worth_waking = pool.work_since_run >= RUN_WAKE_MIN_WORK;
-    pool.work_since_run = 0;
-    if (!worth_waking || atomic_load(&pool.sleepers) == 0) return;
-    atomic_fetch_add(&pool.generation, 1);
-    wake_sleepers();
-}
-
 /* Called by a model's run entry as the run starts, with its pooled loops' work summed at compile time (-1: unknown):
-   the same rule as tessel_pool_wake, from the run's own estimate rather than the last run's. */
+   wakes the sleepers when that is enough work. A bumped generation with no job open sends them back to spinning. */
 void tessel_pool_run(int32_t threads, int64_t work) {
     if (threads == 1 || (work >= 0 && work < RUN_WAKE_MIN_WORK) || atomic_load(&pool.sleepers) == 0) return;
     atomic_fetch_add(&pool.generation, 1);
@@ -129,7 +119,6 @@ void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_t work)
     atomic_fetch_add_explicit(&jobs, 1, memory_order_relaxed);
     atomic_store(&pool.state, OPEN);
     atomic_fetch_add(&pool.generation, 1);
-    pool.work_since_run += work < 0 ? RUN_WAKE_MIN_WORK : work;
     if (work < 0 || work >= WAKE_MIN_WORK || ++pool.jobs_since_wake >= DENSE_JOBS) wake_sleepers();
     body(closure, threads);
     uint32_t state = atomic_fetch_and(&pool.state, ~OPEN) & ~OPEN;

@@ -164,7 +164,8 @@ class WasmModel:
         self.entry = self.instance.exports[entry]
         ctypes.memmove(self._base() + self.params_offset, params, len(params))
         self.threads = 1 + len(stacks)
-        # wakes sleeping workers as a run starts, as tessel.js does (wasm_thread_pool.c, tessel_pool_wake)
+        # bundles built before their run entry woke the pool itself (wasm_thread_pool.c, tessel_pool_run) export this
+        # for the host to call as a run starts, as tessel.js does; newer ones do not
         self.wake_pool = self.instance.exports.get("tessel_pool_wake") if stacks else None
         for stack in stacks:
             threading.Thread(target=_worker, args=(self.instance, stack + WASM_STACK_BYTES), daemon=True).start()
