@@ -481,7 +481,9 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     partial_op = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
     # powers of two, the last tile guarded: a prime extent (77 tokens, 37 rows) would leave one thread per row
     cfg.define_split("tile_y", i, num_outputs=3, policy="power2", default=values["tile_y"])
-    cfg.define_split("tile_x", j, num_outputs=3, policy="power2", default=values["tile_x"])
+    # read from global memory, a block of columns that divides the row count guards no multiply-add
+    columns = values["tile_x"] if values["shared"] else _dividing_tile(j.extent, values["tile_x"])
+    cfg.define_split("tile_x", j, num_outputs=3, policy="power2", default=columns)
     limit = target.device.max_threads
     operands = list(dict.fromkeys(dense.op.input_tensors)) if partial_op is None else []
     if partial_op is None:
@@ -528,6 +530,19 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         stage = schedule[cache]
         stage.compute_at(dense, k_outer)
         _bind_cooperative(stage, threads_y, threads_x)
+
+
+def _dividing_tile(extent: int, tile: tuple[int, int]) -> tuple[int, int]:
+    """`tile` (threads, registers per thread) shrunk to the widest power of two that divides `extent`, registers
+    first kept: the fallback's columns of a dense template without shared tiles. A block that overhangs the last
+    columns guards each of its multiply-adds, inside the k loop (odd_transformer's Linear layers, 200 and 700 columns: a run on
+    SwiftShader took 996 ms with 64-column blocks, 395 ms with blocks of 8 and 4 columns; docs/gpu.md)."""
+    threads, registers = tile
+    width = max(size for size in (1, 2, 4, 8, 16, 32, 64, 128) if size <= threads * registers and extent % size == 0)
+    if width == threads * registers:
+        return tile
+    registers = min(registers, width)
+    return (width // registers, registers)
 
 
 def _pool(schedule: Schedule, pool: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:

@@ -248,6 +248,23 @@ def test_webgpu_fallbacks_have_no_shared_tiles_or_barriers():
     assert re.search(r"allocate conv: float32\[1, 1, 2, 2\] local", tir), tir
 
 
+@pytest.mark.parametrize(
+    ("columns", "webgpu_block", "opencl_block"), [(200, 8, 64), (700, 4, 64), (13, 1, 16), (192, 64, 64)]
+)
+def test_webgpu_dense_fallback_blocks_divide_the_columns(columns, webgpu_block, opencl_block):
+    """Without shared tiles (webgpu), the dense fallback's block of columns is the widest power of two up to 64 that
+    divides the column count, so no multiply-add is guarded (odd_transformer, docs/gpu.md); opencl's shared-tile
+    fallback keeps its 64 columns (fewer only where the columns are fewer)."""
+    for target, block in (("webgpu", webgpu_block), ("opencl", opencl_block)):
+        graph = Graph()
+        x = graph.add_input("x", TensorType((9, 40), "float32"))
+        graph.outputs = list(graph.add_node("MatMul", [x, param(graph, (40, columns))], {}))
+        feeds = {"x": RNG.standard_normal((9, 40)).astype(np.float32)}
+        ((_, space),) = check(graph, feeds, target)
+        _, threads, registers = space.fallback["tile_x"].size
+        assert (threads * registers, registers) == (block, min(4, block)), (target, columns, threads, registers)
+
+
 def test_gemm_with_transposed_b_and_bias():
     """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/ops/nn.py)."""
     graph, x, feeds = single_input((4, 24))
