@@ -24,15 +24,17 @@ from compiler.te.tensor import ComputeOp, IterVar
 from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every GPU tuning task's key: bump it when a template's knobs change meaning.
-SPACE_VERSION = 3
+SPACE_VERSION = 4
 
 # Each template's fallback config by knob name, clipped to the target's threads per block. A split's value is the
 # inner sizes its fallback is at most.
 DEFAULTS: dict[str, dict[str, object]] = {
     # one output element per thread
     "injective": {"num_thread": 256},
-    # threads over the outputs, or (cross_thread) one block per output whose threads share its reduction
-    "reduce": {"num_thread": 256},
+    # threads over the outputs, or (cross_thread) one block per output (a softmax's or layer norm's row) whose
+    # threads share its reduction; serial_row: the longest reduction the fallback leaves to one thread whatever the
+    # rule below says (0: the rule alone, and a row's statistics always shared by a block)
+    "reduce": {"num_thread": 256, "serial_row": 0},
     # threads along the output positions, tile_w columns (at most; a divisor of the row) by tile_oc output channels
     # per thread in registers; cache 1 loads each reduction step's operands of the tile into registers once
     # (webgpu's fallback: TARGET_DEFAULTS)
@@ -58,8 +60,12 @@ DEFAULTS: dict[str, dict[str, object]] = {
 # whose operands are cached in registers runs a 64-channel 56x56 conv in 282 ms against 455 for one column and
 # compiles in 85 ms, where 4 uncached columns took SwiftShader 8 s to compile.
 _CONV_WEBGPU = {"tile_w": 4, "cache": 1}
+# A row reduction shared by a block's threads is a tree of workgroupBarriers in shared memory: SwiftShader took
+# 240-340 ms to create each such pipeline (45-70 ms without), against microseconds of run time for one thread
+# reducing a row of a few thousand elements, so on webgpu rows up to 4096 are reduced by one thread each.
 TARGET_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
     "webgpu": {
+        "reduce": {"serial_row": 4096},
         "dense": {"shared": 0},
         "depthwise_conv2d": {"shared": 0},
         "conv2d": _CONV_WEBGPU,
@@ -245,10 +251,11 @@ def _share_reduction(schedule: Schedule, stage: Stage, threads: int, host: Stage
 def _define_cross_thread(cfg: ConfigSpace, stages: list[Stage], target: Target) -> bool:
     """Whether the reductions of `stages` are shared by a block's threads (one block per output) rather than made
     one output per thread. The fallback shares a reduction longer than a warp that has more elements to reduce
-    than there are outputs."""
+    than there are outputs, unless the target's serial_row says one thread reduces it alone."""
     outputs = max(math.prod(iv.extent for iv in stage.op.axis) for stage in stages)
     extent = max(_reduce_extent(stage) for stage in stages)
-    share = int(extent >= target.device.warp_size and extent > outputs)
+    alone = extent <= fallback("reduce", target)["serial_row"]
+    share = int(extent >= target.device.warp_size and extent > outputs and not alone)
     cfg.define_knob("cross_thread", [0, 1], default=share)
     return bool(cfg["cross_thread"].val)
 
@@ -273,7 +280,9 @@ def _schedule_host(
     """`host` with the stages it alone reads made inside it. When they have its shape and are not shared
     (cross_thread), each thread makes its element of them in registers. Otherwise (softmax, layer norm: a row's
     statistics; a mean) the axes every member keeps whole are blocks, the rest (the row) threads, and the members
-    are made per block in shared memory, their reductions shared by the block's threads."""
+    are made per block in shared memory, their reductions shared by the block's threads; or (cross_thread 0) each
+    thread makes one row: its statistics in registers, serially, and a member as long as the row recomputed where
+    it is read (no barrier at all)."""
     axes = list(host.op.axis)
     kept = [all(m.op.shape[d] == axes[d].extent for m in members) for d in range(len(axes))]
     reductions = [member for member in members if member.op.reduce_axis]
@@ -286,6 +295,15 @@ def _schedule_host(
     outer_axes = [axis for axis, keep in zip(axes, kept) if keep]
     inner_axes = [axis for axis, keep in zip(axes, kept) if not keep]
     host.reorder(*outer_axes, *inner_axes)
+    if outer_axes and not all(kept) and not _define_share_rows(cfg, host, kept, target):
+        _, thread = _bind_threads(host, outer_axes, threads, target)
+        for member in members:
+            if member.op.reduce_axis or _row_bytes(member, kept) == np.dtype(member.op.dtype).itemsize:
+                member.set_scope("local")
+                member.compute_at(host, thread)
+            else:
+                member.compute_inline()
+        return
     row = None
     if inner_axes:
         row = host.fuse(*inner_axes) if len(inner_axes) > 1 else inner_axes[0]
@@ -314,6 +332,15 @@ def _schedule_host(
             fused = member.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
             _, member_thread = member.split(fused, _thread_count(threads, fused.extent))
             member.bind(member_thread, te.thread_axis("threadIdx.x"))
+
+
+def _define_share_rows(cfg: ConfigSpace, host: Stage, kept: list[bool], target: Target) -> bool:
+    """Whether a block's threads share each row of `host` (cross_thread 1) rather than one thread making a row. The
+    fallback shares rows longer than the target's serial_row (every row, where it is 0)."""
+    row = math.prod(axis.extent for axis, keep in zip(host.op.axis, kept) if not keep)
+    share = int(row > fallback("reduce", target)["serial_row"])
+    cfg.define_knob("cross_thread", [0, 1], default=share)
+    return bool(cfg["cross_thread"].val)
 
 
 def _row_bytes(stage: Stage, kept: list[bool]) -> int:

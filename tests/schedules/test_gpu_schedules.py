@@ -295,14 +295,49 @@ def test_pools(target, op, attrs):
 @pytest.mark.parametrize("shape", [(3, 77), (2, 4, 300), (1000,)])
 def test_softmax_shares_each_row_among_the_block(target, shape):
     """Softmax's max and sum are made per block in shared memory, each as a cross-thread reduction (the threads'
-    partial results, then one combine), the row's outputs by the threads."""
+    partial results, then one combine), the row's outputs by the threads: the fallback on opencl and cuda,
+    cross_thread 1 on webgpu (whose fallback makes a row per thread, below)."""
     graph, x, feeds = single_input(shape)
     graph.outputs = list(graph.add_node("Softmax", [x], {"axis": -1}))
-    kernels = check(graph, feeds, target)
+    kernels = check(graph, feeds, target, lambda space: {**space.fallback.to_json(), "cross_thread": 1})
     tir = tir_of(kernels)
     assert len(kernels) == 1
     assert re.search(r"allocate \S+\.rf: float32\[\d+[^\]]*\] shared", tir), tir
     assert "blockIdx.x" in tir
+
+
+def row_norm_graph(op: str, shape):
+    graph, x, feeds = single_input(shape)
+    if op == "Softmax":
+        graph.outputs = list(graph.add_node("Softmax", [x], {"axis": -1}))
+    else:
+        width = shape[-1]
+        graph.outputs = list(graph.add_node(op, [x, param(graph, (width,)), param(graph, (width,))], {}))
+    return graph, feeds
+
+
+@pytest.mark.parametrize(
+    ("op", "shape"), [("Softmax", (5, 77, 77)), ("Softmax", (2, 4, 300)), ("LayerNormalization", (1, 77, 200))]
+)
+def test_webgpu_rows_are_reduced_one_per_thread_without_barriers(op, shape):
+    """webgpu's fallback (serial_row 4096) gives each thread a row: its max and sum (mean and variance) in registers,
+    the exponentials recomputed where read, no shared memory and no barrier, one kernel. SwiftShader took 240-340
+    ms to create each barrier kernel's pipeline (docs/gpu.md). opencl's fallback still shares each row."""
+    graph, feeds = row_norm_graph(op, shape)
+    kernels = check(graph, feeds, "webgpu")
+    tir = tir_of(kernels)
+    assert len(kernels) == 1
+    assert "shared" not in tir and "barrier" not in tir, tir
+    assert kernels[0][1].fallback["cross_thread"].val == 0
+    assert "shared" in tir_of(check(graph, feeds, "opencl"))
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("cross_thread", [0, 1])
+@pytest.mark.parametrize(("op", "shape"), [("Softmax", (3, 7, 45)), ("LayerNormalization", (2, 9, 33))])
+def test_row_reductions_either_way_on_every_target(target, cross_thread, op, shape):
+    graph, feeds = row_norm_graph(op, shape)
+    check(graph, feeds, target, lambda space: {**space.fallback.to_json(), "cross_thread": cross_thread})
 
 
 @pytest.mark.parametrize("target", GPU_TARGETS)
@@ -419,6 +454,7 @@ def _runtime_cases():
     graph, x, feeds = single_input((6, 500))
     graph.outputs = list(graph.add_node("ReduceMean", [x], {"axes": [1]}))
     cases["mean"] = graph, feeds
+    cases["layer_norm"] = row_norm_graph("LayerNormalization", (2, 9, 200))
     return cases
 
 
@@ -432,6 +468,15 @@ def test_templates_on_pocl_and_lavapipe(case, target):
     shared tiles and cross-thread reductions as a device runs them, against the reference executor."""
     graph, feeds = RUNTIME_CASES[case]
     check(graph, feeds, target, device=target)
+
+
+@pytest.mark.parametrize("target", ["opencl", "webgpu"])
+@pytest.mark.parametrize("cross_thread", [0, 1])
+@pytest.mark.parametrize("case", ["softmax", "mean", "layer_norm"])
+def test_row_reductions_either_way_on_pocl_and_lavapipe(case, cross_thread, target):
+    """A row per thread (webgpu's fallback) and a row per block (opencl's) on both real runtimes."""
+    graph, feeds = RUNTIME_CASES[case]
+    check(graph, feeds, target, lambda space: {**space.fallback.to_json(), "cross_thread": cross_thread}, target)
 
 
 def test_blocks_beyond_the_grid_spill_into_the_next_grid_axis():
