@@ -438,6 +438,24 @@ def _moves_blocked_columns(stage: Stage) -> bool:
     )
 
 
+def _blocks_channels(stage: Stage) -> bool:
+    """An NCHW[x]c stage that reads an NCHW (or NCW) value at a channel made from its block axis: the LayoutTransform
+    into the blocked layout. By rows (parallel over batch, channel block and row), each column's x channels are
+    one vector read x planes apart from one base, where the injective template's single fused loop divided the
+    fused index into the row and the column for every vector: inception_block's (1, 192, 28, 28) input, 1 thread,
+    0.103 -> 0.065 ms on AVX-512 and 0.165 -> 0.059 in wasmtime."""
+    axes = stage.op.axis
+    if len(axes) != 5 or not isinstance(stage.op, ComputeOp):
+        return False
+    inner = axes[4]
+    return any(
+        isinstance(node, TensorLoad)
+        and len(node.indices) in (3, 4)
+        and any(part is inner for part in walk(node.indices[1]))
+        for node in walk(stage.op.body)
+    )
+
+
 def _schedule_rows(stage: Stage, target: Target) -> None:
     """A padding stage: parallel over its rows, each row a vector loop when its width allows one, else a plain
     loop. Fusing the row axis in too (as _schedule_injective does) would cost a division and a modulo per element
@@ -514,7 +532,7 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
                 _schedule_partials(partials[stage], stage, parallel)
         elif stage.op.tag == "layout_nchw":
             _schedule_unblock(stage, target)
-        elif _repeats_columns(stage) or _moves_blocked_columns(stage):
+        elif _repeats_columns(stage) or _moves_blocked_columns(stage) or _blocks_channels(stage):
             _schedule_rows(stage, target)
         else:
             _schedule_injective(stage, target, cfg)

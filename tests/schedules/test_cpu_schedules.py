@@ -462,6 +462,27 @@ def test_conversion_back_to_nchw_writes_rows_of_a_channel(target, width):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("channels", "width"), [(32, 13), (24, 7), (60, 9)])
+def test_conversion_into_blocks_runs_by_rows(target, channels, width):
+    """NCHW -> NCHW[x]c on its own (an input two blocked convs read): parallel over (batch, channel block, row), a
+    serial loop over the row's columns, each column's block one vector, no division of a fused index per vector;
+    a channel count no block divides is padded with zeros."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, channels, 5, width), "float32"))
+    branches = []
+    for _ in range(2):
+        (y,) = graph.add_node("Conv", [x, param(graph, (16, channels, 1, 1))])
+        (y,) = graph.add_node("Conv", [y, param(graph, (16, 16, 1, 1))])
+        branches.append(y)
+    graph.outputs = graph.add_node("Add", branches)
+    feeds = {"x": RNG.standard_normal((1, channels, 5, width)).astype(np.float32)}
+    kernels = check(graph, feeds, target, packed=True)
+    (tir,) = [kernel.source("tir") for kernel in kernels if ", nchwc: float32" in kernel.source("tir").split("\n")[0]]
+    assert re.search(r"for \(n\.outer\.h\.fused: int32, 0, \d+\) parallel \{\n\s*for \(w: int32", tir), tir
+    assert re.search(r"for \(inner\.inner: int32, 0, \d+\) vectorized", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(
     ("op", "attrs"),
     [
