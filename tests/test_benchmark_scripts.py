@@ -50,6 +50,7 @@ def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():
     (means,) = [line for line in lines if line.startswith("| geometric mean |")]
     assert means.count("×") == len(columns)
     assert any("the worst geometric mean ratio" in line for line in lines)
+    assert any(line.startswith("CPU speed spread before the native cells") for line in lines)
     assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"
 
 
