@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -112,6 +113,35 @@ def fma_peak_gflops(threads: int, rounds: int = 5_000_000, repeat: int = 20) -> 
         for _ in range(repeat)
     )
     return threads * rounds * FMA_CHAINS * lanes * 2 / best / 1e9
+
+
+def cpu_speeds(rounds: int = 200_000, repeat: int = 5) -> dict[int, float]:
+    """GFLOPS of the generated FMA loop on each CPU of this process's affinity, the calling thread pinned to one CPU
+    at a time (its affinity given back after): the best of `repeat` timings of ~0.2 ms. On this project's 2-core
+    virtual machine one CPU ran the same loop at 0.5-0.6x the other's speed for seconds at a time, either CPU, at
+    random (another tenant on the physical core, as far as a guest can see); a cell timed in such a spell measures
+    the host, so the benchmarks print this probe beside their cells."""
+    library, lanes = _fma_library()
+    buffer = np.full(2 * lanes, 0.5, np.float32)
+    saved = os.sched_getaffinity(0)
+    speeds = {}
+    try:
+        for cpu in sorted(saved):
+            os.sched_setaffinity(0, {cpu})
+            best = float("inf")
+            for _ in range(repeat):
+                started = time.perf_counter()
+                library.fma_loop(rounds, buffer.ctypes.data)
+                best = min(best, time.perf_counter() - started)
+            speeds[cpu] = rounds * FMA_CHAINS * lanes * 2 / best / 1e9
+    finally:
+        os.sched_setaffinity(0, saved)
+    return speeds
+
+
+def speed_spread(speeds: dict[int, float]) -> float:
+    """The slowest CPU's speed over the fastest's (1.0: even)."""
+    return min(speeds.values()) / max(speeds.values())
 
 
 def copy_bandwidth(threads: int, megabytes: int = 512, repeat: int = 10) -> float:

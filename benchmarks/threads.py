@@ -4,7 +4,9 @@ default thread count, against onnxruntime at the same two counts, interleaved (A
 - back to back: blocks of runs one after the other (each sample is a block's median);
 - every 50 ms and every 200 ms: one run after a pause (the workers have gone to sleep);
 - busy: back to back while another process keeps one core busy.
-Prints a markdown table of medians and spreads; nothing here is asserted (docs/codegen.md keeps the numbers).
+Prints a markdown table of medians and spreads, and for each row the slowest CPU's speed over the fastest's before
+and after it (common.cpu_speeds: on a shared virtual machine one CPU can run at half speed for seconds, and a row
+timed then measures the host); nothing here is asserted (docs/codegen.md keeps the numbers).
 Run: .venv/bin/python benchmarks/threads.py [--models ...] [--rounds 15] [--patterns ...]"""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from common import busy_core
+from common import busy_core, cpu_speeds, speed_spread
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -289,12 +291,13 @@ def main() -> None:
         calibrate(arguments.rounds)
         return
     print(f"compiler: {Path(compiler.__file__).parent}, ms per run, median (min–max) of {arguments.rounds} samples\n")
-    header = ["model", "pattern", *VARIANTS, "default / 1", "Tessel / onnxruntime (default)"]
+    header = ["model", "pattern", *VARIANTS, "default / 1", "Tessel / onnxruntime (default)", "CPU speed spread"]
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
     for name in arguments.models:
         variants = runners(name)
         for pattern in arguments.patterns:
+            before = speed_spread(cpu_speeds())
             hog = busy_core() if pattern == "busy core" else None
             try:
                 samples = measure(variants, pattern, arguments.rounds)
@@ -302,6 +305,7 @@ def main() -> None:
                 if hog is not None:
                     hog.kill()
                     hog.wait()
+            after = speed_spread(cpu_speeds())
             medians = {label: statistics.median(times) for label, times in samples.items()}
             row = [
                 name,
@@ -309,6 +313,7 @@ def main() -> None:
                 *(cell(samples[label]) for label in VARIANTS),
                 f"{medians['tessel default'] / medians['tessel 1']:.2f}",
                 f"{medians['tessel default'] / medians['onnxruntime default']:.2f}",
+                f"{before:.2f} / {after:.2f}",
             ]
             print("| " + " | ".join(row) + " |", flush=True)
 

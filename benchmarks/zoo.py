@@ -16,12 +16,14 @@ import onnxruntime as ort
 from common import (
     busy_core,
     check_close,
+    cpu_speeds,
     geometric_mean,
     interleaved,
     onnxruntime_session,
     print_slowest,
     print_table,
     run_in_node,
+    speed_spread,
     summary,
 )
 from cpu import machine
@@ -83,6 +85,7 @@ def main() -> None:
     native = [column for column in columns if not column.wasm]
 
     medians: dict[tuple[str, str], tuple[float, float]] = {}
+    spreads: list[float] = []  # the slowest CPU's speed over the fastest's, between native cells
     modules, wasm_entries, default_threads = {}, [], None
     for name in arguments.models:
         model, feeds = zoo.build_model(name), zoo.sample_input(name)
@@ -97,6 +100,7 @@ def main() -> None:
             for column in native:
                 module.num_threads = 1 if column.one_thread else default_threads
                 session = one_thread if column.one_thread else default
+                spreads.append(speed_spread(cpu_speeds()))
                 medians[name, column.title] = time_native(module, session, feeds, column, arguments.repeat)
             module.num_threads = default_threads
             modules[name] = module
@@ -135,6 +139,12 @@ def main() -> None:
     means = [geometric_mean([ratios[name][index] for name in arguments.models]) for index in range(len(columns))]
     rows.append(["geometric mean", *(f"{mean:.2f}×" for mean in means)])
     print_table(["model", *(column.title for column in columns)], rows)
+    if spreads:
+        # common.cpu_speeds: on a shared VM one CPU may run at half speed for seconds, and cells timed then differ
+        print(
+            f"\nCPU speed spread before the native cells (slowest CPU / fastest): min {min(spreads):.2f}, "
+            f"median {sorted(spreads)[len(spreads) // 2]:.2f}"
+        )
 
     worst = max(arguments.models, key=lambda name: geometric_mean(ratios[name]))
     module = modules[worst]

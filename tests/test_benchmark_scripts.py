@@ -50,6 +50,7 @@ def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():
     (means,) = [line for line in lines if line.startswith("| geometric mean |")]
     assert means.count("×") == len(columns)
     assert any("the worst geometric mean ratio" in line for line in lines)
+    assert any(line.startswith("CPU speed spread before the native cells") for line in lines)
     assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"
 
 
@@ -62,7 +63,9 @@ def test_threads_benchmark_prints_a_row_per_model_and_pattern():
     assert [row.split("|")[2].strip() for row in rows] == ["back-to-back", "every 50 ms"] * 2
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        assert len(cells) == 8 and all(float(cell) > 0 for cell in cells[-2:])
+        assert len(cells) == 9 and all(float(cell) > 0 for cell in cells[-3:-1])
+        # the slowest CPU's speed over the fastest's, before and after the row (common.cpu_speeds)
+        assert all(0 < float(spread) <= 1 for spread in cells[-1].split(" / "))
 
 
 def test_kernels_benchmark_matches_each_group_to_onnxruntime_nodes():
@@ -73,3 +76,16 @@ def test_kernels_benchmark_matches_each_group_to_onnxruntime_nodes():
     assert lines[1].startswith("whole run: Tessel ")
     rows = [line for line in lines if line.startswith("| fused_")]
     assert rows and any("ConvNCHWc" in row and "| Conv" in row for row in rows), result.stdout
+
+
+def test_cpu_speeds_times_every_cpu_of_the_affinity_and_gives_the_affinity_back():
+    code = (
+        "import os, common\n"
+        "saved = os.sched_getaffinity(0)\n"
+        "speeds = common.cpu_speeds(rounds=1000, repeat=2)\n"
+        "assert sorted(speeds) == sorted(saved) and all(speed > 0 for speed in speeds.values()), speeds\n"
+        "assert os.sched_getaffinity(0) == saved\n"
+        "assert 0 < common.speed_spread(speeds) <= 1\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

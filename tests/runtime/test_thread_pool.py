@@ -194,6 +194,24 @@ def test_a_caller_takes_its_cpu_out_of_sleeping_workers_affinity_before_waking_t
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_caller_that_moved_takes_its_cpu_out_of_the_workers_affinity_at_its_next_job_without_waking_them():
+    """A caller that wakes on its worker's CPU would share it with the worker pinned there (thread_pool.c,
+    keep_workers_off): at every job, not only when it wakes sleepers, the caller leaves its CPU out of the workers'
+    affinity. One job of 262,144 operations wakes no sleeper, so only that rule can move the worker."""
+    size = 1 << 16  # 4 operations an element: pooled, far under the pool's wake threshold
+    kernel, x, out, workers = kernel_and_its_worker(size)
+    for cpu in sorted(os.sched_getaffinity(0))[:2]:
+        with confined_to(cpu) as saved:
+            let_workers_sleep()
+            jobs = kernel.runtime.pool_jobs
+            kernel(x, out)
+            assert kernel.runtime.pool_jobs == jobs + 1
+            for tid in workers:
+                assert os.sched_getaffinity(tid) == saved - {cpu}
+    np.testing.assert_array_equal(out, x * 3 + 1)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_jobs_below_the_wake_threshold_wake_sleepers_once_their_work_adds_up_to_it():
     """Each call is a job of 3.1M operations, under the 4.2M that wakes sleepers alone, and 4 calls are fewer than the
     8 dense jobs that also do: the work of the jobs that come close together is what must wake them (thread_pool.c,
