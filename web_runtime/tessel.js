@@ -461,8 +461,9 @@ class WasmExecutor {
       throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
     }
     mark("params-in");
-    // The digest is computed off the calling thread (crypto.subtle copies its input when called), beside the first
-    // run: every run's result waits for it, and a mismatch rejects that run and every later one.
+    // The digest (crypto.subtle copies its input when called; Node hashes on its thread pool, Chromium on the calling
+    // thread) is not awaited here: every run's result waits for it, and a mismatch rejects that run and every later
+    // one, so no result ever comes from unchecked params.
     this.paramsChecked = checkDigest(this.manifest, name, staging || view).then(() => mark("params-checked"));
     this.paramsChecked.catch(() => {});
   }
