@@ -69,11 +69,17 @@ window.bench = {
       run = async () => (await session.run(feeds))[session.outputNames[0]].getData();
       sides[which] = { session };
     }
+    const loaded = performance.now() - started;
     const first = await run();
     const firstMs = performance.now() - started;
     sides[which].run = run;
+    // tessel.js marks its load's steps (docs/web.md): each as ms since load() was called
+    const phases = { loaded, first: firstMs };
+    for (const entry of performance.getEntriesByType("mark")) {
+      if (entry.name.startsWith("tessel:")) phases[entry.name.slice(7)] = entry.startTime - started;
+    }
     const bytes = performance.getEntriesByType("resource").reduce((sum, entry) => sum + entry.encodedBodySize, 0);
-    return { firstMs, bytes, output: Array.from(first), backend: sides[which].backend || `${backend} EP` };
+    return { firstMs, bytes, phases, output: Array.from(first), backend: sides[which].backend || `${backend} EP` };
   },
   async time(which) {
     const started = performance.now();
@@ -128,6 +134,13 @@ def _prepare(directory: Path, names: list[str], backend: str) -> dict[str, dict]
     return cases
 
 
+def _phases(loads: list[dict]) -> str:
+    """The median time of each step tessel.js marked, in the order they came: where a load's time went."""
+    names = {name for phases in loads for name in phases}
+    medians = {name: statistics.median(phases[name] for phases in loads if name in phases) for name in names}
+    return ", ".join(f"{name} {ms:.0f}" for name, ms in sorted(medians.items(), key=lambda item: item[1]))
+
+
 def _encoded(array: np.ndarray) -> str:
     import base64
 
@@ -176,6 +189,7 @@ def main() -> None:
                 print(f"{name}: loading and timing both sides on {adapter}...", file=sys.stderr, flush=True)
                 case = cases[name]
                 firsts = {"tessel": [], "ort": []}
+                phases = []
                 sizes, pages, ran = {}, {}, {}
                 for _ in range(arguments.loads):
                     for which in ("tessel", "ort"):
@@ -187,9 +201,15 @@ def main() -> None:
                             got, case["expected"], rtol=1e-3, atol=1e-4, err_msg=f"{name} {which}"
                         )
                         firsts[which].append(result["firstMs"])
+                        if which == "tessel":
+                            phases.append(result["phases"])
                         sizes[which] = result["bytes"]
                         ran[which] = result["backend"]
                 print(f"{name}: Tessel ran {ran['tessel']}; onnxruntime-web its {ran['ort']}", file=sys.stderr)
+                print(
+                    f"{name}: Tessel's load, ms after load() (median of {len(phases)}): {_phases(phases)}",
+                    file=sys.stderr,
+                )
                 times = {"tessel": [], "ort": []}
                 for _ in range(arguments.repeat):
                     for which in ("tessel", "ort"):

@@ -80,6 +80,14 @@ function isNode() {
   return typeof process === "object" && process.versions != null && process.versions.node != null;
 }
 
+// A wasm load's steps as performance marks (tessel:code-downloaded, tessel:code-compiled, tessel:params-in,
+// tessel:workers-ready, tessel:params-checked), for DevTools' timeline and phase-by-phase timing of a load.
+function mark(name) {
+  if (typeof performance === "object" && performance && typeof performance.mark === "function") {
+    performance.mark(`tessel:${name}`);
+  }
+}
+
 function reportProgress(onProgress, phase, loaded, total) {
   if (onProgress) onProgress({ phase, loaded, total });
 }
@@ -262,10 +270,17 @@ async function sha256Hex(bytes) {
 
 // Browsers give crypto.subtle only in secure contexts (https, localhost); elsewhere the check is skipped
 // and the wasm validator and size checks still catch a truncated download.
+function willCheckDigest(manifest, name) {
+  return Boolean(manifest.files && manifest.files[name] && globalThis.crypto && globalThis.crypto.subtle);
+}
+
+function isShared(memory) {
+  return typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
+}
+
 async function checkDigest(manifest, name, bytes) {
-  const expected = manifest.files && manifest.files[name];
-  if (!expected || !globalThis.crypto || !globalThis.crypto.subtle) return;
-  if ((await sha256Hex(bytes)) !== expected) {
+  if (!willCheckDigest(manifest, name)) return;
+  if ((await sha256Hex(bytes)) !== manifest.files[name]) {
     throw new Error(`tessel: ${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
   }
 }
@@ -426,22 +441,31 @@ class WasmExecutor {
 
   async loadParams(chunks, onProgress) {
     const total = this.manifest.params.bytes;
+    const name = this.manifest.params.file;
+    const view = new Uint8Array(this.memory.buffer, this.paramsOffset, total);
+    // crypto.subtle refuses views of shared memory, so a threaded variant's params are hashed from a second copy,
+    // written chunk by chunk as they arrive, while the download is still the thing waited for
+    const staging = willCheckDigest(this.manifest, name) && isShared(this.memory) ? new Uint8Array(total) : null;
     let loaded = 0;
     reportProgress(onProgress, "params", 0, total);
     for await (const chunk of chunks) {
       if (loaded + chunk.byteLength > total) {
         throw new Error(`tessel: params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
       }
-      new Uint8Array(this.memory.buffer, this.paramsOffset + loaded, chunk.byteLength).set(chunk);
+      view.set(chunk, loaded);
+      if (staging) staging.set(chunk, loaded);
       loaded += chunk.byteLength;
       reportProgress(onProgress, "params", loaded, total);
     }
     if (loaded !== total) {
       throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
     }
-    // crypto.subtle refuses views of shared memory: a threaded variant's params are hashed from a copy
-    const params = new Uint8Array(copyOut(this.memory, this.paramsOffset, total));
-    await checkDigest(this.manifest, this.manifest.params.file, params);
+    mark("params-in");
+    // The digest (crypto.subtle copies its input when called; Node hashes on its thread pool, Chromium on the calling
+    // thread) is not awaited here: every run's result waits for it, and a mismatch rejects that run and every later
+    // one, so no result ever comes from unchecked params.
+    this.paramsChecked = checkDigest(this.manifest, name, staging || view).then(() => mark("params-checked"));
+    this.paramsChecked.catch(() => {});
   }
 
   /** Start one pool worker per reserved stack and wait until each has instantiated the module. A page that may not
@@ -460,7 +484,20 @@ class WasmExecutor {
     }
   }
 
-  run(arrays) {
+  /** A run's outputs, returned only once params.bin has been checked against the manifest's digest. */
+  async run(arrays) {
+    let results;
+    try {
+      results = this.runNow(arrays);
+    } catch (error) {
+      await this.paramsChecked; // damaged params explain a failed run first
+      throw error;
+    }
+    await this.paramsChecked;
+    return results;
+  }
+
+  runNow(arrays) {
     const { inputs, outputs } = this.manifest;
     arrays.forEach((array, position) => {
       new Uint8Array(this.memory.buffer, this.inputOffsets[position], byteSize(inputs[position])).set(
@@ -635,6 +672,7 @@ const wasmBackend = {
     // The digest is checked before the compile's outcome is looked at, so a damaged download says so rather
     // than giving the engine's CompileError.
     const { bytes, instantiated } = await source.wasm(variant.code, { env: { memory } }, options.onProgress);
+    mark("code-downloaded");
     await checkDigest(manifest, variant.code, bytes);
     let instance, module;
     try {
@@ -648,6 +686,7 @@ const wasmBackend = {
       }
       throw error;
     }
+    mark("code-compiled");
     const entry = instance.exports[manifest.entry && manifest.entry.name];
     const expected = manifest.inputs.length + manifest.outputs.length + 2;
     if (typeof entry !== "function" || entry.length !== expected) {
@@ -665,6 +704,7 @@ const wasmBackend = {
       throw error;
     }
     await workers;
+    mark("workers-ready");
     return executor;
   },
 };

@@ -137,13 +137,16 @@ describe("loading", () => {
     });
   });
 
-  test("a corrupted params.bin is refused", async () => {
+  test("a corrupted params.bin is refused: its digest, checked beside the first run, holds back every result", async () => {
     const directory = await copyBundle("corrupted", async (path) => {
       const params = await readFile(join(path, "params.bin"));
       params[100] ^= 0xff;
       await writeFile(join(path, "params.bin"), params);
     });
-    await assert.rejects(tessel.load(directory), /params\.bin does not match the manifest's sha256/);
+    const model = await tessel.load(directory);
+    const feeds = await feedsOf(digits);
+    await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
+    await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
   });
 
   test("a truncated params.bin is refused", async () => {

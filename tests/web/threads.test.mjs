@@ -75,6 +75,23 @@ describe("threads give the one-thread results", () => {
   }
 });
 
+describe("loading a threaded variant", () => {
+  test("a corrupted params.bin holds back every result of a threaded run (hashed from its own copy)", async () => {
+    const item = cases.find((entry) => entry.name === "digits");
+    const directory = join(scratch, "corrupted-params");
+    await cp(item.bundle, directory, { recursive: true });
+    const params = await readFile(join(directory, "params.bin"));
+    params[7] ^= 0x01;
+    await writeFile(join(directory, "params.bin"), params);
+    const model = await tessel.load(directory, { threads: 2, relaxedSimd: false });
+    assert.equal(model.variant.threads, 2);
+    const feeds = await feedsOf(item);
+    await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
+    await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
+    model.dispose();
+  });
+});
+
 describe("relaxed SIMD", () => {
   test(`the probe says ${relaxed} and the variant follows it`, async () => {
     assert.equal(tessel.hasWasmRelaxedSimd(), relaxed);
