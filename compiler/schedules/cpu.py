@@ -425,16 +425,13 @@ def _moves_blocked_columns(stage: Stage) -> bool:
     each row's columns a serial loop of block vectors, its coordinates and blend weights come from the row and the
     column counters. The injective template's one fused loop recomputed the row and column of every vector by
     division (unet_small's 2x bilinear upsampling, (1, 2, 96, 96, 16): 0.19 ms)."""
-    axes = stage.op.axis
-    if len(axes) != 5 or not isinstance(stage.op, ComputeOp):
-        return False
-    column = axes[3]
+    loads = _blocked_stage_loads(stage)
+    column = stage.op.axis[3] if loads else None
     return any(
-        isinstance(node, TensorLoad)
-        and len(node.indices) == 5
+        len(node.indices) == 5
         and node.indices[3] is not column
         and any(part is column for part in walk(node.indices[3]))
-        for node in walk(stage.op.body)
+        for node in loads
     )
 
 
@@ -444,16 +441,16 @@ def _blocks_channels(stage: Stage) -> bool:
     one vector read x planes apart from one base, where the injective template's single fused loop divided the
     fused index into the row and the column for every vector: inception_block's (1, 192, 28, 28) input, 1 thread,
     0.103 -> 0.065 ms on AVX-512 and 0.165 -> 0.059 in wasmtime."""
-    axes = stage.op.axis
-    if len(axes) != 5 or not isinstance(stage.op, ComputeOp):
-        return False
-    inner = axes[4]
-    return any(
-        isinstance(node, TensorLoad)
-        and len(node.indices) in (3, 4)
-        and any(part is inner for part in walk(node.indices[1]))
-        for node in walk(stage.op.body)
-    )
+    loads = _blocked_stage_loads(stage)
+    inner = stage.op.axis[4] if loads else None
+    return any(len(node.indices) in (3, 4) and any(part is inner for part in walk(node.indices[1])) for node in loads)
+
+
+def _blocked_stage_loads(stage: Stage) -> list[TensorLoad]:
+    """The tensor loads of an NCHW[x]c compute stage (five axes), or none for any other stage."""
+    if len(stage.op.axis) != 5 or not isinstance(stage.op, ComputeOp):
+        return []
+    return [node for node in walk(stage.op.body) if isinstance(node, TensorLoad)]
 
 
 def _schedule_rows(stage: Stage, target: Target) -> None:
