@@ -229,11 +229,14 @@ def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSessio
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def interleaved(runs, repeat: int, block: int = 1, pause_s: float = 0.0, interval_s: float = 0.0) -> list[list[float]]:
+def interleaved(
+    runs, repeat: int, block: int = 1, pause_s: float = 0.0, interval_s: float = 0.0, after_pause=None
+) -> list[list[float]]:
     """Milliseconds of `repeat` runs of each of `runs`, after WARMUP runs of each (each one's warm-up followed by
     `pause_s` idle): `block` runs of one, then `block` of the next (A B A B ... when block is 1), with `pause_s`
     seconds idle after each block and `interval_s` idle before each timed run (a caller that runs the model now and
-    then, not back to back)."""
+    then, not back to back). `after_pause`, when given, is called at the end of every pause (settled_cell probes the
+    CPUs' speeds there, when neither side's threads are spinning)."""
     for run in runs:
         for _ in range(WARMUP):
             run()
@@ -251,7 +254,35 @@ def interleaved(runs, repeat: int, block: int = 1, pause_s: float = 0.0, interva
                 samples.append((time.perf_counter() - started) * 1000)
             if pause_s:
                 time.sleep(pause_s)
+            if after_pause is not None:
+                after_pause()
     return times
+
+
+EVEN_SPREAD = 0.9  # a cell timed while one CPU ran below this fraction of the other's speed is timed again
+SETTLE_ATTEMPTS = 3
+
+
+def settled_cell(time_cell) -> tuple[list[list[float]], float, int]:
+    """`time_cell(after_pause)` (a call of interleaved passing its after_pause on), timed again while a CPU speed
+    probe (cpu_speeds) taken before it or in any of its pauses shows the CPUs uneven (spread below EVEN_SPREAD), up to
+    SETTLE_ATTEMPTS times. On this project's shared 2-core machines one CPU runs at half speed for seconds at a time;
+    such a spell falls on one side's block and not the other's, so a cell timed through it compares the host, not the
+    runtimes. Both sides are always timed again together, and the attempt kept is the one with the most even CPUs:
+    (times, that attempt's lowest spread, attempts made)."""
+    attempts = []
+    for _ in range(SETTLE_ATTEMPTS):
+        spreads = [speed_spread(cpu_speeds())]
+        times = time_cell(functools.partial(_probe_into, spreads))
+        attempts.append((min(spreads), times))
+        if min(spreads) >= EVEN_SPREAD:
+            break
+    spread, times = max(attempts, key=lambda attempt: attempt[0])
+    return times, spread, len(attempts)
+
+
+def _probe_into(spreads: list[float]) -> None:
+    spreads.append(speed_spread(cpu_speeds()))
 
 
 def geometric_mean(values: list[float]) -> float:

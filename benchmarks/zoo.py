@@ -14,16 +14,17 @@ from functools import partial
 
 import onnxruntime as ort
 from common import (
+    EVEN_SPREAD,
+    SETTLE_ATTEMPTS,
     busy_core,
     check_close,
-    cpu_speeds,
     geometric_mean,
     interleaved,
     onnxruntime_session,
     print_slowest,
     print_table,
     run_in_node,
-    speed_spread,
+    settled_cell,
     summary,
 )
 from cpu import machine
@@ -54,22 +55,32 @@ COLUMNS = {
 }
 
 
-def time_native(module, session, feeds, column: Column, repeat: int) -> tuple[float, float]:
-    """Median milliseconds of Tessel and of onnxruntime in `column`'s call pattern."""
-    child = busy_core() if column.busy_core else None
-    try:
-        tessel, rival = interleaved(
+def time_native(module, session, feeds, column: Column, repeat: int) -> tuple[float, float, float | None, int]:
+    """Median milliseconds of Tessel and of onnxruntime in `column`'s call pattern, the lowest CPU speed spread seen
+    while timing them and the attempts made (common.settled_cell). The busy-core column is uneven on purpose: its
+    child spins on one CPU, so it is timed once and its spread is not probed (None)."""
+
+    def time_cell(after_pause=None):
+        return interleaved(
             [partial(module.run, feeds), partial(session.run, None, feeds)],
             repeat,
             block=BLOCK,
             pause_s=PAUSE_S,
             interval_s=column.interval_s,
+            after_pause=after_pause,
         )
-    finally:
-        if child is not None:
+
+    if column.busy_core:
+        child = busy_core()
+        try:
+            tessel, rival = time_cell()
+        finally:
             child.terminate()
             child.wait()
-    return summary(tessel)["median"], summary(rival)["median"]
+        spread, attempts = None, 1
+    else:
+        (tessel, rival), spread, attempts = settled_cell(time_cell)
+    return summary(tessel)["median"], summary(rival)["median"], spread, attempts
 
 
 def main() -> None:
@@ -85,7 +96,8 @@ def main() -> None:
     native = [column for column in columns if not column.wasm]
 
     medians: dict[tuple[str, str], tuple[float, float]] = {}
-    spreads: list[float] = []  # the slowest CPU's speed over the fastest's, between native cells
+    spreads: list[float] = []  # per settled native cell: the slowest CPU's speed over the fastest's, at its lowest
+    retimed = 0  # native cells timed more than once because the CPUs ran unevenly
     modules, wasm_entries, default_threads = {}, [], None
     for name in arguments.models:
         model, feeds = zoo.build_model(name), zoo.sample_input(name)
@@ -100,8 +112,11 @@ def main() -> None:
             for column in native:
                 module.num_threads = 1 if column.one_thread else default_threads
                 session = one_thread if column.one_thread else default
-                spreads.append(speed_spread(cpu_speeds()))
-                medians[name, column.title] = time_native(module, session, feeds, column, arguments.repeat)
+                ours, theirs, spread, attempts = time_native(module, session, feeds, column, arguments.repeat)
+                medians[name, column.title] = ours, theirs
+                if spread is not None:
+                    spreads.append(spread)
+                retimed += attempts > 1
             module.num_threads = default_threads
             modules[name] = module
             del one_thread, default, session  # spinning workers would run through the next model's timings
@@ -140,10 +155,12 @@ def main() -> None:
     rows.append(["geometric mean", *(f"{mean:.2f}×" for mean in means)])
     print_table(["model", *(column.title for column in columns)], rows)
     if spreads:
-        # common.cpu_speeds: on a shared VM one CPU may run at half speed for seconds, and cells timed then differ
+        # common.settled_cell: on a shared VM one CPU may run at half speed for seconds; such cells are timed again
         print(
-            f"\nCPU speed spread before the native cells (slowest CPU / fastest): min {min(spreads):.2f}, "
-            f"median {sorted(spreads)[len(spreads) // 2]:.2f}"
+            f"\nCPU speed spread (slowest CPU / fastest, probed before each native cell and in its pauses; busy-core "
+            f"cells not probed): lowest per cell min {min(spreads):.2f}, median {sorted(spreads)[len(spreads) // 2]:.2f}; "
+            f"{retimed} cell(s) timed again (up to {SETTLE_ATTEMPTS} attempts) because a spread fell below "
+            f"{EVEN_SPREAD}, keeping the most even attempt"
         )
 
     worst = max(arguments.models, key=lambda name: geometric_mean(ratios[name]))

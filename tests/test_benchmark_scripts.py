@@ -50,7 +50,8 @@ def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():
     (means,) = [line for line in lines if line.startswith("| geometric mean |")]
     assert means.count("×") == len(columns)
     assert any("the worst geometric mean ratio" in line for line in lines)
-    assert any(line.startswith("CPU speed spread before the native cells") for line in lines)
+    spread_line = next(line for line in lines if line.startswith("CPU speed spread (slowest CPU / fastest"))
+    assert "cell(s) timed again" in spread_line
     assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"
 
 
@@ -86,6 +87,27 @@ def test_cpu_speeds_times_every_cpu_of_the_affinity_and_gives_the_affinity_back(
         "assert sorted(speeds) == sorted(saved) and all(speed > 0 for speed in speeds.values()), speeds\n"
         "assert os.sched_getaffinity(0) == saved\n"
         "assert 0 < common.speed_spread(speeds) <= 1\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_settled_cell_times_both_sides_again_while_a_probe_shows_uneven_cpus():
+    # the speed probe is replaced by a script of spreads: the first attempt sees a slow CPU in one of its pauses,
+    # the second sees even CPUs throughout and is kept; a cell that never settles keeps its most even attempt
+    code = (
+        "import common\n"
+        "def run(spreads):\n"
+        "    readings = iter(spreads)\n"
+        "    common.cpu_speeds = lambda: {0: 1.0, 1: next(readings)}\n"
+        "    calls = []\n"
+        "    def time_cell(after_pause):\n"
+        "        calls.append(len(calls))\n"
+        "        after_pause(); after_pause()\n"
+        "        return [[float(len(calls))], [float(len(calls))]]\n"
+        "    return common.settled_cell(time_cell)\n"
+        "assert run([1.0, 0.5, 1.0, 0.95, 0.97, 0.99]) == ([[2.0], [2.0]], 0.95, 2)\n"
+        "assert run([0.6, 0.6, 0.6, 0.8, 0.7, 0.85, 0.5, 0.5, 0.5]) == ([[2.0], [2.0]], 0.7, 3)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

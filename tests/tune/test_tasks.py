@@ -67,8 +67,12 @@ def test_the_fused_epilogue_is_part_of_the_key():
 def test_the_target_and_its_features_are_part_of_the_key():
     graph = conv({"pads": [1, 1, 1, 1]})
     host = Target.parse("llvm")
-    keys = {target: key(graph, target) for target in ("llvm", "wasm", "llvm -mattr=-avx512f", "llvm -mattr=-fma")}
+    # four feature sets whatever this host has: the host's own equals the one of them it matches (+avx512f on an
+    # AVX-512 machine, -avx512f elsewhere)
+    targets = ("llvm", "wasm", "llvm -mattr=+avx512f", "llvm -mattr=+avx512f,-fma", "llvm -mattr=-avx512f")
+    keys = {target: key(graph, target) for target in targets}
     assert len(set(keys.values())) == 4
+    assert keys["llvm"] == keys["llvm -mattr=+avx512f" if host.vector_bytes == 64 else "llvm -mattr=-avx512f"]
     # the same machine spelled otherwise is the same target
     assert key(graph, f"llvm -mcpu={host.cpu}") == keys["llvm"]
     assert json.loads(keys["wasm"])["target"] == {
