@@ -4,7 +4,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-SYSTEM_PACKAGES := qemu-user-static chromium pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers
+SYSTEM_PACKAGES := qemu-user-static libc6-arm64-cross libc6-armhf-cross chromium pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers
 
 .PHONY: run test system-deps lint
 

@@ -1,15 +1,14 @@
 """mobilenet_v2 cross-compiled for AArch64: the bundle's model.so is an AArch64 ELF shared object, and
-the same object code linked into a static musl program runs under qemu-user and matches onnxruntime."""
+the same object code linked into a test program runs under qemu-user (tests/qemu_programs.py) and matches
+onnxruntime."""
 
 import json
-import shutil
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from qemu_programs import link_program, run_program
 
 from compiler import zoo
 from compiler.build import compile_model
@@ -68,22 +67,13 @@ def test_aarch64_bundle_is_an_aarch64_shared_object(module, tmp_path):
 
 
 def test_aarch64_object_runs_under_qemu(module, tmp_path):
-    emulator = shutil.which("qemu-aarch64-static")
-    if emulator is None:
-        pytest.fail("qemu-aarch64-static is missing: run `make test` (it installs Debian's qemu-user-static)")
     (tmp_path / "main.c").write_text(MAIN_C)
     (tmp_path / "model.o").write_bytes(module.compiled.object)
     (tmp_path / "params.bin").write_bytes(module.params)
     feeds = zoo.sample_input("mobilenet_v2")
     feeds["input"].tofile(tmp_path / "input.bin")
     program = tmp_path / "program"
-    command = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl", "-static", "-O2"]
-    linked = subprocess.run(
-        [*command, "-o", str(program), str(tmp_path / "main.c"), str(tmp_path / "model.o"), str(THREAD_POOL_SOURCE)],
-        capture_output=True,
-        text=True,
-    )
-    assert linked.returncode == 0, linked.stderr
+    link_program("aarch64", [tmp_path / "main.c", tmp_path / "model.o", THREAD_POOL_SOURCE], program)
     (output,) = module.outputs
     output_bytes = int(np.prod(output.shape)) * np.dtype(output.dtype).itemsize
     arguments = [
@@ -93,7 +83,7 @@ def test_aarch64_object_runs_under_qemu(module, tmp_path):
         str(output_bytes),
         str(module.manifest["memory"]["arena_bytes"]),
     ]
-    subprocess.run([emulator, str(program), *arguments], cwd=tmp_path, check=True, timeout=300)
+    run_program("aarch64", program, *arguments, cwd=tmp_path, timeout=300)
     actual = np.fromfile(tmp_path / "output.bin", output.dtype).reshape(output.shape)
     (expected,) = ort.InferenceSession(zoo.build_model("mobilenet_v2").SerializeToString()).run(None, feeds)
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
