@@ -292,20 +292,15 @@ function chunkedHasher(manifest, name, total) {
   // crypto.subtle refuses views of shared memory, and copies its input when called, so one plain buffer serves
   // every piece of a threaded variant's params
   let scratch = null;
-  const hasher = pieceHasher();
   const hash = (view, end) => {
     const piece = view.subarray(hashed, end);
-    if (hasher) {
-      pieces.push(hasher.digest(piece));
-    } else {
-      let input = piece;
-      if (typeof SharedArrayBuffer === "function" && view.buffer instanceof SharedArrayBuffer) {
-        scratch = scratch || new Uint8Array(Math.min(size, total));
-        scratch.set(piece);
-        input = scratch.subarray(0, piece.byteLength);
-      }
-      pieces.push(globalThis.crypto.subtle.digest("SHA-256", input));
+    let input = piece;
+    if (typeof SharedArrayBuffer === "function" && view.buffer instanceof SharedArrayBuffer) {
+      scratch = scratch || new Uint8Array(Math.min(size, total));
+      scratch.set(piece);
+      input = scratch.subarray(0, piece.byteLength);
     }
+    pieces.push(globalThis.crypto.subtle.digest("SHA-256", input));
     hashed = end;
   };
   return {
@@ -316,67 +311,12 @@ function chunkedHasher(manifest, name, total) {
     /** The check, once every byte is in: rejects on a mismatch. */
     async finish(view) {
       if (hashed < total) hash(view, total);
-      let digests;
-      try {
-        digests = await Promise.all(pieces);
-      } finally {
-        if (hasher) hasher.close();
-      }
+      const digests = await Promise.all(pieces);
       const joined = new Uint8Array(digests.length * 32);
       digests.forEach((digest, position) => joined.set(new Uint8Array(digest), position * 32));
       if ((await sha256Hex(joined)) !== expected) {
         throw new Error(`tessel: ${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
       }
-    },
-  };
-}
-
-// In a browser, crypto.subtle.digest hashes on the calling thread (Chromium 156: ~2 ms a MiB), which would hold up the
-// page's reading of the rest of the download, so the pieces are hashed by a worker of their own, each sent as a
-// copy. Node's digest already runs on its thread pool; a page that may not start workers hashes on its main thread.
-// Null where the calling thread hashes.
-const HASH_WORKER_SOURCE = `self.onmessage = async ({ data }) => {
-  const digest = await crypto.subtle.digest("SHA-256", data.bytes);
-  self.postMessage({ index: data.index, digest }, [digest]);
-};`;
-let hashWorkerUrl = null;
-
-function pieceHasher() {
-  if (isNode() || typeof Worker !== "function") return null;
-  let worker;
-  try {
-    hashWorkerUrl ??= URL.createObjectURL(new Blob([HASH_WORKER_SOURCE], { type: "text/javascript" }));
-    worker = new Worker(hashWorkerUrl);
-  } catch {
-    return null;
-  }
-  // a worker that fails (a Content-Security-Policy without blob: workers) hands its pieces back to the calling thread
-  const onCaller = (piece) => globalThis.crypto.subtle.digest("SHA-256", piece.slice());
-  const waiting = new Map();
-  let next = 0;
-  let failed = false;
-  worker.onmessage = ({ data }) => {
-    const entry = waiting.get(data.index);
-    if (!entry) return;
-    waiting.delete(data.index);
-    entry.resolve(data.digest);
-  };
-  worker.onerror = () => {
-    failed = true;
-    for (const { piece, resolve } of waiting.values()) resolve(onCaller(piece));
-    waiting.clear();
-  };
-  return {
-    digest(piece) {
-      if (failed) return onCaller(piece);
-      const index = next++;
-      const bytes = piece.slice(); // a plain copy, also of a piece of shared memory, moved to the worker
-      const result = new Promise((resolve) => waiting.set(index, { piece, resolve }));
-      worker.postMessage({ index, bytes }, [bytes.buffer]);
-      return result;
-    },
-    close() {
-      worker.terminate();
     },
   };
 }

@@ -458,8 +458,8 @@ DAMAGED_RUNS = """async ({bundle, feeds, configs}) => {
 
 @pytest.mark.slow
 def test_a_damaged_params_download_holds_back_every_result_in_the_page(server, page, variant_bundles):
-    """params.bin with one byte flipped on the way (in its second 1 MiB piece, hashed in the page's hash worker as it
-    arrives): every run rejects, on one thread and on two (pieces copied out of shared memory)."""
+    """params.bin with one byte flipped on the way (in its second 1 MiB piece, hashed as it arrives): every run
+    rejects, on one thread and on two (each piece copied out of shared memory to be hashed)."""
     bundle, feeds, _ = variant_bundles["squeezenet"]
 
     def damaged(route):
