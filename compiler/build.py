@@ -651,7 +651,8 @@ class Module:
         """Write the bundle (manifest.json, the code, params.bin) into `directory`, atomically."""
         files = {self.manifest["code"]: self.library, **self.variants, PARAMS_FILE: self.params}
         path = write_bundle(directory, self.manifest, files)
-        self.manifest = {**self.manifest, "files": json.loads((path / "manifest.json").read_text())["files"]}
+        written = json.loads((path / "manifest.json").read_text())
+        self.manifest = {**self.manifest, "files": written["files"], "chunked_files": written["chunked_files"]}
         return path
 
     def source(self, kind: str = "ll") -> str:

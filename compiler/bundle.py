@@ -39,13 +39,27 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# A large file's digest in a form a reader can compute as the file streams in (docs/web.md, "Where the wasm first
+# result goes"): the sha256 of the concatenated sha256 digests (32 bytes each) of its CHUNK_BYTES-long pieces, the
+# last one shorter. A browser hashes each piece as it arrives, so the check ends a piece after the download.
+CHUNK_BYTES = 1 << 20
+# the files given a chunked digest beside their plain one (code files are small enough to hash at once)
+CHUNKED_FILES = ("params.bin",)
+
+
+def chunked_digest(data: bytes, chunk_bytes: int = CHUNK_BYTES) -> str:
+    pieces = (hashlib.sha256(data[start : start + chunk_bytes]).digest() for start in range(0, len(data), chunk_bytes))
+    return hashlib.sha256(b"".join(pieces)).hexdigest()
+
+
 BINDING_SYMBOL = "tessel_manifest_digest"
 
 
 def binding_digest(manifest: dict) -> str:
     """The sha256 of the manifest fields the generated code relies on, as the code embeds it: everything is fixed
-    before code generation except the files' digests and the wasm memory limits, which the linker decides."""
-    bound = {key: value for key, value in manifest.items() if key != "files"}
+    before code generation except the files' digests (plain and chunked) and the wasm memory limits, which the linker
+    decides."""
+    bound = {key: value for key, value in manifest.items() if key not in ("files", "chunked_files")}
     if isinstance(bound.get("memory"), dict):
         bound["memory"] = {key: value for key, value in bound["memory"].items() if key != "wasm_import"}
     if isinstance(bound.get("variants"), list):
@@ -213,6 +227,8 @@ MANIFEST_SCHEMA = {
     },
     "options": _any,
     "files": _dict_of_text,
+    # params.bin's digest as CHUNK_BYTES pieces (chunked_digest), for runtimes that hash it as it downloads
+    "chunked_files?": {"chunk_bytes": _count, "sha256": _dict_of_text},
     # GPU bundles: the kernels in order, each parameter bound to a region (tir/gpu.py dispatch_list)
     "dispatches?": _list_of(
         {
@@ -397,7 +413,14 @@ def write_bundle(directory: str | Path, manifest: dict, files: dict[str, bytes])
     directory.parent.mkdir(parents=True, exist_ok=True)
     if directory.exists() and not (directory / MANIFEST_FILE).is_file() and any(directory.iterdir()):
         raise BundleError(f"{directory} exists and is not a bundle; choose an empty or new directory")
-    manifest = {**manifest, "files": {name: _digest(data) for name, data in sorted(files.items())}}
+    manifest = {
+        **manifest,
+        "files": {name: _digest(data) for name, data in sorted(files.items())},
+        "chunked_files": {
+            "chunk_bytes": CHUNK_BYTES,
+            "sha256": {name: chunked_digest(files[name]) for name in CHUNKED_FILES if name in files},
+        },
+    }
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
         staging.chmod(0o755)

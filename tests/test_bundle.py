@@ -1,6 +1,7 @@
 """Bundles: export writes manifest.json, the code and params.bin atomically; load_module checks the
 format version and every file's sha256 and names what is wrong; a loaded bundle matches onnxruntime."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -10,7 +11,7 @@ from onnx import numpy_helper
 
 from compiler import zoo
 from compiler.build import compile_model, load_module
-from compiler.bundle import FORMAT_VERSION, BundleError, read_bundle, write_bundle
+from compiler.bundle import CHUNK_BYTES, FORMAT_VERSION, BundleError, chunked_digest, read_bundle, write_bundle
 from compiler.errors import TesselError
 
 
@@ -76,6 +77,19 @@ def test_a_flipped_byte_in_params_is_reported(bundle):
     (bundle / "params.bin").write_bytes(bytes(data))
     with pytest.raises(BundleError, match=r"params\.bin is corrupted"):
         load_module(bundle)
+
+
+def test_params_get_a_chunked_digest_for_runtimes_that_hash_while_downloading(bundle, digits_module):
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    params = (bundle / "params.bin").read_bytes()
+    assert manifest["chunked_files"] == {"chunk_bytes": CHUNK_BYTES, "sha256": {"params.bin": chunked_digest(params)}}
+    assert digits_module.manifest["chunked_files"] == manifest["chunked_files"]
+    # the sha256 of the pieces' sha256 digests, the last piece shorter; no pieces for an empty file
+    data = bytes(range(256)) * 5
+    pieces = [hashlib.sha256(data[start : start + 512]).digest() for start in (0, 512, 1024)]
+    assert chunked_digest(data, 512) == hashlib.sha256(b"".join(pieces)).hexdigest()
+    assert chunked_digest(b"") == hashlib.sha256(b"").hexdigest()
+    assert chunked_digest(data, 512) != chunked_digest(data[:-1] + b"\x00", 512)
 
 
 def test_a_missing_code_file_is_reported(bundle):

@@ -3,6 +3,7 @@
 // error a caller can cause and the backend choice. Run through pytest, which passes TESSEL_WEB_CASES.
 
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { cp, mkdtemp, readFile, writeFile } from "node:fs/promises";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
@@ -147,6 +148,61 @@ describe("loading", () => {
     const feeds = await feedsOf(digits);
     await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
     await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
+  });
+
+  // compiler/bundle.py's chunked_digest: the sha256 of the pieces' sha256 digests
+  const chunkedDigest = (bytes, size) => {
+    const pieces = [];
+    for (let start = 0; start < bytes.byteLength; start += size) {
+      pieces.push(createHash("sha256").update(bytes.subarray(start, start + size)).digest());
+    }
+    return createHash("sha256").update(Buffer.concat(pieces)).digest("hex");
+  };
+  const rechunked = (size, flip) =>
+    copyBundle(`chunked-${size}-${flip}`, async (path) => {
+      const params = await readFile(join(path, "params.bin"));
+      const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
+      manifest.chunked_files = { chunk_bytes: size, sha256: { "params.bin": chunkedDigest(params, size) } };
+      await writeFile(join(path, "manifest.json"), JSON.stringify(manifest));
+      if (flip !== null) {
+        params[flip] ^= 0x01;
+        await writeFile(join(path, "params.bin"), params);
+      }
+    });
+
+  test("params.bin is hashed piece by piece as it arrives: intact pieces pass, a flipped byte in any piece fails", async () => {
+    const feeds = await feedsOf(digits);
+    const expected = (await (await tessel.load(digits.bundle)).run(feeds)).probabilities.data;
+    // 1000-byte pieces, and reads of 1 MiB from disk: several pieces per read, a last piece shorter
+    const intact = await tessel.load(await rechunked(1000, null));
+    assert.deepEqual(Array.from((await intact.run(feeds)).probabilities.data), Array.from(expected));
+    const size = (await readFile(join(digits.bundle, "params.bin"))).byteLength;
+    for (const flip of [0, 1500, size - 1]) {
+      const model = await tessel.load(await rechunked(1000, flip));
+      await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
+    }
+  });
+
+  test("a bundle without a chunked digest (an older export) still has params.bin checked whole", async () => {
+    const directory = await copyBundle("unchunked-corrupted", async (path) => {
+      const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
+      delete manifest.chunked_files;
+      await writeFile(join(path, "manifest.json"), JSON.stringify(manifest));
+      const params = await readFile(join(path, "params.bin"));
+      params[100] ^= 0xff;
+      await writeFile(join(path, "params.bin"), params);
+    });
+    const model = await tessel.load(directory);
+    await assert.rejects(model.run(await feedsOf(digits)), /params\.bin does not match the manifest's sha256/);
+  });
+
+  test("a chunked digest without a positive piece size is refused", async () => {
+    const directory = await copyBundle("chunked-zero", async (path) => {
+      const manifest = JSON.parse(await readFile(join(path, "manifest.json"), "utf8"));
+      manifest.chunked_files.chunk_bytes = 0;
+      await writeFile(join(path, "manifest.json"), JSON.stringify(manifest));
+    });
+    await assert.rejects(tessel.load(directory), /chunked_files must have a positive chunk_bytes/);
   });
 
   test("a truncated params.bin is refused", async () => {

@@ -441,6 +441,44 @@ def test_a_page_that_is_not_cross_origin_isolated_runs_one_thread_and_says_why(s
     assert "Cross-Origin-Embedder-Policy: require-corp" in threads_warnings[0]
 
 
+DAMAGED_RUNS = """async ({bundle, feeds, configs}) => {
+  const tessel = await import("/runtime/tessel.js");
+  const inputs = Object.fromEntries(Object.entries(feeds).map(([name, values]) => [name, Float32Array.from(values)]));
+  const errors = [];
+  for (const options of configs) {
+    const model = await tessel.load(bundle, options);
+    for (const attempt of [0, 1]) {
+      errors.push(await model.run(inputs).then(() => "a result", (error) => error.message));
+    }
+    model.dispose();
+  }
+  return errors;
+}"""
+
+
+@pytest.mark.slow
+def test_a_damaged_params_download_holds_back_every_result_in_the_page(server, page, variant_bundles):
+    """params.bin with one byte flipped on the way (in its second 1 MiB piece, hashed as it arrives): every run
+    rejects, on one thread and on two (each piece copied out of shared memory to be hashed)."""
+    bundle, feeds, _ = variant_bundles["squeezenet"]
+
+    def damaged(route):
+        response = route.fetch()
+        body = bytearray(response.body())
+        assert len(body) > (1 << 20) + 4096, "squeezenet's params no longer span two pieces"
+        body[(1 << 20) + 4096] ^= 0x01
+        route.fulfill(response=response, body=bytes(body))
+
+    page.route(f"{server}{bundle}params.bin", damaged)
+    page.goto(f"{server}/")
+    plain = {name: array.ravel().tolist() for name, array in feeds.items()}
+    configs = [{"threads": 1}, {"threads": 2}]
+    errors = page.evaluate(DAMAGED_RUNS, {"bundle": bundle, "feeds": plain, "configs": configs})
+    assert len(errors) == 4 and all("params.bin does not match the manifest's sha256" in text for text in errors), (
+        errors
+    )
+
+
 @pytest.mark.slow
 def test_an_engine_without_simd_gets_the_simd_error(server, page, variant_bundles):
     page.add_init_script("WebAssembly.validate = () => false;")

@@ -4,6 +4,7 @@
 // switched on (--experimental-wasm-relaxed-simd) as a second run.
 
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { cp, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, test } from "node:test";
@@ -89,6 +90,34 @@ describe("loading a threaded variant", () => {
     await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
     await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
     model.dispose();
+  });
+
+  test("a threaded variant's params are hashed piece by piece out of shared memory: a flip in a later piece fails", async () => {
+    const item = cases.find((entry) => entry.name === "digits");
+    const feeds = await feedsOf(item);
+    const size = 4096;
+    for (const flip of [null, 3 * size + 5]) {
+      const directory = join(scratch, `chunked-params-${flip}`);
+      await cp(item.bundle, directory, { recursive: true });
+      const params = await readFile(join(directory, "params.bin"));
+      const pieces = [];
+      for (let start = 0; start < params.byteLength; start += size) {
+        pieces.push(createHash("sha256").update(params.subarray(start, start + size)).digest());
+      }
+      const manifest = JSON.parse(await readFile(join(directory, "manifest.json"), "utf8"));
+      const root = createHash("sha256").update(Buffer.concat(pieces)).digest("hex");
+      manifest.chunked_files = { chunk_bytes: size, sha256: { "params.bin": root } };
+      await writeFile(join(directory, "manifest.json"), JSON.stringify(manifest));
+      if (flip !== null) {
+        params[flip] ^= 0x01;
+        await writeFile(join(directory, "params.bin"), params);
+      }
+      const model = await tessel.load(directory, { threads: 2, relaxedSimd: false });
+      assert.equal(model.variant.threads, 2);
+      if (flip === null) await model.run(feeds);
+      else await assert.rejects(model.run(feeds), /params\.bin does not match the manifest's sha256/);
+      model.dispose();
+    }
   });
 });
 
