@@ -500,6 +500,11 @@ class Module:
         self.target = target or Target.parse(manifest["target"])
         self.inputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["inputs"]]
         self.outputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["outputs"]]
+        # what a run checks and fills in, made once: each input's name and dtype, the outputs no kernel writes
+        self.input_checks = [(spec, np.dtype(spec.dtype)) for spec in self.inputs]
+        self.input_names = {spec.name for spec in self.inputs}
+        self.host_outputs = [(p, item["source"]) for p, item in enumerate(manifest["outputs"]) if item["source"]]
+        self.output_names = [spec.name for spec in self.outputs]
         calls = [_describe_call(call, manifest["kernels"]) for call in manifest.get("calls", [])]
         image = ModelImage(manifest, library, params, self.inputs, self.outputs, calls, binding)
         self.runtime = backend_for(self.target).model_runtime(image, self.target, num_threads)
@@ -523,29 +528,29 @@ class Module:
     def _check(self, feeds: dict) -> list[np.ndarray]:
         if not isinstance(feeds, dict):
             raise ShapeError(f"run takes a dict of input name -> numpy array, not {type(feeds).__name__}")
-        expected = [spec.name for spec in self.inputs]
-        unknown = [name for name in feeds if name not in expected]
-        if unknown:
-            raise ShapeError(f"unknown input {unknown[0]!r}; the model's inputs are {', '.join(expected)}")
-        missing = [name for name in expected if name not in feeds]
-        if missing:
+        if len(feeds) != len(self.input_names) or not self.input_names.issuperset(feeds):
+            expected = [spec.name for spec in self.inputs]
+            unknown = [name for name in feeds if name not in expected]
+            if unknown:
+                raise ShapeError(f"unknown input {unknown[0]!r}; the model's inputs are {', '.join(expected)}")
+            missing = [name for name in expected if name not in feeds]
             raise ShapeError(f"missing input {missing[0]!r}; the model's inputs are {', '.join(expected)}")
         arrays = []
-        for spec in self.inputs:
+        for spec, dtype in self.input_checks:
             array = feeds[spec.name]
             if not isinstance(array, np.ndarray):
                 raise ShapeError(f"input {spec.name!r} must be a numpy array, not {type(array).__name__}")
-            if array.dtype != np.dtype(spec.dtype):
+            if array.dtype != dtype:
                 raise ShapeError(
                     f"input {spec.name!r} has dtype {array.dtype}, the model takes {spec.dtype}; "
                     f"convert it with array.astype({spec.dtype!r})"
                 )
-            if tuple(array.shape) != spec.shape:
+            if array.shape != spec.shape:
                 raise ShapeError(
                     f"input {spec.name!r} has shape {tuple(array.shape)}, the model takes {spec.shape}; "
                     "compile with input_shapes (tessel compile --input-shape) for another shape"
                 )
-            arrays.append(np.ascontiguousarray(array))
+            arrays.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
         return arrays
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -560,9 +565,7 @@ class Module:
 
     def _named_outputs(self, arrays: list[np.ndarray], results: list[np.ndarray]) -> dict[str, np.ndarray]:
         """Fill in the outputs no kernel writes (copied on the host) and name every output."""
-        for position, source in enumerate(item["source"] for item in self.manifest["outputs"]):
-            if source is None:
-                continue
+        for position, source in self.host_outputs:
             spec = self.outputs[position]
             if source["region"] == "input":
                 results[position] = arrays[source["index"]].copy()
@@ -573,7 +576,7 @@ class Module:
                 stored = self.manifest["outputs"][position].get("device_dtype", spec.dtype)
                 array = np.frombuffer(data, stored, int(np.prod(spec.shape))).reshape(spec.shape)
                 results[position] = array.astype(spec.dtype)
-        return {spec.name: array for spec, array in zip(self.outputs, results)}
+        return dict(zip(self.output_names, results))
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs of the right names, shapes and dtypes: standard normal floats, small integers, random bools."""

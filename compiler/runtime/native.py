@@ -109,6 +109,11 @@ class NativeLibrary:
         return call
 
 
+def _address(array: np.ndarray) -> int:
+    """The address of an array's first byte (array.ctypes.data without building a ctypes view object)."""
+    return array.__array_interface__["data"][0]
+
+
 def aligned_buffer(nbytes: int, alignment: int = 64) -> np.ndarray:
     """A zeroed uint8 array of `nbytes` whose first byte sits on an `alignment` boundary."""
     raw = np.zeros(nbytes + alignment, np.uint8)
@@ -141,7 +146,11 @@ class NativeModel:
         self.entry = getattr(self.library.handle, entry)
         self.entry.restype = ctypes.c_int32
         self.calls = calls or []
-        self.state = (ctypes.c_void_p(self.params.ctypes.data), ctypes.c_void_p(self.arena.ctypes.data))
+        self.state = (self.params.ctypes.data, self.arena.ctypes.data)
+        # the per-call cost is Python's: each output's (shape, dtype) and the entry's argument types are made once,
+        # so a call allocates its outputs, reads each array's address and calls (c_void_p converts a plain int)
+        self.output_types = [(tuple(spec.shape), np.dtype(spec.dtype)) for spec in outputs]
+        self.arity: int | None = None
 
     @property
     def num_threads(self) -> int:
@@ -152,9 +161,16 @@ class NativeModel:
         self.library.num_threads = count
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        outputs = [np.empty(spec.shape, spec.dtype) for spec in self.outputs]
-        status = self.entry(*[ctypes.c_void_p(array.ctypes.data) for array in (*inputs, *outputs)], *self.state)
-        check_status(status, self.calls)
+        outputs = [np.empty(shape, dtype) for shape, dtype in self.output_types]
+        arity = len(inputs) + len(outputs) + 2
+        if self.arity != arity:
+            self.entry.argtypes = [ctypes.c_void_p] * arity
+            self.arity = arity
+        status = self.entry(
+            *[_address(array) for array in inputs], *[_address(array) for array in outputs], *self.state
+        )
+        if status:
+            check_status(status, self.calls)
         return outputs
 
     def replay(self, inputs: list[np.ndarray]) -> NativeReplay:

@@ -93,6 +93,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "pool_nchw": {"tile_vectors": 2},
     # a plane reduction's (global pool over a contiguous H x W) partial sums, in target vectors
     "plane_reduce": {"partial_vectors": 2},
+    # a row reduction's (softmax's max and sum, layer norm's moments, made per row inside the row loop) partial
+    # results, in target vectors
+    "row_reduce": {"partial_vectors": 1},
 }
 
 # Laid over DEFAULTS by the target's vector width in bytes (16 also stands for anything narrower).
@@ -513,6 +516,10 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
         host = _host(stage, readers, schedule, set())
         if host is not None and host not in hosted and host in pending:
             attached.setdefault(host, []).append(stage)
+    for members in attached.values():
+        for member in members:
+            if member not in partials and _is_row_reduction(member):
+                partials[member] = _factor_row(schedule, member, target, cfg)
     if not cfg.template:
         cfg.template = "reduce" if any(stage.op.reduce_axis for stage in pending) else "injective"
     for stage in pending:
@@ -558,6 +565,33 @@ def _factor_plane(schedule: Schedule, stage: Stage, target: Target, cfg: ConfigS
     cfg.define_knob("partial_vectors", [1, 2, 4], default=fallback("plane_reduce", target)["partial_vectors"])
     total = math.prod(axis.extent for axis in stage.op.reduce_axis)
     vectors = min(cfg["partial_vectors"].val, total // (2 * width))  # a short plane (7 x 7) keeps one vector
+    if vectors < 1:
+        return None
+    return schedule[schedule.rfactor(stage.op.output(0), width * vectors)]
+
+
+def _is_row_reduction(stage: Stage) -> bool:
+    """A reduction over one axis that every load it makes reads as its innermost index (softmax's max and sum over
+    the last axis, layer norm's moments): per output its domain is one contiguous row."""
+    op = stage.op
+    if len(op.reduce_axis) != 1 or not isinstance(op.reduce_axis[0].extent, int):
+        return False
+    (k,) = op.reduce_axis
+    for load in (node for node in walk(op.body) if isinstance(node, TensorLoad)):
+        uses = [index for index in load.indices if _uses(index, k)]
+        if uses and (len(uses) != 1 or load.indices[-1] is not k):
+            return False
+    return True
+
+
+def _factor_row(schedule: Schedule, stage: Stage, target: Target, cfg: ConfigSpace) -> Stage | None:
+    """rfactor a row reduction into partial_vectors vectors of partials (lane t combining the row's elements t,
+    t + factor, ...: contiguous vector loads), as _factor_plane does for planes; a row under two vectors keeps its
+    scalar loop. Softmax over 77 or 128 scores had a scalar max and a scalar sum per row, one per add latency."""
+    width = lanes(target, stage.op.dtype)
+    cfg.define_knob("row_vectors", [1, 2], default=fallback("row_reduce", target)["partial_vectors"])
+    total = stage.op.reduce_axis[0].extent
+    vectors = min(cfg["row_vectors"].val, total // (2 * width))
     if vectors < 1:
         return None
     return schedule[schedule.rfactor(stage.op.output(0), width * vectors)]

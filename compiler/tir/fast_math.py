@@ -28,11 +28,29 @@ LOG_POLY = (
     3.3333331174e-1,
 )
 TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
-# Maclaurin series of erf in x^2 (ten terms: truncation below 2e-8 for |x| < 1).
-ERF_SERIES = tuple((-1) ** n * 2 / math.sqrt(math.pi) / (math.factorial(n) * (2 * n + 1)) for n in reversed(range(10)))
-# Abramowitz & Stegun 7.1.26 for |x| >= 1: absolute error below 1.5e-7.
-ERF_TAIL = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
-ERF_TAIL_P = 0.3275911
+# erf(x) = x P(x^2) / Q(x^2) for |x| <= ERF_CLAMP, x clamped to that range first: past it erf rounds to +-1 in
+# float32. A minimax fit of the absolute error (iterated weighted least squares over a dense grid of [0, 4], made
+# for Tessel); highest degree first. One form for every lane: the series below 1 and Abramowitz & Stegun 7.1.26
+# (with an exp) above it were both evaluated for every lane and one of them selected. Evaluated in float32 over every
+# 2^-14 step of [-5, 5]: max absolute error 2.8e-7 natively (multiply-adds fused), 3.6e-7 in wasm; relative error
+# 3.5e-7 below |x| = 1 (tests/codegen/test_llvm_codegen.py).
+ERF_P = (
+    1.974728775167023e-06,
+    0.00028803531313315034,
+    0.004003690555691719,
+    0.053467631340026855,
+    0.1962510049343109,
+    1.128378987312317,
+)
+ERF_Q = (
+    3.747947630472481e-05,
+    0.0012163566425442696,
+    0.015444531105458736,
+    0.11647715419530869,
+    0.5072540640830994,
+    1.0,
+)
+ERF_CLAMP = 4.0
 
 
 def _shared(value: Expr, build) -> Expr:
@@ -60,13 +78,14 @@ def _signed(x: Expr, magnitude: Expr) -> Expr:
 
 def erf(x: Expr) -> Expr:
     def build(x):
-        def from_magnitude(m):
-            series = _poly(x * x, ERF_SERIES) * x
-            t = Const(1.0, x.dtype) / (m * Const(ERF_TAIL_P, x.dtype) + Const(1.0, x.dtype))
-            large = Const(1.0, x.dtype) - _poly(t, ERF_TAIL) * t * _call("exp", Const(0.0, x.dtype) - m * m)
-            return Select(m < Const(1.0, x.dtype), series, _signed(x, large))
+        # a select, not min/max, so that NaN stays NaN; +-inf clamp to +-ERF_CLAMP and give +-1
+        high, low = Const(ERF_CLAMP, x.dtype), Const(-ERF_CLAMP, x.dtype)
+        clamped = Select(x > high, high, Select(x < low, low, x))
 
-        return _shared(_call("abs", x), from_magnitude)
+        def from_clamped(c):
+            return _shared(c * c, lambda s: c * _poly(s, ERF_P) / _poly(s, ERF_Q))
+
+        return _shared(clamped, from_clamped)
 
     return _shared(x, build)
 

@@ -9,9 +9,9 @@ from compiler.tir.analysis import affine_coefficient
 from compiler.tir.nodes import Allocate, For, ForKind, IfThen, KernelCall, LetStmt, Load, Seq, Stmt, Store
 from compiler.tir.simplify import bounds
 
-# Operations per call, about the instructions codegen/fast_math.py's polynomials take; other calls (sqrt, min,
-# fma...) are one instruction.
-CALL_OPERATIONS = {"exp": 14, "log": 20, "tanh": 24, "sigmoid": 18, "erf": 28, "pow": 36}
+# Operations per call, about the instructions codegen/fast_math.py's and tir/fast_math.py's polynomials take (erf: a
+# clamp, two degree-5 polynomials and a division); other calls (sqrt, min, fma...) are one instruction.
+CALL_OPERATIONS = {"exp": 14, "log": 20, "tanh": 24, "sigmoid": 18, "erf": 16, "pow": 36}
 # A parallel loop whose estimate is below this stays on the calling thread. Measured on the 2-core VM with
 # `benchmarks/threads.py --calibrate` (elementwise, polynomial and reduction bodies, workers awake): loops of up
 # to ~16,000 operations (5-7 us on one thread) were 4-10% slower at two threads than at one, loops of ~65,000 and

@@ -565,6 +565,33 @@ def test_attention_softmax_over_77_scores_runs_in_whole_vectors_and_a_tail(targe
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "op, columns", [("Softmax", 77), ("Softmax", 128), ("LayerNormalization", 77), ("Softmax", 20)]
+)
+def test_row_reductions_run_in_vectors_of_partial_results(target, op, columns):
+    """A softmax's max and sum and a layer norm's moments, made per row inside the row loop, reduce the row in
+    vectors of partial results (rfactor; the masked tail in its own piece) and then combine the lanes; a row under
+    two vectors keeps its scalar loop."""
+    graph = Graph()
+    shape = (1, 3, 5, columns)
+    x = graph.add_input("x", TensorType(shape, "float32"))
+    inputs = [x]
+    if op == "LayerNormalization":
+        inputs += [graph.add_param(name, RNG.standard_normal(columns).astype(np.float32)) for name in ("g", "b")]
+    graph.outputs = list(graph.add_node(op, inputs, {"axis": -1}))[:1]
+    tir = anchor_kernel(check(graph, {"x": RNG.standard_normal(shape).astype(np.float32) * 5}, target))
+    width = lanes(Target.parse(target), "float32")
+    factor = width * min(fallback("row_reduce", Target.parse(target))["partial_vectors"], columns // (2 * width))
+    if factor:
+        # two reductions per row, each over vectors of `factor` partials
+        assert len(re.findall(rf"allocate \w+\.rf: float32\[{factor}, 1, 1, 1, 1\] local", tir)) == 2, tir
+        assert len(re.findall(rf"for \(\w+\.lane: int32, 0, {factor}\) vectorized", tir)) >= 2, tir
+        assert tir.index(") parallel {") < tir.index(".rf: float32")
+    else:
+        assert ".rf" not in tir, tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
 def test_pool_then_elementwise_with_odd_shapes(target):
     graph = Graph()
     x = graph.add_input("x", TensorType((1, 3, 11, 13), "float32"))
