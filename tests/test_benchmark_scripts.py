@@ -79,6 +79,12 @@ def test_kernels_benchmark_matches_each_group_to_onnxruntime_nodes():
     assert rows and any("ConvNCHWc" in row and "| Conv" in row for row in rows), result.stdout
 
 
+def run_in_benchmarks(code: str) -> None:
+    """`code` run by a fresh Python in benchmarks/ (where `import common` finds the scripts' helpers); it must pass."""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_cpu_speeds_times_every_cpu_of_the_affinity_and_gives_the_affinity_back():
     code = (
         "import os, common\n"
@@ -88,8 +94,7 @@ def test_cpu_speeds_times_every_cpu_of_the_affinity_and_gives_the_affinity_back(
         "assert os.sched_getaffinity(0) == saved\n"
         "assert 0 < common.speed_spread(speeds) <= 1\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    run_in_benchmarks(code)
 
 
 def test_settled_cell_times_both_sides_again_while_a_probe_shows_uneven_cpus():
@@ -109,5 +114,4 @@ def test_settled_cell_times_both_sides_again_while_a_probe_shows_uneven_cpus():
         "assert run([1.0, 0.5, 1.0, 0.95, 0.97, 0.99]) == ([[2.0], [2.0]], 0.95, 2)\n"
         "assert run([0.6, 0.6, 0.6, 0.8, 0.7, 0.85, 0.5, 0.5, 0.5]) == ([[2.0], [2.0]], 0.7, 3)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    run_in_benchmarks(code)
