@@ -295,7 +295,7 @@ function chunkedHasher(manifest, name, total) {
   const hash = (view, end) => {
     const piece = view.subarray(hashed, end);
     let input = piece;
-    if (typeof SharedArrayBuffer === "function" && view.buffer instanceof SharedArrayBuffer) {
+    if (isShared(view)) {
       scratch = scratch || new Uint8Array(Math.min(size, total));
       scratch.set(piece);
       input = scratch.subarray(0, piece.byteLength);
