@@ -25,7 +25,8 @@ from compiler.tune.space import ConfigSpace, run_template
 #    divisor above the fallback's (77 rows: 7)
 # 4: an NCHW conv's ragged rows take tiles of whole vectors
 # 5: a MatMul's space adds unroll_k, parallel, pack_b and, on a ragged row, vector multiples as column tiles
-SPACE_VERSION = 5
+# 6: an NCHW[x]c conv's space adds unroll_outer (which of its tile's unrolled loops is outside)
+SPACE_VERSION = 6
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -53,11 +54,15 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # filter block a vector (two on 16-byte targets, see VECTOR_DEFAULTS). `taps` "inner" moves the kernel window
     # inside the loop over a block's input channels, so the weights are read in memory order and one iteration
     # makes kh x kw x the tile's multiply-adds. A 1 x 1 window takes pointwise_tile_ow x pointwise_tile_blocks
-    # instead where the target gives them (None: the same tile as any window)
+    # instead where the target gives them (None: the same tile as any window). `unroll_outer` "blocks" makes each
+    # block's columns in turn, so the columns' broadcast inputs stay live across the blocks; "columns" feeds each
+    # column's one broadcast input to every block's weight vector, so the blocks' weights stay live instead (fewer
+    # registers when the tile has fewer blocks than columns)
     "conv2d_nchwc": {
         "tile_ow": 14,
         "tile_blocks": 1,
         "taps": "outer",
+        "unroll_outer": "blocks",
         "pointwise_tile_ow": None,
         "pointwise_tile_blocks": None,
     },
@@ -154,6 +159,14 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two
     # vectors) 0.48 ms at 2 threads, against 0.88 with 4 x 16 and 1.1 with 2 x 32
     32: {
+        # 2 filter blocks x 6 columns, the columns unrolled outside the blocks: 12 accumulators, the blocks' 2 weight
+        # vectors and one broadcast input in 16 registers. With the blocks outside, the 6 broadcasts stayed live
+        # and LLVM spilled 3 accumulators to the stack in the k loop. znver3, 1 thread, each model's variants
+        # round-robin (median ms, onnxruntime's 1-thread session in the same rounds): yolo_neck 5.65 against 6.59
+        # with DEFAULTS' 1 x 14 and 8.61 with 2 x 6 blocks outside (onnxruntime 4.70), unet_small 5.31, 6.08, 11.47
+        # (6.12), resnet18 45.6, 49.3, 45.1 (40.9), resnet50_bottleneck 7.08, 8.72, 7.19 (7.00), inception_block
+        # 3.32, 4.14, 3.32 (3.36); the taps inside the channels 7.13 on yolo_neck and 10.1 on unet_small
+        "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns"},
         "dense": {"tile_m": 6, "tile_n": 16},
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16},
         # not measured: the dense block's 12 accumulators
@@ -837,8 +850,9 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     least = 0.75 if pointwise_tile else 0.5
     tile_ow = tile_or_tail(ow.extent, max(values["tile_ow"], min(accumulators // blocks, columns)), least)
     cfg.define_split("tile_ow", ow, policy=column_tiles(ow.extent), default=tile_ow)
+    columns_outer = conv.op.tag == "conv2d_nchwc" and values["unroll_outer"] == "columns"
     more_blocks = accumulators // tile_ow
-    while more_blocks > blocks and not _fits_registers(target, more_blocks, tile_ow, block_vectors):
+    while more_blocks > blocks and not _fits_registers(target, more_blocks, tile_ow, block_vectors, columns_outer):
         more_blocks -= 1
     cfg.define_split("tile_blocks", outer, default=max(blocks, more_blocks))
     _limit_registers(cfg, target, output.op.dtype, ("tile_blocks", "tile_ow"), inner.extent)
@@ -858,12 +872,16 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     conv.compute_at(output, ow_outer)
     cn, couter, coh, cow, cinner = conv.op.axis
     reduce_axes = list(conv.op.reduce_axis)
+    unrolled = [couter, cow]
     if conv.op.tag == "conv2d_nchwc":
         cfg.define_knob("taps", ["outer", "inner"], default=values["taps"])
         if cfg["taps"].val == "inner":
             channel_outer, *taps, channel_inner = reduce_axes
             reduce_axes = [channel_outer, channel_inner, *taps]
-    conv.reorder(cn, coh, *reduce_axes, couter, cow, cinner)
+        cfg.define_knob("unroll_outer", ["blocks", "columns"], default=values["unroll_outer"])
+        if cfg["unroll_outer"].val == "columns":
+            unrolled.reverse()
+    conv.reorder(cn, coh, *reduce_axes, *unrolled, cinner)
     conv.unroll(couter)
     conv.unroll(cow)
     conv.vectorize(cinner)
@@ -881,11 +899,13 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     _schedule_rows(pad, target)
 
 
-def _fits_registers(target: Target, blocks: int, columns: int, block_vectors: int) -> bool:
+def _fits_registers(target: Target, blocks: int, columns: int, block_vectors: int, columns_outer: bool) -> bool:
     """Whether a blocked conv's tile of `blocks` filter blocks x `columns` columns fits the vector registers: its
-    accumulators, a weight vector per block and, with more than one block, each column's broadcast input held for
-    the blocks that share it (AVX2's 2 x 7 tile spilled those broadcasts to the stack)."""
-    held = blocks * columns * block_vectors + blocks * block_vectors + (columns if blocks > 1 else 0)
+    accumulators, a weight vector per block and, with more than one block, the broadcast inputs the blocks share:
+    each column's, held across the blocks (AVX2's 2 x 7 tile spilled them to the stack), or with the columns
+    unrolled outside the blocks (`unroll_outer`) one at a time."""
+    broadcasts = 0 if blocks == 1 else 1 if columns_outer else columns
+    held = blocks * columns * block_vectors + blocks * block_vectors + broadcasts
     return held <= vector_registers(target)
 
 

@@ -351,13 +351,16 @@ def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
     assert match, tir
     assert target != "wasm" or (int(match[1]), int(match[3])) == (2, 8)
     # every tap: the tile's filter blocks and columns unrolled, each a multiply-add over a block's contiguous filters
-    # (the window's loops between, when the taps knob puts them inside the input channels)
-    blocks = r"(\s*for \(outer: int32, 0, 2\) unrolled \{\n)?" if target == "wasm" else "()"
+    # (the window's loops between, when the taps knob puts them inside the input channels); the blocks' loop inside
+    # the columns' where the target's fallback unrolls the columns outside (unroll_outer)
+    blocks = r"(\s*for \(outer: int32, 0, 2\) unrolled \{\n)"
+    columns_outer = fallback("conv2d_nchwc", Target.parse(target))["unroll_outer"] == "columns"
     assert re.search(
-        rf"for \(rci: .*\n(\s*for \(r[01]: .*\n)*{blocks}\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{{\n"
+        rf"for \(rci: .*\n(\s*for \(r[01]: .*\n)*{'' if columns_outer else blocks + '?'}"
+        rf"\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{{\n{blocks if columns_outer else ''}"
         r"\s*for \(inner: .* vectorized",
         tir,
-    )
+    ), tir
     # the padded copy (13 columns with stride 2, whose last output never reads the 14th): parallel over rows,
     # each row's columns partitioned so the interior ones test no column
     assert re.search(r"allocate pad: float32\[1, 1, 11, 1[34], 8\] global", tir), tir
@@ -425,7 +428,8 @@ def test_blocked_max_pool_keeps_a_register_tile_and_reads_its_padding_in_place(t
 @pytest.mark.parametrize("target", TARGETS)
 def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(target):
     """31 columns (SqueezeNet after a ceil_mode pool): the only divisor below the tile's limit is 1, so the tiles are
-    balanced, the last shorter (AVX-512's one filter block of 16 channels: 16 + 15; wasm's two blocks: 4 x 7 + 3),
+    balanced, the last shorter (AVX-512's one filter block of 16 channels: 16 + 15; wasm's two blocks: 4 x 7 + 3;
+    AVX2's two blocks: 5 x 6 + 1),
     the tile loop partitioned so the full tiles test nothing and the tail's loops are short (0.31 -> 0.08 ms for a
     16 -> 64 3x3 conv)."""
     graph, feeds = conv_graph((1, 8, 3, 31), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
@@ -433,7 +437,7 @@ def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(targ
     match = re.search(r"allocate conv: float32\[1, \d+, 1, (\d+), \d+\] local", tir)
     assert match, tir
     tile = int(match[1])
-    assert 7 <= tile < 31, tir
+    assert fallback("conv2d_nchwc", Target.parse(target))["tile_ow"] <= tile < 31, tir
     tail = 31 - tile * (31 // tile)
     assert re.search(rf"for \(column(?:_\d+)?: int32, 0, {tail}\) unrolled", tir), tir
     assert re.search(rf"for \(column(?:_\d+)?: int32, 0, {tile}\) unrolled", tir), tir
@@ -441,16 +445,21 @@ def test_blocked_conv_over_a_prime_width_keeps_a_full_tile_and_a_short_tail(targ
 
 
 @pytest.mark.parametrize(
-    "target, blocks",
-    [("llvm", 2 if Target.parse("llvm").vector_bytes == 64 else 1), ("wasm", 2), ("llvm -mattr=-avx512f", 1)],
+    "target, tile",
+    [
+        ("llvm", (2, 7) if Target.parse("llvm").vector_bytes == 64 else (2, 4)),
+        ("wasm", (2, 7)),
+        ("llvm -mattr=-avx512f", (2, 4)),
+    ],
 )
-def test_blocked_conv_over_a_short_row_takes_more_filter_blocks_that_fit(target, blocks):
+def test_blocked_conv_over_a_short_row_takes_more_filter_blocks_that_fit(target, tile):
     """7 columns (a 7 x 7 feature map) are under AVX-512's 8-column tile and wasm's: the tile takes 2 filter blocks,
-    so it keeps about as many accumulators as the fallback's full tile. AVX2's 16 registers cannot also hold the 7
-    broadcast inputs that 2 blocks share, so it keeps 1 (the host, "llvm", is either)."""
+    so it keeps about as many accumulators as the fallback's full tile. AVX2's 2 x 6 tile finds no divisor of 7 near
+    6 columns, so it takes 4 + 3; its 16 registers could not hold 2 x 7 accumulators with the blocks' weights and a
+    broadcast input (the host, "llvm", is either)."""
     graph, feeds = conv_graph((1, 32, 7, 7), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
     tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
-    assert re.search(rf"allocate conv: float32\[1, {blocks}, 1, 7, \d+\] local", tir), tir
+    assert re.search(rf"allocate conv: float32\[1, {tile[0]}, 1, {tile[1]}, \d+\] local", tir), tir
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -631,7 +640,13 @@ def test_fallbacks_overlay_defaults():
         "pointwise_tile_ow": 4,
         "pointwise_tile_blocks": 1,
     }
-    assert fallback("conv2d_nchwc", Target.parse("llvm -mattr=-avx512f")) == DEFAULTS["conv2d_nchwc"]
+    assert fallback("conv2d_nchwc", Target.parse("llvm -mcpu=haswell -mattr=-avx512f")) == {
+        **DEFAULTS["conv2d_nchwc"],
+        "tile_ow": 6,
+        "tile_blocks": 2,
+        "unroll_outer": "columns",
+    }
+    assert fallback("conv2d_nchwc", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f"))["unroll_outer"] == "blocks"
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
     assert fallback("dense", Target.parse("llvm -mcpu=haswell -mattr=-avx512f"))["tile_m"] == 6
     assert fallback("dense", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f")) == DEFAULTS["dense"]
