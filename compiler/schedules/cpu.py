@@ -165,7 +165,10 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # round-robin (median ms, onnxruntime's 1-thread session in the same rounds): yolo_neck 5.65 against 6.59
         # with DEFAULTS' 1 x 14 and 8.61 with 2 x 6 blocks outside (onnxruntime 4.70), unet_small 5.31, 6.08, 11.47
         # (6.12), resnet18 45.6, 49.3, 45.1 (40.9), resnet50_bottleneck 7.08, 8.72, 7.19 (7.00), inception_block
-        # 3.32, 4.14, 3.32 (3.36); the taps inside the channels 7.13 on yolo_neck and 10.1 on unet_small
+        # 3.32, 4.14, 3.32 (3.36); the taps inside the channels 7.13 on yolo_neck and 10.1 on unet_small. At the
+        # default thread count, a 50 ms pause before each run, against 1 x 14: a conv net with untuned channels
+        # (24, 40, 72, 136) 6.25 -> 5.62, resnet50_bottleneck 6.18 -> 5.30, yolo_neck 3.80 -> 3.48, resnet18
+        # 25.4 -> 24.0 (docs/benchmarks.md, "AVX2 conv tiles (seventh session)")
         "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns"},
         "dense": {"tile_m": 6, "tile_n": 16},
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16},
