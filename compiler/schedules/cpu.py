@@ -75,8 +75,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # tile_order (1, 0) walks the column tiles outermost, so the tiles that share a strip of B follow each other
     # while it is in cache. (1, 128, 768) x (768, 768) on AVX-512, one thread: 1.49 ms, against 1.82 ms with
     # 4 x 16 rows outer (and 5.55 ms before a batched MatMul had a template); x (768, 3072): 6.2 against 13.5 ms
-    # "parallel" "outer" runs the outer tile loop alone in parallel; pack_b copies B's panel (unroll_k, the k loop
-    # unrolled, is 1 here): the search's knobs, their fallbacks today's code
+    # "parallel" "outer" runs the outer tile loop alone in parallel; pack_b copies B's panel: the search's knobs,
+    # their fallbacks the code before them (AVX-512 unrolls the k loop, VECTOR_DEFAULTS)
     "dense": {
         "tile_m": 8,
         "tile_n": 32,
@@ -85,6 +85,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "tile_order": (1, 0),
         "parallel": "tiles",
         "pack_b": 0,
+        # the k loop split by at most this (the largest of 1, 2, 4, 8 that divides it), the inner part unrolled:
+        # each iteration makes that many rank-1 updates of the block
+        "unroll_k": 1,
         # 1: a row tile above tile_m (77 rows: 7) takes fewer columns, so the block keeps tile_m x tile_n
         # accumulators instead of growing past the registers
         "keep_accumulators": 0,
@@ -154,6 +157,13 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
     # against 0.94, the others equal. AVX2 keeps them outside: 64 on 56 x 56 2.0-2.2 ms against 2.4-2.5 inside
     64: {
         "conv2d_nchwc": {"tile_ow": 8, "tile_blocks": 2, "taps": "inner"},
+        # 8 rows x 48 columns (three vectors: 24 accumulators, B's 3 vectors and A's broadcast in 32 registers), the
+        # k loop unrolled by 4. Intel Xeon (LLVM's host CPU rocketlake), 1 thread, whole models round-robin against
+        # onnxruntime, ms for DEFAULTS' 8 x 32, unroll_k 4 alone, 48 columns alone, both: odd_transformer 1.46, 1.38,
+        # 1.35, 1.28 (onnxruntime 1.30), vit_tiny 2.85, 2.68, 2.64, 2.54 (2.95), bert_tiny 1.26, 1.21, 1.25, 1.22
+        # (1.51), mlp 0.080 in all four. The search chose 7 x 48 with unroll_k 4 and 11 x 32 with 8 for
+        # odd_transformer's 200 x 700 and 700 x 200 MatMuls (1.3-1.4x their old fallback)
+        "dense": {"tile_n": 48, "unroll_k": 4},
     },
     # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
     # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two
@@ -934,14 +944,15 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # and no power of two as registers and a remnant (_vector_pieces), so a 28-lane tail of 700 columns costs what
     # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
     # tile that narrowing chose; onnxruntime 0.095). The tile is halved only while the block does not fit the
-    # registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms against 0.23 in 7 x 8)
+    # registers, a vector at a time: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms against
+    # 0.23 in 7 x 8)
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
     if values["keep_accumulators"] and tile_m > values["tile_m"]:
         tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
     while ragged and tile_n > width and not _dense_fits_registers(target, tile_m, -(-tile_n // width)):
-        tile_n //= 2
+        tile_n -= width
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
@@ -994,7 +1005,8 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         stage.vectorize(lane)
         return
     (k,) = dense.op.reduce_axis
-    cfg.define_split("unroll_k", k, policy=[size for size in (1, 2, 4, 8) if k.extent % size == 0], default=1)
+    unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
+    cfg.define_split("unroll_k", k, policy=unrolls, default=max(size for size in unrolls if size <= values["unroll_k"]))
     cfg.define_knob("pack_b", [0, 1], default=values["pack_b"])
     if cfg["pack_b"].val:
         _pack_panel(schedule, dense, panel_loop, output, width)

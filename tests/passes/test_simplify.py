@@ -219,3 +219,39 @@ def test_arithmetic_that_changes_something_stays(assert_same_structure, assert_s
         return graph
 
     check(build, build, assert_same_structure, assert_same_results)
+
+
+def test_square_becomes_a_multiply(assert_same_structure, assert_same_results):
+    def before():
+        graph = Graph()
+        x = graph.add_input("x", TensorType((2, 3), "float32"))
+        (centred,) = graph.add_node("Sub", [x, graph.add_param("mean", np.full(3, 0.25, np.float32))])
+        (square,) = graph.add_node("Pow", [centred, graph.add_param("two", np.float32(2))])
+        graph.outputs = graph.add_node("ReduceMean", [square], {"axes": [1], "keepdims": 1})
+        return graph
+
+    def expected():
+        graph = Graph()
+        x = graph.add_input("x", TensorType((2, 3), "float32"))
+        (centred,) = graph.add_node("Sub", [x, graph.add_param("mean", np.full(3, 0.25, np.float32))])
+        graph.add_param("two", np.float32(2))
+        (square,) = graph.add_node("Mul", [centred, centred])
+        graph.outputs = graph.add_node("ReduceMean", [square], {"axes": [1], "keepdims": 1})
+        return graph
+
+    check(before, expected, assert_same_structure, assert_same_results)
+
+
+def test_powers_that_are_not_a_plain_square_stay(assert_same_structure, assert_same_results):
+    def build():
+        graph = Graph()
+        x = graph.add_input("x", TensorType((3,), "float32"))
+        (cube,) = graph.add_node("Pow", [x, graph.add_param("three", np.float32(3))])
+        # an exponent of 2s that broadcasts the base to (2, 3) is not x * x
+        (wide,) = graph.add_node("Pow", [cube, graph.add_param("twos", np.full((2, 3), 2, np.float32))])
+        n = graph.add_input("n", TensorType((3,), "int32"))
+        (integral,) = graph.add_node("Pow", [n, graph.add_param("int_two", np.int32(2))])
+        graph.outputs = [wide, integral]
+        return graph
+
+    check(build, build, assert_same_structure, assert_same_results)

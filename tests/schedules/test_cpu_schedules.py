@@ -257,18 +257,30 @@ def test_batched_matmul_is_register_blocked(target, a_shape, b_shape):
     assert ") vectorized {" in tir
 
 
+def ragged_tile(target: Target, rows: int, columns: int) -> int:
+    """The column tile of a row no whole vectors divide, in a block of `rows`: the fallback's tile_n, a vector less
+    while the block's accumulators, the vectors of B and A's broadcast do not fit the vector registers, then the
+    largest power of two or multiple of one to four vectors up to it and to the row."""
+    width, tile = lanes(target, "float32"), fallback("dense", target)["tile_n"]
+    while tile > width and rows * -(-tile // width) + -(-tile // width) + 1 > vector_registers(target):
+        tile -= width
+    sizes = {1 << shift for shift in range(columns.bit_length())} | {width * count for count in range(1, 5)}
+    return max(size for size in sizes if size <= min(tile, columns))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((1, 3, 11, 8), (1, 3, 8, 21)), ((2, 13, 16), (16, 77))])
 def test_matmul_whose_row_no_vector_divides_ends_in_one_shorter_vector(target, a_shape, b_shape):
-    """Attention at 77 tokens: the column tiles are powers of two, serial inside the parallel loop over rows and
-    partitioned, so only the last tile is shorter, and it is still one vector loop, not a guard per lane."""
+    """Attention at 77 tokens: the column tiles are powers of two or whole vectors, serial inside the parallel loop
+    over rows and partitioned, so only the last tile is shorter, and it is still one vector loop, not a guard per lane."""
     graph = Graph()
     a = graph.add_input("a", TensorType(a_shape, "float32"))
     b = graph.add_input("b", TensorType(b_shape, "float32"))
     graph.outputs = list(graph.add_node("MatMul", [a, b]))
     feeds = {"a": RNG.standard_normal(a_shape).astype(np.float32), "b": RNG.standard_normal(b_shape).astype(np.float32)}
     tir = anchor_kernel(check(graph, feeds, target))
-    tile = 1 << (min(fallback("dense", Target.parse(target))["tile_n"], b_shape[-1]).bit_length() - 1)
+    rows = re.search(r"allocate batch_matmul(?:\.local)?: float32\[(?:\d+, )*(\d+), \d+\] local", tir).group(1)
+    tile = ragged_tile(Target.parse(target), int(rows), b_shape[-1])
     tail = b_shape[-1] % tile
     assert re.search(rf"\(ax[\w.]*: int32, 0, {tail}\) vectorized", tir), tir
     assert not re.search(r"vectorized \{\n\s*if", tir), tir
@@ -301,11 +313,7 @@ def test_ragged_matmul_columns_keep_a_wide_tile_while_it_fits_the_registers(targ
     bias = param(graph, (columns,))
     graph.outputs = list(graph.add_node("Add", [*graph.add_node("MatMul", [a, param(graph, (depth, columns))]), bias]))
     tir = anchor_kernel(check(graph, {"a": RNG.standard_normal((1, rows, depth)).astype(np.float32)}, target))
-    parsed = Target.parse(target)
-    width, tile = lanes(parsed, "float32"), fallback("dense", parsed)["tile_n"]
-    while tile > width and block_rows * (tile // width) + tile // width + 1 > vector_registers(parsed):
-        tile //= 2
-    tile = min(tile, 1 << (columns.bit_length() - 1))
+    tile = ragged_tile(Target.parse(target), block_rows, columns)
     block = rf"allocate batch_matmul(\.local)?: float32\[1, {block_rows}, {tile}\] local"
     assert re.search(block, tir), tir
     assert re.search(rf"\(ax[\w.]*: int32, 0, {columns % tile}\) vectorized", tir), tir
@@ -366,6 +374,16 @@ def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
     assert re.search(r"allocate pad: float32\[1, 1, 11, 1[34], 8\] global", tir), tir
     assert re.search(r"for \(n\.c\.row\.fused: int32, 0, 11\) parallel \{", tir), tir
     assert re.search(r"for \(column: int32, 1, 12\) \{", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_strided_pointwise_blocked_conv_reads_its_input_in_place(target):
+    """A blocked 1x1 conv of stride 2 on an even plane (a ResNet shortcut) never reads the input's last row and
+    column: that is a crop, not padding, so the conv reads its input where it lies, with no cropped copy of it first.
+    (An NCHW conv of stride 2 keeps its copy: it splits the columns by phase, so its vectors load contiguous runs.)"""
+    graph, feeds = conv_graph((1, 16, 10, 14), (32, 16, 1, 1), {"strides": [2, 2]}, "residual_relu")
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, packed=True))
+    assert "allocate pad" not in tir, tir
 
 
 def blocked_depthwise(target: str, stride: int, width: int, config: dict | None = None) -> str:
@@ -647,9 +665,10 @@ def test_fallbacks_overlay_defaults():
         "unroll_outer": "columns",
     }
     assert fallback("conv2d_nchwc", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f"))["unroll_outer"] == "blocks"
-    # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 takes DEFAULTS
+    # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 three vectors wide, its k loop unrolled by 4
     assert fallback("dense", Target.parse("llvm -mcpu=haswell -mattr=-avx512f"))["tile_m"] == 6
-    assert fallback("dense", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f")) == DEFAULTS["dense"]
+    avx512 = fallback("dense", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f"))
+    assert avx512 == {**DEFAULTS["dense"], "tile_n": 48, "unroll_k": 4}
 
 
 @pytest.mark.parametrize("target", TARGETS)
