@@ -521,7 +521,9 @@ class _FunctionEmitter(StmtVisitor):
             lanes = int(node.extent.value)
             if 1 < lanes <= _MAX_LANES and can_widen(node.body, node.var):
                 for first, count in _vector_pieces(lanes, self.target.vector_bytes // 4):
-                    self.widen(node, self.builder.add(start, ir.Constant(start.type, first), flags=("nsw",)), count, first == 0)
+                    self.widen(
+                        node, self.builder.add(start, ir.Constant(start.type, first), flags=("nsw",)), count, first == 0
+                    )
                 return
         if node.kind in (ForKind.VECTORIZED, ForKind.UNROLLED) and isinstance(node.extent, Const):
             if int(node.extent.value) <= _MAX_LANES:
