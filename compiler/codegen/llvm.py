@@ -830,9 +830,14 @@ class _FunctionEmitter(StmtVisitor):
         return b.select(outside, ir.Constant(index.type, None), index)
 
     def expr_call(self, node: Call) -> ir.Value:
-        args = self.match(*(self.expr(arg) for arg in node.args))
         if node.name == "index_check":
-            return self.index_check(*args)
+            # the index being checked is data (a Gather's indices): computed as plain, wrapping arithmetic
+            outer, self.indexing = self.indexing, False
+            try:
+                return self.index_check(*self.match(*(self.expr(arg) for arg in node.args)))
+            finally:
+                self.indexing = outer
+        args = self.match(*(self.expr(arg) for arg in node.args))
         dtype = node.args[0].dtype
         if not is_float(dtype):
             if node.name == "abs":

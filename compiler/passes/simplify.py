@@ -17,9 +17,9 @@ NEUTRAL_OPERANDS = {"Add": ((0, 1), 0), "Sub": ((1,), 0), "Mul": ((0, 1), 1), "D
 
 
 def simplify(graph: Graph) -> Graph:
-    """Remove Identity, inference Dropout, same-shape Reshape, identity Transpose and x*1, x+0, x-0, x/1, write
-    x ** 2 as x * x; merge
-    Reshape/Flatten chains into one Reshape and Transpose chains into one Transpose; graph outputs keep their Values.
+    """Remove Identity, inference Dropout, same-shape Reshape, identity Transpose and x*1, x+0, x-0, x/1; write
+    x ** 2 as x * x; merge Reshape/Flatten chains into one Reshape and Transpose chains into one Transpose; graph
+    outputs keep their Values.
 
     One walk in topological order, so the pass is linear in the nodes: each node first reads its inputs through the
     renames of the nodes removed before it, then is merged into its producer or removed as often as that applies."""
@@ -130,7 +130,7 @@ def _alias(node: Node, graph: Graph, readers: dict[Value, int]) -> Value | None:
 def _square(node: Node, graph: Graph) -> Node | None:
     """x * x for a float Pow whose exponent is the constant 2 and does not broadcast x: the same correctly rounded
     value, where a pow reads its exponent at run time and evaluates exp(2 log x) (bert_tiny's decomposed layer
-    norms: 0.024 ms per row pass, 0.036 with pow)."""
+    norms, 1 thread: each variance pass 0.031-0.033 ms with the pow, 0.005-0.007 as a multiply)."""
     if node.op != "Pow" or len(node.inputs) != 2:
         return None
     base, exponent = node.inputs

@@ -943,9 +943,9 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # 0.185 ms in 7 x 8. The tail is not narrowed to one vector: codegen emits a vector loop wider than a register
     # and no power of two as registers and a remnant (_vector_pieces), so a 28-lane tail of 700 columns costs what
     # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
-    # tile that narrowing chose; onnxruntime 0.095). The tile is halved only while the block does not fit the
-    # registers, a vector at a time: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms against
-    # 0.23 in 7 x 8)
+    # tile that narrowing chose; onnxruntime 0.095). The tile narrows, a vector at a time, only while the block
+    # does not fit the registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms
+    # against 0.23 in 7 x 8)
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
     if values["keep_accumulators"] and tile_m > values["tile_m"]:
