@@ -475,6 +475,49 @@ def _blocks_channels(stage: Stage) -> bool:
     return any(len(node.indices) in (3, 4) and any(part is inner for part in walk(node.indices[1])) for node in loads)
 
 
+def _chooses_by_channel_block(stage: Stage) -> bool:
+    """An NCHW[x]c stage whose value a select chooses by its channel block: a Concat of blocked values on channels,
+    with what is fused after it (densenet_block's Concat, batch norm and ReLU)."""
+    if not _blocked_stage_loads(stage):
+        return False
+    pending, seen = [stage.op], {id(stage.op)}
+    while pending:  # the stage and the inlined stages it reads elementwise (the Concat under the epilogue)
+        op = pending.pop()
+        block = op.axis[1]
+        for node in walk(op.body):
+            if isinstance(node, te.expr.Select) and any(part is block for part in walk(node.cond)):
+                return True
+            producer = node.tensor.op if isinstance(node, TensorLoad) else None
+            if (
+                isinstance(producer, ComputeOp)
+                and id(producer) not in seen
+                and stage.schedule[producer].attach_type == INLINE
+                and len(node.indices) == 5
+                and all(_same_axis(index, axis) for index, axis in zip(node.indices, op.axis))
+            ):
+                seen.add(id(producer))
+                pending.append(producer)
+    return False
+
+
+def _same_axis(index, axis: IterVar) -> bool:
+    """Whether `index` reads at `axis` itself (a unit axis's index may already be the constant 0)."""
+    return index is axis or (axis.extent == 1 and isinstance(index, te.expr.Const) and index.value == 0)
+
+
+def _schedule_channel_pieces(stage: Stage, target: Target) -> None:
+    """Parallel over (batch, row); inside, the loop over channel blocks partitioned where the selects' tests change
+    (each Concat input's blocks), so each piece reads its one input with no select, then the row's columns, each a
+    block vector. The injective template's one fused loop tested every input's range and loaded from all of them
+    for each vector, after dividing its index into block, row and column (densenet_block's 256-channel Concat +
+    BatchNormalization + ReLU on 28 x 28, 1 thread: 0.140 ms, onnxruntime's three nodes 0.11)."""
+    n, block, row, column, inner = stage.op.axis
+    vector = _vectorize_innermost(stage, lanes(target, stage.op.dtype))
+    stage.reorder(n, row, block, column, *([] if vector is inner else [vector]))
+    stage.parallel(stage.fuse(n, row))
+    stage.partition(block)
+
+
 def _blocked_stage_loads(stage: Stage) -> list[TensorLoad]:
     """The tensor loads of an NCHW[x]c compute stage (five axes), or none for any other stage."""
     if len(stage.op.axis) != 5 or not isinstance(stage.op, ComputeOp):
@@ -564,6 +607,8 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
             _schedule_unblock(stage, target)
         elif _repeats_columns(stage) or _moves_blocked_columns(stage) or _blocks_channels(stage):
             _schedule_rows(stage, target)
+        elif _chooses_by_channel_block(stage):
+            _schedule_channel_pieces(stage, target)
         else:
             _schedule_injective(stage, target, cfg)
 

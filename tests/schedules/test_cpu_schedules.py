@@ -767,3 +767,23 @@ def test_blocked_conv_transpose_keeps_a_register_tile_of_columns(target, attrs):
     (tir,) = [kernel.source("tir") for kernel in kernels if "allocate conv_transpose" in kernel.source("tir")]
     assert_tile_epilogue(tir, "conv_transpose")
     assert re.search(r"for \(column: int32, 0, \d+\) unrolled \{\n\s*for \(inner: int32, 0, \d+\) vectorized", tir), tir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_blocked_concat_reads_each_input_in_its_own_piece(target):
+    """A Concat of blocked values on channels, with a batch norm and ReLU fused after it (a DenseNet block):
+    parallel over rows, the loop over channel blocks cut at each input's blocks, so every piece reads its one
+    input with no select, rather than testing every input's range and loading from all of them per vector."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 8, 6, 7), "float32"))
+    (a,) = graph.add_node("Conv", [x, param(graph, (16, 8, 3, 3))], {"pads": [1, 1, 1, 1]})
+    (b,) = graph.add_node("Conv", [a, param(graph, (32, 16, 1, 1))])
+    (joined,) = graph.add_node("Concat", [a, b], {"axis": 1})
+    channels = (48,)
+    bn = [param(graph, channels), param(graph, channels), param(graph, channels), param(graph, channels, True)]
+    (y,) = graph.add_node("Relu", [*graph.add_node("BatchNormalization", [joined, *bn])])
+    graph.outputs = graph.add_node("Conv", [y, param(graph, (16, 48, 1, 1))])
+    kernels = check(graph, {"x": RNG.standard_normal((1, 8, 6, 7)).astype(np.float32)}, target, packed=True)
+    (tir,) = [kernel.source("tir") for kernel in kernels if "concat" in kernel.source("tir").split("\n")[0]]
+    assert "select" not in tir, tir
+    assert re.search(r"for \(ax0\.ax2\.fused: int32, 0, 6\) parallel", tir), tir
