@@ -62,7 +62,8 @@ class _Simplifier:
         while True:
             square = _square(node, self.graph)
             if square is not None:
-                self.readers[node.inputs[1]] -= 1
+                if node.inputs[1] not in square.inputs:
+                    self.readers[node.inputs[1]] -= 1
                 node = square
             alias = _alias(node, self.graph, self.readers)
             if alias is not None and self.remove(node, alias):
