@@ -43,6 +43,17 @@ class Fuse:
     fused: IterVar
 
 
+@dataclass(frozen=True, eq=False)
+class PrefetchHint:
+    """`lines` prefetches of `tensor` at the start of each iteration of `axis`: element `offset` (a flat index over
+    the loops around that point and `line`, which counts them) for line in [0, lines)."""
+
+    tensor: Tensor
+    axis: IterVar
+    line: IterVar
+    offset: Expr
+
+
 def _ceil_div(extent, divisor: int):
     if isinstance(extent, int):
         return -(-extent // divisor)
@@ -77,6 +88,7 @@ class Stage:
         self.attach_type = ROOT
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
+        self.prefetches: list[PrefetchHint] = []
 
     @property
     def name(self) -> str:
@@ -312,6 +324,18 @@ class Stage:
                     f"compute_inline of {self._where()}: stage {other.name} is computed at it; move that first"
                 )
         self.attach_type, self.attach_stage, self.attach_ivar = INLINE, None, None
+
+    def prefetch(self, tensor: Tensor, axis: IterVar, lines: int, offset) -> None:
+        """Hint, at the start of each iteration of loop `axis`, that this stage will soon read `tensor` at
+        `offset(line)` for line in [0, lines): a flat element index over the loops around that point. Lowering
+        keeps it inside the tensor; a target without prefetch instructions ignores it, and results never change."""
+        iv = self._leaf(axis, "prefetch")
+        if not isinstance(tensor, Tensor):
+            raise TEError(f"prefetch on {self._where()}: {tensor!r} is not a tensor")
+        if not (isinstance(lines, int) and lines > 0):
+            raise TEError(f"prefetch on {self._where()}: lines must be a positive int, got {lines!r}")
+        line = IterVar(f"{tensor.name}.line", dom=(0, lines))
+        self.prefetches.append(PrefetchHint(tensor, iv, line, as_expr(offset(line))))
 
     def set_scope(self, scope: str) -> None:
         if scope not in SCOPES:

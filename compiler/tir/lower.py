@@ -32,6 +32,7 @@ from compiler.tir.nodes import (
     IfThen,
     LetStmt,
     Load,
+    Prefetch,
     PrimFunc,
     Seq,
     Stmt,
@@ -371,6 +372,25 @@ class _Lowering:
                 body = Allocate(self.buffers[child], body)
         return body
 
+    def prefetches(self, stage: Stage, iv: IterVar) -> list[Stmt]:
+        """The prefetch loops of `stage` at the start of loop `iv`'s body, each element clamped into its tensor."""
+        loops = []
+        for hint in (hint for hint in stage.prefetches if hint.axis is iv):
+            around = self.outer_path(stage) + stage.leaf_iter_vars[: stage.leaf_iter_vars.index(iv) + 1]
+            used = [node for node in walk(hint.offset) if isinstance(node, IterVar)]
+            outside = [node.name for node in used if node is not hint.line and node not in around]
+            if outside:
+                raise TEError(
+                    f"lower {self.name}: a prefetch of {hint.tensor.name} in stage {stage.name} reads loop "
+                    f"{', '.join(outside)}, which is not around loop {iv.name}"
+                )
+            buffer = self.buffers[self._stage_of(hint.tensor)]
+            mapping = {node: self.loop_var(node) for node in used}
+            element = Binary("min", self.to_tir(hint.offset, mapping), _int(buffer.size - 1))
+            line = self.loop_var(hint.line)
+            loops.append(For(line, _int(0), _int(hint.line.extent), ForKind.SERIAL, Prefetch(Load(buffer, element))))
+        return loops
+
     def loops(self, stage: Stage, leaves: list[IterVar], body: Stmt, rename: dict | None = None) -> Stmt:
         geometry = self.geometry(stage)
         for iv in reversed(leaves):
@@ -378,6 +398,9 @@ class _Lowering:
                 children = self.attached(stage, iv)
                 if children:
                     body = self.with_children(children, body)
+                hints = self.prefetches(stage, iv)
+                if hints:
+                    body = Seq((*hints, body))
             kind, tag = self.loop_kind(stage, iv)
             var = self.loop_var(iv)
             var = rename[var] if rename is not None else var

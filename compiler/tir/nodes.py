@@ -117,6 +117,14 @@ class Barrier(Stmt):
 
 
 @dataclass(eq=False)
+class Prefetch(Stmt):
+    """A hint that `element` (a Load whose value is never used) will be read soon: native code brings its cache line
+    toward the core ahead of the reads; a target without prefetch instructions emits nothing. Results never change."""
+
+    element: Load
+
+
+@dataclass(eq=False)
 class PrimFunc:
     """One kernel: `params` are global buffers in argument order. `attrs` holds what later stages add
     (`tir/gpu.py` puts a GPU kernel's launch dimensions under "launch")."""

@@ -20,6 +20,7 @@ from compiler.tir.nodes import (
     KernelCall,
     LetStmt,
     Load,
+    Prefetch,
     PrimFunc,
     Seq,
     Stmt,
@@ -163,6 +164,9 @@ class _Printer(StmtVisitor):
 
     def visit_barrier(self, s: Barrier) -> None:
         self.line(f"barrier({s.scope})")
+
+    def visit_prefetch(self, s: Prefetch) -> None:
+        self.line(f"prefetch({self.visit(s.element)})")
 
     def visit_kernelcall(self, s: KernelCall) -> None:
         self.line(f"{s.func}({', '.join(f'{buffer.name} + {offset}' for buffer, offset in s.args)})")

@@ -11,7 +11,20 @@ import math
 
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var, is_int
 from compiler.te.tensor import substitute, walk
-from compiler.tir.nodes import Allocate, Barrier, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Stmt, Store
+from compiler.tir.nodes import (
+    Allocate,
+    Barrier,
+    For,
+    ForKind,
+    IfThen,
+    LetStmt,
+    Load,
+    Prefetch,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+)
 from compiler.tir.visitor import ScopedMutator, StmtMutator, structural_key
 
 Bounds = tuple[int | None, int | None]
@@ -344,6 +357,9 @@ class _Simplifier(ScopedMutator):
 
     def visit_barrier(self, stmt: Barrier) -> Stmt:
         return stmt
+
+    def visit_prefetch(self, stmt: Prefetch) -> Stmt:
+        return Prefetch(self.visit(stmt.element))
 
     def binary(self, op: str, a: Expr, b: Expr) -> Expr:
         dtype = a.dtype

@@ -16,7 +16,7 @@ from compiler.schedules import schedule_group
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Logical, Select, Var, is_float
 from compiler.te.tensor import walk
 from compiler.tir.lower import lower
-from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Stmt, Store
+from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, Load, Prefetch, PrimFunc, Stmt, Store
 from compiler.tir.simplify import bounds, loop_bounds
 from compiler.tir.visitor import StmtVisitor
 from compiler.tir.work import expr_operations
@@ -48,6 +48,7 @@ FUNCTION_FEATURES = (
     "shared_bytes",
     "threads_per_block",
     "blocks",
+    "prefetches",
 )
 LEVEL_FEATURES = ("extent", *(f"kind_{kind.value}" for kind in KINDS), "step_bytes", "bytes", "intensity")
 LOOP_FEATURES = FUNCTION_FEATURES + tuple(f"{name}_{level}" for level in range(LEVELS) for name in LEVEL_FEATURES)
@@ -137,6 +138,7 @@ class _Walk(StmtVisitor):
     def __init__(self):
         self.stores: list[tuple[float, list[tuple[For, int]], list[_Access], int, int, bool]] = []
         self.code_stores = self.code_loops = 0
+        self.prefetches = 0.0
         self.local_bytes = self.shared_bytes = 0
         self.path: list[tuple[For, int]] = []
         self.env: dict = {}
@@ -186,6 +188,9 @@ class _Walk(StmtVisitor):
         count = math.prod(extent for _, extent in self.path)
         operations = 1 + expr_operations(stmt.value)
         self.stores.append((count, self.path, accesses, operations, _flops(stmt.value), self.conditional or selects))
+
+    def visit_prefetch(self, stmt: Prefetch) -> None:
+        self.prefetches += math.prod(extent for _, extent in self.path)
 
     def visit_expr(self, expr: Expr) -> None:
         """The walk is over statements: a store's expressions are read by visit_store, no others are descended into."""
@@ -270,6 +275,7 @@ def loop_features(func: PrimFunc) -> list[float]:
         _log(walker.shared_bytes),
         _log(max(threads, default=1)),
         _log(max(blocks, default=1)),
+        _log(walker.prefetches),
     ]
     return function + levels.ravel().tolist()
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from codegen_helpers import TARGETS, elementwise, index, loop, unary_call
 
+import compiler.te as te
 from compiler.build import build_func
 from compiler.codegen.llvm import generate_module
 from compiler.errors import TargetError
@@ -17,6 +18,7 @@ from compiler.target import Target
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, IfThenElse, Let, Logical, Select, Var
 from compiler.te.tensor import walk
 from compiler.tir.fast_math import expand_expr
+from compiler.tir.lower import lower
 from compiler.tir.nodes import Allocate, Barrier, Buffer, For, ForKind, IfThen, LetStmt, Load, PrimFunc, Seq, Store
 
 RNG = np.random.default_rng(7)
@@ -731,7 +733,6 @@ def test_int64_loop_variables_and_nonzero_loop_starts(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_serial_loops_indexed_by_floormod_are_not_misvectorized(target):
     # LLVM 22's loop vectorizer once read x[(j % 4) * 5 + c] as if j % 4 were j (720 of 960 wrong).
-    from compiler import te
     from compiler.build import build
 
     in_shape, out_shape = (3, 4, 5), (6, 16, 10)
@@ -753,3 +754,21 @@ def test_index_arithmetic_cannot_wrap_and_integer_data_still_wraps():
     assert re.search(r"= add nsw <8 x i32> \S+, %\S+\n", text), text  # ... + the vector of lanes
     assert re.search(r"= add nsw i32 %\"outer\", 1\n", text), text  # the loop counter's step
     assert re.search(r"= mul <8 x i32> ", text) and re.search(r"= add <8 x i32> ", text), text  # the data
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_prefetch_is_a_hint_natively_and_nothing_in_wasm(target):
+    """A Prefetch becomes llvm.prefetch (a read into every cache level) natively and no code in wasm, which has no
+    prefetch instruction; the results are the same either way."""
+    a = te.placeholder((16, 16), name="A")
+    b = te.compute((16, 16), lambda i, j: a[i, j] * 2.0, name="B")
+    s = te.create_schedule(b.op)
+    i, _ = s[b].op.axis
+    s[b].prefetch(a, i, 1, lambda line: (i + 1) * 16 + line)
+    func = lower(s, [a, b], "f")
+    text = str(generate_module([func], target))
+    calls = re.findall(r"call void @\"?llvm\.prefetch\.p0\"?\(ptr %\S+, i32 0, i32 3, i32 1\)", text)
+    assert len(calls) == (1 if target == "llvm" else 0), text
+    x = RNG.standard_normal((16, 16)).astype(np.float32)
+    _, (_, y) = run(func, target, x)
+    np.testing.assert_array_equal(y, x * 2.0)

@@ -2,6 +2,7 @@
 executor natively and in wasmtime, and the loop structure they promise (epilogue at the anchor's tile, parallel and
 vectorized loops) read from the kernel's loop IR."""
 
+import itertools
 import re
 
 import numpy as np
@@ -23,6 +24,10 @@ from compiler.schedules.cpu import (
     vector_registers,
 )
 from compiler.target import Target
+from compiler.te.expr import Const
+from compiler.te.tensor import children, substitute
+from compiler.tir.nodes import For, ForKind, Prefetch, Stmt
+from compiler.tir.simplify import simplify
 from compiler.tune.space import ConfigSpace
 
 TARGETS = ["llvm", "wasm"]
@@ -341,6 +346,10 @@ def blocked_conv_kernel(kernels) -> str:
     return next(source for source in (kernel.source("tir") for kernel in kernels) if "allocate conv:" in source)
 
 
+# a prefetch hint, its loop over lines or one line (natively a blocked conv prefetches its next filter tile)
+PREFETCH = r"(\s*for \([\w.]+\.line: int32, 0, \d+\) \{\n\s*prefetch\(.*\)\n\s*\}\n|\s*prefetch\(.*\)\n)"
+
+
 def then_pointwise_conv(graph: Graph) -> Graph:
     """`graph` with a 1x1 conv after its output: a lone conv stays NCHW, a chain of two is blocked."""
     (y,) = graph.outputs
@@ -364,7 +373,7 @@ def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
     blocks = r"(\s*for \(outer: int32, 0, 2\) unrolled \{\n)"
     columns_outer = fallback("conv2d_nchwc", Target.parse(target))["unroll_outer"] == "columns"
     assert re.search(
-        rf"for \(rci: .*\n(\s*for \(r[01]: .*\n)*{'' if columns_outer else blocks + '?'}"
+        rf"for \(rci: .*\n(\s*for \(r[01]: .*\n|{PREFETCH})*{'' if columns_outer else blocks + '?'}"
         rf"\s*for \(column(?:_\d+)?: int32, 0, \d+\) unrolled \{{\n{blocks if columns_outer else ''}"
         r"\s*for \(inner: .* vectorized",
         tir,
@@ -552,7 +561,9 @@ def test_blocked_conv_taps_knob_moves_the_window_inside_the_input_channels(targe
     graph, feeds = conv_graph((1, 8, 8, 8), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
     tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, {"taps": "inner"}, packed=True))
     assert re.search(
-        r"for \(rci: int32, 0, \d+\) \{\n\s*for \(r0: int32, 0, 3\) \{\n\s*for \(r1: int32, 0, 3\)", tir
+        rf"for \(rci: int32, 0, \d+\) \{{\n{PREFETCH}?\s*for \(r0: int32, 0, 3\) \{{\n{PREFETCH}?"
+        rf"\s*for \(r1: int32, 0, 3\)",
+        tir,
     ), tir
 
 
@@ -787,3 +798,42 @@ def test_blocked_concat_reads_each_input_in_its_own_piece(target):
     (tir,) = [kernel.source("tir") for kernel in kernels if "concat" in kernel.source("tir").split("\n")[0]]
     assert "select" not in tir, tir
     assert re.search(r"for \(ax0\.ax2\.fused: int32, 0, 6\) parallel", tir), tir
+
+
+def prefetched_lines(func, line_bytes: int = 64) -> dict[int, set[int]]:
+    """Per iteration of `func`'s parallel loop, the cache lines of the buffer its prefetches name (every loop
+    around each prefetch enumerated, its element index evaluated)."""
+    found: dict[int, set[int]] = {}
+
+    def visit(stmt, loops):
+        if isinstance(stmt, Prefetch):
+            parallel = next(loop for loop in loops if loop.kind == ForKind.PARALLEL)
+            ranges = [range(int(loop.min.value), int(loop.min.value + loop.extent.value)) for loop in loops]
+            for values in itertools.product(*ranges):
+                index = simplify(
+                    substitute(stmt.element.index, {loop.var: Const(v, "int32") for loop, v in zip(loops, values)})
+                )
+                task = values[loops.index(parallel)]
+                found.setdefault(task, set()).add(int(index.value) * 4 // line_bytes)
+            return
+        for child in children(stmt, (Stmt,)):
+            visit(child, loops + [stmt] if isinstance(stmt, For) else loops)
+
+    visit(func.body, [])
+    return found
+
+
+def test_blocked_conv_prefetches_the_next_filter_tile():
+    """With `prefetch`, each task (a filter tile's output row) prefetches a share of the next tile's filters: the
+    tasks of the first tile name the lines of the second and no others, and all tasks together every line after
+    the first tile, none outside the weights."""
+    graph, feeds = conv_graph((1, 32, 5, 6), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
+    kernels = check(then_pointwise_conv(graph), feeds, "llvm", {"prefetch": 1}, packed=True)
+    conv = next(kernel for kernel in kernels if "allocate conv:" in kernel.source("tir"))
+    lines = prefetched_lines(conv.func)
+    weight_lines = 64 * 32 * 3 * 3 * 4 // 64
+    everything = set().union(*lines.values())
+    first = min(lines[0])
+    assert 0 < first and everything == set(range(first, weight_lines)), sorted(everything)
+    rows = 5  # the tasks of one filter tile are its output rows
+    assert set().union(*(lines[task] for task in range(rows))) == set(range(first, 2 * first))

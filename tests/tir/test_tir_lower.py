@@ -471,3 +471,43 @@ def test_the_tiled_matmul_document_shows_what_the_printer_prints():
     namespace: dict = {}
     exec(code.replace("print(format_func(", "result = (format_func("), namespace)
     assert namespace["result"] == shown
+
+
+def test_prefetch_lines_open_their_loop_and_stay_inside_the_tensor():
+    """A prefetch hint is a loop over its lines at the start of its axis's body (only in the update nest, not the
+    reduction's init), each element clamped to the tensor's last one."""
+    a, b, c, k = matmul()
+    s = te.create_schedule(c.op)
+    i, j = s[c].op.axis
+    s[c].reorder(i, k, j)
+    s[c].prefetch(b, k, 2, lambda line: (k + 1) * 8 + line * 4)
+    assert printed(s, [a, b, c]) == (
+        "func f(A: float32[8, 8], B: float32[8, 8], C: float32[8, 8]) {\n"
+        "  for (i: int32, 0, 8) {\n"
+        "    for (j.init: int32, 0, 8) {\n"
+        "      C[(i*8) + j.init] = 0.0f\n"
+        "    }\n"
+        "    for (k: int32, 0, 8) {\n"
+        "      for (B.line: int32, 0, 2) {\n"
+        "        prefetch(B[min((k*8) + (B.line*4) + 8, 63)])\n"
+        "      }\n"
+        "      for (j: int32, 0, 8) {\n"
+        "        C[(i*8) + j] = C[(i*8) + j] + (A[(i*8) + k]*B[(k*8) + j])\n"
+        "      }\n"
+        "    }\n"
+        "  }\n"
+        "}"
+    )
+
+
+def test_prefetch_errors():
+    a, b, c, k = matmul()
+    s = te.create_schedule(c.op)
+    i, j = s[c].op.axis
+    s[c].prefetch(a, i, 1, lambda line: i * 8 + j)
+    with pytest.raises(TEError, match="a prefetch of A in stage C reads loop j, which is not around loop i"):
+        lower(s, [a, b, c], "f")
+    with pytest.raises(TEError, match="prefetch on stage C: lines must be a positive int, got 0"):
+        s[c].prefetch(a, i, 0, lambda line: i)
+    with pytest.raises(TEError, match="prefetch on stage C: 3 is not a tensor"):
+        s[c].prefetch(3, i, 1, lambda line: i)
