@@ -406,13 +406,39 @@ class _FunctionEmitter(StmtVisitor):
         return _concatenate(b, parts)
 
     def gather(self, buffer: Buffer, index: ir.Value) -> ir.Value:
+        """A vector of buffer[index[lane]]. Natively, for 4- and 8-byte elements, one llvm.masked.gather (x86's
+        vgatherdps and kin; LLVM splits it into scalar loads where the target has none): an NCHW16c -> NCHW
+        conversion's stride-16 columns 0.088 -> 0.050 ms (yolo_neck's last group), shufflenet_v2's channel shuffle
+        0.046 -> 0.029, no group slower. Else, and in wasm, a scalar load per lane."""
         b = self.builder
         lanes = _lanes(index)
+        if self.target.kind == "llvm" and element_bytes(buffer.dtype) in (4, 8):
+            return self.from_memory(self.masked_gather(buffer, index), buffer.dtype)
         result = ir.Constant(ir.VectorType(value_type(buffer.dtype), lanes), ir.Undefined)
         for lane in range(lanes):
             element = self.load_scalar(buffer, b.extract_element(index, ir.Constant(_I32, lane)))
             result = b.insert_element(result, element, ir.Constant(_I32, lane))
         return result
+
+    def masked_gather(self, buffer: Buffer, index: ir.Value) -> ir.Value:
+        """llvm.masked.gather of every lane's element, the addresses computed as integers (base + index * size)."""
+        b = self.builder
+        lanes = _lanes(index)
+        memory_type = ir.VectorType(storage_type(buffer.dtype, self.target), lanes)
+        address_type = ir.IntType(8 * self.target.pointer_bytes)
+        if index.type.element.width < address_type.width:
+            index = b.sext(index, ir.VectorType(address_type, lanes))
+        size = self.broadcast(ir.Constant(address_type, element_bytes(buffer.dtype)), lanes)
+        base = self.broadcast(b.ptrtoint(self.pointer(buffer), address_type), lanes)
+        pointers = b.inttoptr(b.add(base, b.mul(index, size)), ir.VectorType(_PTR, lanes))
+        gather = self.context.function(
+            f"llvm.masked.gather.{intrinsic_suffix(memory_type)}.v{lanes}p0",
+            memory_type,
+            [ir.VectorType(_PTR, lanes), _I32, ir.VectorType(_I1, lanes), memory_type],
+        )
+        every_lane = ir.Constant(ir.VectorType(_I1, lanes), [1] * lanes)
+        align = ir.Constant(_I32, element_bytes(buffer.dtype))
+        return b.call(gather, [pointers, align, every_lane, ir.Constant(memory_type, None)])
 
     def visit_store(self, node: Store) -> None:
         b = self.builder

@@ -414,6 +414,26 @@ def test_vectorized_gather_and_scatter(target):
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float64", "float16", "uint8", "bool"])
+def test_gathers_are_one_masked_gather_natively(target, dtype):
+    """A vector load at a stride of 16 (an NCHW16c -> NCHW conversion's columns): natively one llvm.masked.gather for
+    4- and 8-byte elements, a scalar load per lane for narrower ones and in wasm; the values are the input's
+    either way."""
+    rows, cols = 16, 16
+    source = Buffer("source", (rows, cols), dtype)
+    dest = Buffer("dest", (cols, rows), dtype)
+    i, j = Var("i"), Var("j")
+    body = loop(i, cols, loop(j, rows, Store(dest, i * rows + j, Load(source, j * cols + i)), ForKind.VECTORIZED))
+    func = PrimFunc("columns", [source, dest], body)
+    gathers = len(re.findall(r"call <16 x \w+> @\"?llvm\.masked\.gather\.", str(generate_module([func], target))))
+    wide = target == "llvm" and np.dtype(dtype).itemsize >= 4
+    assert gathers == (1 if wide else 0)
+    x = (RNG.standard_normal((rows, cols)) * 8).astype(dtype)
+    _, (_, out) = run(func, target, x)
+    np.testing.assert_array_equal(out, x.T)
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("stride", [2, 3, 4])
 def test_strided_vector_loads_read_runs_and_stop_at_the_last_lane(target, stride):
     """out[i] = x[stride * i + 1] over 16 lanes: contiguous runs shuffled, not a load per lane; the buffer ends at the
