@@ -13,8 +13,6 @@ import math
 from collections.abc import Mapping
 from functools import partial
 
-import numpy as np
-
 import compiler.te as te
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
@@ -239,9 +237,13 @@ def _limit_registers(cfg: ConfigSpace, target: Target, dtype: str, rows: tuple, 
     )
 
 
+def itemsize(dtype: str) -> int:
+    """Bytes per element of `dtype` (bool and the 8-bit types 1)."""
+    return {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "int16": 2}.get(dtype, 1)
+
+
 def lanes(target: Target, dtype: str) -> int:
-    itemsize = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "int16": 2}.get(dtype, 1)
-    return max(1, target.vector_bytes // itemsize)
+    return max(1, target.vector_bytes // itemsize(dtype))
 
 
 def divisor_at_most(extent: int, limit: int) -> int:
@@ -986,11 +988,12 @@ def _prefetch_filters(
     if weights.shape[0] == 1:
         return  # one filter block: every task reads the same filters
     cfg.define_knob("prefetch", [0, 1], default=fallback(conv.op.tag, target)["prefetch"])
-    tiles = -(-weights.shape[0] // cfg["tile_blocks"].size[-1])
+    blocks = cfg["tile_blocks"].size[-1]
+    tiles = -(-weights.shape[0] // blocks)
     if not cfg["prefetch"].val or tiles == 1:
         return
-    tile = cfg["tile_blocks"].size[-1] * math.prod(weights.shape[1:])
-    per_line = max(1, CACHE_LINE_BYTES // np.dtype(weights.dtype).itemsize)
+    tile = blocks * math.prod(weights.shape[1:])
+    per_line = max(1, CACHE_LINE_BYTES // itemsize(weights.dtype))
     tile_lines = -(-tile // per_line)
     steps, step = row_count * columns.extent, rows % row_count * columns.extent + columns
     at = reduce_axes[0]
