@@ -407,7 +407,7 @@ class _FunctionEmitter(StmtVisitor):
 
     def gather(self, buffer: Buffer, index: ir.Value) -> ir.Value:
         """A vector of buffer[index[lane]]. Natively, for 4- and 8-byte elements, one llvm.masked.gather (x86's
-        vgatherdps and kin; LLVM splits it into scalar loads where the target has none): an NCHW16c -> NCHW
+        vgatherdps and kin; on a target without a gather instruction LLVM's documented lowering is scalar loads): an NCHW16c -> NCHW
         conversion's stride-16 columns 0.088 -> 0.050 ms (yolo_neck's last group), shufflenet_v2's channel shuffle
         0.046 -> 0.029 (1 thread, AVX-512), no group slower beyond the noise. Else, and in wasm, a scalar load per lane."""
         b = self.builder
