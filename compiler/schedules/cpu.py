@@ -27,7 +27,7 @@ from compiler.tune.space import ConfigSpace, run_template
 # 5: a MatMul's space adds unroll_k, parallel, pack_b and, on a ragged row, vector multiples as column tiles
 # 6: an NCHW[x]c conv's space adds unroll_outer (which of its tile's unrolled loops is outside)
 # 7: a native NCHW[x]c conv's space adds prefetch (of the next filter tile)
-SPACE_VERSION = 7
+SPACE_VERSION = 8
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -69,6 +69,12 @@ DEFAULTS: dict[str, dict[str, object]] = {
         # natively, prefetch the next filter tile (_prefetch_filters): in a run every conv's filters come from
         # beyond the cache, and on small filters its few prefetches cost nothing measurable
         "prefetch": 1,
+        # the padding read in place, the rows, column tiles and taps partitioned: a padded copy is one more job
+        # through memory, and at 2 threads each task reads rows the other thread copied (AVX-512, round-robin
+        # against the copy, ms at 1 / 2 threads: resnet50_bottleneck 3.96 -> 3.87 / 2.86 -> 2.74, yolo_neck 2.26 ->
+        # 2.06 / 1.57 -> 1.34, resnet18 24.1 -> 23.5 / 13.3 -> 12.7; docs/benchmarks.md, "Dense convs read their
+        # padding in place")
+        "padding": "in_place",
     },
     # padding in place: the column tiles cut into the border ones (which test the column) and the interior
     # (mobilenet_v2, 1 thread: 6.4 ms against 7.2 with a padded copy, its depthwise kernels 2.5-3x faster; wasmtime:
@@ -133,6 +139,9 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
             "taps": "inner",
             "pointwise_tile_ow": 4,
             "pointwise_tile_blocks": 1,
+            # Node 20 against onnxruntime-web, in place against the copy: resnet50_bottleneck 18.0 -> 19.1 ms,
+            # inception_block 7.7 -> 8.9, yolo_neck and unet_small within the noise
+            "padding": "copy",
         },
         # one vector wide in wasmtime: dwconv_block 4.1 ms, against 5.0-5.2 with 2 x 8 and 5.9 with 4 x 16
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 4},
@@ -311,7 +320,7 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     _inline_injective(schedule, keep)
     readers = _readers(schedule)
     for stage in schedule.stages:
-        if id(stage.op) in keep and kind not in ("depthwise_conv2d", "depthwise_conv2d_nchwc") and not nchw_pool:
+        if id(stage.op) in keep and kind not in ("depthwise_conv2d", *BLOCKED_CONV_TAGS) and not nchw_pool:
             _schedule_rows(stage, target)
     if kind is not None and len(readers[schedule[anchor]]) == 1:
         output = readers[schedule[anchor]][0]
@@ -925,10 +934,11 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
         more_blocks -= 1
     cfg.define_split("tile_blocks", outer, default=max(blocks, more_blocks))
     _limit_registers(cfg, target, output.op.dtype, ("tile_blocks", "tile_ow"), inner.extent)
-    # a blocked dense conv's padded copy is scheduled with the group (schedule_group); a depthwise one's here
-    pad = _padding_stage(schedule, conv.op.output(0)) if conv.op.tag == "depthwise_conv2d_nchwc" else None
+    pad = _padding_stage(schedule, conv.op.output(0))
     if pad is not None:
-        cfg.define_knob("padding", ["in_place", "rows", "copy"], default=values["padding"])
+        # a dense conv's local rows would be made again for every filter tile: not a choice
+        choices = ["in_place", "copy"] if conv.op.tag == "conv2d_nchwc" else ["in_place", "rows", "copy"]
+        cfg.define_knob("padding", choices, default=values["padding"])
     block_outer, block_inner = cfg["tile_blocks"].apply(schedule, output, outer)
     ow_outer, ow_inner = cfg["tile_ow"].apply(schedule, output, ow)
     output.reorder(n, block_outer, oh, ow_outer, block_inner, ow_inner, inner)
@@ -962,6 +972,13 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     if padding == "in_place":
         pad.compute_inline()
         output.partition(ow_outer)
+        if conv.op.tag == "conv2d_nchwc":
+            # the tests of a dense conv's taps come in every input channel's multiply-adds: the rows are cut too (a
+            # task's body branches on its row), and in a border piece the taps, where a decided-out tap's zero
+            # product is then dropped (tir/simplify.py), so no piece tests anything in its channel loop
+            output.partition(rows)
+            for tap in conv.op.reduce_axis[1:-1]:
+                conv.partition(tap)
         return
     if padding == "rows":
         # the kh padded input rows one output row reads, made right before its taps, in cache

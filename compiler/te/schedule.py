@@ -85,6 +85,7 @@ class Stage:
         self.relations: list[Split | Fuse] = []
         self.annotations: dict[IterVar, str] = {}
         self.bindings: dict[IterVar, IterVar] = {}
+        self.partitions: set[IterVar] = set()  # Stage.partition: serial or parallel loops, beside their kind
         self.attach_type = ROOT
         self.attach_stage: Stage | None = None
         self.attach_ivar: IterVar | None = None
@@ -93,6 +94,11 @@ class Stage:
     @property
     def name(self) -> str:
         return self.op.name
+
+    def scheduled(self) -> bool:
+        """Whether a primitive has changed this stage's loops (cache_write and rfactor must come before any)."""
+        changed = self.relations or self.annotations or self.bindings or self.partitions
+        return bool(changed) or self.leaf_iter_vars != self.all_iter_vars
 
     def __repr__(self) -> str:
         return f"Stage({self.name})"
@@ -164,6 +170,8 @@ class Stage:
     def _check_plain(self, iv: IterVar, primitive: str) -> None:
         """Annotations belong to final loops; splitting or fusing one would leave it ambiguous."""
         done = self.bindings[iv].thread_tag if iv in self.bindings else self.annotations.get(iv)
+        if done is None and iv in self.partitions:
+            done = "partitioned"
         if done is not None:
             raise TEError(
                 f"{primitive} of axis {iv.name} in {self._where()}: the axis is already {done}; "
@@ -237,6 +245,11 @@ class Stage:
             raise TEError(
                 f"cannot {primitive} axis {iv.name} of {self._where()}: it is bound to {self.bindings[iv].thread_tag}"
             )
+        if iv in self.partitions and annotation != "parallel":
+            raise TEError(
+                f"cannot {primitive} axis {iv.name} of {self._where()}: it is partitioned, and only a serial or "
+                "parallel loop is partitioned"
+            )
         self.annotations[iv] = annotation
 
     def vectorize(self, axis: IterVar) -> None:
@@ -249,15 +262,18 @@ class Stage:
         self._annotate(axis, "parallel", "parallel")
 
     def partition(self, axis: IterVar) -> None:
-        """Cut the (serial) loop of `axis` into its border iterations and an interior where the tests of its body
-        that depend on it (padding, clamped regions) are decided and vanish (tir/partition.py)."""
+        """Cut the loop of `axis` where the tests of its body that depend on it (padding, clamped regions) start or
+        stop holding, so that each piece runs without the tests it decides (tir/partition.py). A serial loop is cut
+        into loops; a parallel loop, one job of the thread pool, keeps its iterations and its body is cut into
+        branches on the value of the term that the tests read (a fused loop's row)."""
         iv = self._leaf(axis, "partition")
-        if self.annotations.get(iv, "partitioned") != "partitioned":
+        annotation = self.bindings[iv].thread_tag if iv in self.bindings else self.annotations.get(iv)
+        if annotation not in (None, "parallel"):
             raise TEError(
-                f"cannot partition axis {iv.name} of {self._where()}: it is {self.annotations[iv]}, and only a serial "
-                "loop is partitioned; partition the loop outside it instead"
+                f"cannot partition axis {iv.name} of {self._where()}: it is {annotation}, and only a serial or "
+                "parallel loop is partitioned; partition the loop outside it instead"
             )
-        self._annotate(axis, "partitioned", "partition")
+        self.partitions.add(iv)
 
     def bind(self, axis: IterVar, thread: IterVar) -> None:
         """Run `axis` on the GPU grid axis `thread` (from te.thread_axis)."""
@@ -271,8 +287,9 @@ class Stage:
                 f"bind of axis {iv.name} in {self._where()}: the axis is already bound to "
                 f"{self.bindings[iv].thread_tag}"
             )
-        if iv in self.annotations:
-            raise TEError(f"bind of axis {iv.name} in {self._where()}: the axis is already {self.annotations[iv]}")
+        if iv in self.annotations or iv in self.partitions:
+            done = self.annotations.get(iv, "partitioned")
+            raise TEError(f"bind of axis {iv.name} in {self._where()}: the axis is already {done}")
         if thread.thread_tag != "vthread":
             for other, bound in self.bindings.items():
                 if bound.thread_tag == thread.thread_tag:
@@ -421,7 +438,7 @@ class Schedule:
             raise TEError(f"cache_write of {tensor.name}: scope {scope!r} is unknown; use one of {', '.join(SCOPES)}")
         if not isinstance(stage.op, ComputeOp):
             raise TEError(f"cache_write of {tensor.name}: only compute stages can be cached")
-        if stage.relations or stage.annotations or stage.bindings or stage.leaf_iter_vars != stage.all_iter_vars:
+        if stage.scheduled():
             raise TEError(f"cache_write of {tensor.name}: call cache_write before scheduling stage {stage.name}")
         op = stage.op
         mapping: dict[Var, Expr] = {}
@@ -478,7 +495,7 @@ class Schedule:
         op = stage.op
         if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
             raise TEError(f"rfactor of {tensor.name}: only a reduction stage can be factored")
-        if stage.relations or stage.annotations or stage.bindings or stage.leaf_iter_vars != stage.all_iter_vars:
+        if stage.scheduled():
             raise TEError(f"rfactor of {tensor.name}: call rfactor before scheduling stage {stage.name}")
         if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
             raise TEError(f"rfactor of {tensor.name}: the factor must be a positive int, got {factor!r}")

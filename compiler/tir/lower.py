@@ -439,12 +439,7 @@ class _Lowering:
         roots = [stage for stage in self.computes if stage.attach_type == ROOT]
         body = self.with_children(roots, Seq(()))
         func = simplify(PrimFunc(self.name, self.params, body))
-        partitioned = {
-            self.loop_var(iv)
-            for stage in self.computes
-            for iv, annotation in stage.annotations.items()
-            if annotation == "partitioned"
-        }
+        partitioned = {self.loop_var(iv) for stage in self.computes for iv in stage.partitions}
         if partitioned:
             func = simplify(partition_loops(func, partitioned))
         func = PrimFunc(func.name, func.params, _GuardSelects().visit(func.body))

@@ -3,6 +3,10 @@ region) is cut at every iteration where one of those tests starts or stops holdi
 vars, so each piece knows which tests it can drop: the interior runs without them, and a border keeps only its
 own side's (a row of two tiles, each a border, becomes two pieces with one test each).
 
+A parallel loop is one job of the thread pool, so it is not cut: its body branches instead, on the value of the term
+of its var that the tests read (a fused loop's row), each branch knowing that term's range (a blocked conv's task
+then reads its padding in place without a test in its interior rows).
+
 `tir/lower.py` applies it to the loops a schedule marked with `Stage.partition`, then simplifies: the simplifier,
 knowing each piece's range, folds the decided tests and the clamps of the indices they guard.
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from compiler.te.expr import Compare, Const, Expr, IfThenElse, Select, Var
+from compiler.te.expr import Binary, Compare, Const, Expr, IfThenElse, Select, Var
 from compiler.te.tensor import walk
 from compiler.tir.nodes import For, ForKind, IfThen, LetStmt, PrimFunc, Seq, Stmt, walk_stmts
 from compiler.tir.simplify import Bounds, Linear, bounds, loop_bounds
@@ -48,6 +52,11 @@ class _Partition(ScopedMutator):
             starts = [first, *_cuts(stmt, first, last, self.env), last + 1]
             if len(starts) > 2:
                 return Seq(tuple(self.loop(stmt, start, stop - 1) for start, stop in zip(starts, starts[1:])))
+        if stmt.var in self.loop_vars and stmt.kind == ForKind.PARALLEL:
+            env = {**self.env, stmt.var: loop_bounds(low, extent, self.env)}
+            body = _branches(stmt.var, stmt.body, env)
+            if body is not stmt.body:
+                stmt = For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag)
         return self.loop(stmt, None, None)
 
     def loop(self, stmt: For, start: int | None, stop: int | None) -> For:
@@ -62,39 +71,73 @@ class _Partition(ScopedMutator):
         return LetStmt(stmt.var, stmt.value, self.inside(stmt.var, bounds(stmt.value, self.env), stmt.body))
 
 
+def _branches(var: Var, body: Stmt, env) -> Stmt:
+    """A parallel loop's body (one job: its loop cannot be cut) cut by branches instead: on the value of the first
+    term holding the loop's var (the var itself, or a fused loop's row `var / columns`) that the body's tests cut as
+    _cuts does, each branch binding the term, clamped into its piece, to a var of its own so that the simplifier
+    knows its range there (the clamp costs a compare or two per task)."""
+    for key, (atom, cuts) in _term_cuts(body, var, env).items():
+        first, last = bounds(atom, env)
+        if first is None or last is None:
+            continue
+        starts = [first, *sorted(cut for cut in cuts if first < cut <= last), last + 1]
+        if len(starts) == 2:
+            continue
+        value = Var(f"{var.name}.piece", atom.dtype)
+        branch: Stmt | None = None
+        for start, stop in reversed(list(zip(starts, starts[1:]))):
+            piece = Var(f"{var.name}.piece{start}", atom.dtype)
+            clamped = Binary("max", Binary("min", value, Const(stop - 1, atom.dtype)), Const(start, atom.dtype))
+            inner = LetStmt(piece, clamped, _Replace(key, piece).visit(body))
+            branch = inner if branch is None else IfThen(Compare("lt", value, Const(stop, atom.dtype)), inner, branch)
+        return LetStmt(value, atom, branch)
+    return body
+
+
+class _Replace(ScopedMutator):
+    """Every expression structurally equal to `key` replaced by `var`."""
+
+    def __init__(self, key: tuple, var: Var):
+        super().__init__()
+        self.key, self.var = key, var
+
+    def visit_expr(self, expr: Expr) -> Expr:
+        if structural_key(expr) == self.key:
+            return self.var
+        return self.generic_visit(expr)
+
+
 def _cuts(loop: For, first: int, last: int, env) -> list[int]:
     """Where, inside (first, last], a test of the loop's body that is linear in its var starts or stops holding
     for every value of the other vars: the sorted starts of the pieces after the first."""
-    everywhere = {**env, **_inner_ranges(loop.body, env)}
-    cuts = set()
-    for test in _tests(loop.body):
+    found = _term_cuts(loop.body, loop.var, env).get(structural_key(loop.var))
+    return sorted(cut for cut in (found[1] if found else ()) if first < cut <= last)
+
+
+def _term_cuts(body: Stmt, var: Var, env) -> dict[tuple, tuple[Expr, set[int]]]:
+    """For each term holding `var` (by structural key: the term and the values of it where a test of `body` starts or
+    stops holding for every value of the other vars), over the integer tests that hold `var` in that one term only
+    (a test where it is also inside another term is not linear in it)."""
+    everywhere = {**env, **_inner_ranges(body, env)}
+    found: dict[tuple, tuple[Expr, set[int]]] = {}
+    for test in _tests(body):
         sign, threshold = _NORMAL.get(test.op, (0, 0))
         if not sign or test.a.dtype not in ("int32", "int64"):
             continue
         linear = Linear.of(test.a).plus(Linear.of(test.b), -1).times(sign)
-        coef = _coefficient(linear, loop.var)
-        if not coef:
+        holding = [key for key, (atom, _) in linear.terms.items() if any(node is var for node in walk(atom))]
+        if len(holding) != 1:
             continue
-        terms = {key: term for key, term in linear.terms.items() if term[0] is not loop.var}
+        atom, coef = linear.terms[holding[0]]
+        terms = {key: term for key, term in linear.terms.items() if key != holding[0]}
         rest_low = Linear(linear.dtype, terms, linear.const).bounds(everywhere)[0]
         if rest_low is None:
             continue
-        # coef * v + rest >= threshold for every rest  <=>  coef * v >= threshold - rest_low: from v = ceil(need /
-        # coef) on when coef > 0, up to v = floor(need / coef) when coef < 0
+        # coef * t + rest >= threshold for every rest  <=>  coef * t >= threshold - rest_low: from t = ceil(need /
+        # coef) on when coef > 0, up to t = floor(need / coef) when coef < 0
         need = threshold - rest_low
-        cuts.add(-(-need // coef) if coef > 0 else need // coef + 1)
-    return sorted(cut for cut in cuts if first < cut <= last)
-
-
-def _coefficient(linear: Linear, var: Var) -> int:
-    """var's coefficient in `linear`; 0 when it is absent or also appears inside another term (not linear)."""
-    coef = 0
-    for atom, value in linear.terms.values():
-        if atom is var:
-            coef = value
-        elif any(node is var for node in walk(atom)):
-            return 0
-    return coef
+        found.setdefault(holding[0], (atom, set()))[1].add(-(-need // coef) if coef > 0 else need // coef + 1)
+    return found
 
 
 def _tests(stmt: Stmt) -> list[Compare]:

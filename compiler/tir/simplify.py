@@ -305,8 +305,11 @@ class _Simplifier(ScopedMutator):
 
     # ---- statements
 
-    def visit_store(self, stmt: Store) -> Stmt:
-        return Store(stmt.buffer, self.visit(stmt.index), self.visit(stmt.value))
+    def visit_store(self, stmt: Store) -> Stmt | None:
+        index, value = self.visit(stmt.index), self.visit(stmt.value)
+        if _adds_a_zero_product(stmt.buffer, index, value):
+            return None
+        return Store(stmt.buffer, index, value)
 
     def visit_for(self, stmt: For) -> Stmt | None:
         low, extent = self.visit(stmt.min), self.visit(stmt.extent)
@@ -495,6 +498,18 @@ def _decide(op: str, low, high) -> bool | None:
     if (low is not None and low > 0) or (high is not None and high < 0):
         return op == "ne"
     return None
+
+
+def _adds_a_zero_product(buffer, index: Expr, value: Expr) -> bool:
+    """A reduction step `buf[i] = buf[i] + 0 * y` (a padded tap whose test partitioning decided: the padding is zero):
+    it adds nothing, save the NaN that IEEE makes of 0 * inf, so it is dropped (and with it a loop left empty). Only
+    in this form: elsewhere 0 * y stays, so an inf or NaN operand still shows in the result."""
+    if not (isinstance(value, Binary) and value.op == "add" and isinstance(value.b, Binary) and value.b.op == "mul"):
+        return False
+    step = value.a
+    if not (isinstance(step, Load) and step.buffer is buffer and structural_key(step.index) == structural_key(index)):
+        return False
+    return _is_zero(value.b.a) or _is_zero(value.b.b)
 
 
 def _is_zero(e: Expr) -> bool:

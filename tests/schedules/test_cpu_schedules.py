@@ -378,11 +378,21 @@ def test_blocked_conv_keeps_filter_vectors_in_registers(target, strides):
         r"\s*for \(inner: .* vectorized",
         tir,
     ), tir
-    # the padded copy (13 columns with stride 2, whose last output never reads the 14th): parallel over rows,
-    # each row's columns partitioned so the interior ones test no column
-    assert re.search(r"allocate pad: float32\[1, 1, 11, 1[34], 8\] global", tir), tir
-    assert re.search(r"for \(n\.c\.row\.fused: int32, 0, 11\) parallel \{", tir), tir
-    assert re.search(r"for \(column: int32, 1, 12\) \{", tir), tir
+    if fallback("conv2d_nchwc", Target.parse(target))["padding"] == "copy":
+        # the padded copy (13 columns with stride 2, whose last output never reads the 14th): parallel over rows,
+        # each row's columns partitioned so the interior ones test no column
+        assert re.search(r"allocate pad: float32\[1, 1, 11, 1[34], 8\] global", tir), tir
+        assert re.search(r"for \(n\.c\.row\.fused: int32, 0, 11\) parallel \{", tir), tir
+        assert re.search(r"for \(column: int32, 1, 12\) \{", tir), tir
+    else:
+        # the padding read in place: a task branches on its row, and the only tests left in the channel loop are
+        # of an unrolled column against the border (constants once unrolled)
+        assert "allocate pad" not in tir, tir
+        assert re.search(r"parallel \{\n\s*(let [\w.]+\.piece: int32 = .*\n\s*)?if \(", tir), tir
+        tests = re.findall(r"select\(([^,]*), x\[", tir)
+        assert tests and all(
+            re.fullmatch(r"\(column\*\d\) >= 1|column >= 1|\(?column.*< \d+", test) for test in tests
+        ), tests
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -559,7 +569,9 @@ def test_blocked_conv_tile_knob():
 @pytest.mark.parametrize("target", TARGETS)
 def test_blocked_conv_taps_knob_moves_the_window_inside_the_input_channels(target):
     graph, feeds = conv_graph((1, 8, 8, 8), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
-    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, {"taps": "inner"}, packed=True))
+    # with the padded copy (in place, the border rows' and columns' tap loops are partitioned)
+    config = {"taps": "inner", "padding": "copy"}
+    tir = blocked_conv_kernel(check(then_pointwise_conv(graph), feeds, target, config, packed=True))
     assert re.search(
         rf"for \(rci: int32, 0, \d+\) \{{\n{PREFETCH}?\s*for \(r0: int32, 0, 3\) \{{\n{PREFETCH}?"
         rf"\s*for \(r1: int32, 0, 3\)",
@@ -668,6 +680,7 @@ def test_fallbacks_overlay_defaults():
         "taps": "inner",
         "pointwise_tile_ow": 4,
         "pointwise_tile_blocks": 1,
+        "padding": "copy",
     }
     assert fallback("conv2d_nchwc", Target.parse("llvm -mcpu=haswell -mattr=-avx512f")) == {
         **DEFAULTS["conv2d_nchwc"],
@@ -828,7 +841,8 @@ def test_blocked_conv_prefetches_the_next_filter_tile():
     tasks of the first tile name the lines of the second and no others, and all tasks together every line after
     the first tile, none outside the weights."""
     graph, feeds = conv_graph((1, 32, 5, 6), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "residual_relu")
-    kernels = check(then_pointwise_conv(graph), feeds, "llvm", {"prefetch": 1}, packed=True)
+    # with the padded copy, so that the tasks' body is one nest (in place, it branches on the row)
+    kernels = check(then_pointwise_conv(graph), feeds, "llvm", {"prefetch": 1, "padding": "copy"}, packed=True)
     conv = next(kernel for kernel in kernels if "allocate conv:" in kernel.source("tir"))
     lines = prefetched_lines(conv.func)
     weight_lines = 64 * 32 * 3 * 3 * 4 // 64

@@ -141,10 +141,54 @@ def test_a_test_that_is_not_linear_in_the_var_leaves_the_loop_whole():
     assert (loop.min.value, loop.extent.value) == (0, 16)
 
 
-def test_only_a_serial_loop_is_partitioned():
+def rows_stencil(rows: int, columns: int):
+    """b[r, c] = p[r, c] + 2 p[r + 1, c] + 3 p[r + 2, c] over `a` padded with a zero row above and below, the padding
+    inlined, the (rows x columns) outputs one parallel loop (fused), as a blocked conv's tasks are."""
+    a = te.placeholder((1, 1, rows, columns), name="A")
+    padded = pad(a, [1, 0], [1, 0], 0.0, "P")
+    b = te.compute(
+        (rows, columns),
+        lambda r, c: padded[0, 0, r, c] + padded[0, 0, r + 1, c] * 2.0 + padded[0, 0, r + 2, c] * 3.0,
+        name="B",
+    )
+    schedule = te.create_schedule(b.op)
+    schedule[padded].compute_inline()
+    fused = schedule[b].fuse(*b.op.axis)
+    schedule[b].parallel(fused)
+    return schedule, a, b, fused
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_parallel_loop_branches_on_the_row_its_tests_read(target):
+    """A parallel loop stays one loop (one job), and its body branches on the row (fused / columns) that the padding's
+    tests read: the first row, the interior rows (the row clamped into their range, so the simplifier knows it) and
+    the last row, none of which tests anything."""
+    rows, columns = 6, 5
+    schedule, a, b, fused = rows_stencil(rows, columns)
+    schedule[b].partition(fused)
+    func = lower(schedule, [a, b], "rows")
+    (loop,) = [stmt for stmt in walk_stmts(func.body) if isinstance(stmt, For)]
+    assert loop.kind.value == "parallel" and loop.extent.value == rows * columns
+    tested = [any(isinstance(node, te.Select) for node in walk(store.value)) for store in stores(func.body)]
+    assert tested == [False, False, False], format_func(func)
+    assert format_func(func).count("if (r.c.fused.piece < ") == 2, format_func(func)
+    x = RNG.standard_normal((rows, columns)).astype("float32")
+    padded = np.concatenate([np.zeros((1, columns), "float32"), x, np.zeros((1, columns), "float32")])
+    expected = padded[:-2] + 2 * padded[1:-1] + 3 * padded[2:]
+    kernel = build(schedule, [a, b], target=target, name="kernel")
+    out = np.zeros((rows, columns), "float32")
+    kernel(x.reshape(1, 1, rows, columns), out)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_vectorized_loop_is_not_partitioned():
     a = te.placeholder((16,), name="A")
     b = te.compute((16,), lambda i: a[i] * 2.0, name="B")
     schedule = te.create_schedule(b.op)
-    schedule[b].parallel(b.op.axis[0])
-    with pytest.raises(TEError, match="only a serial loop is partitioned"):
+    schedule[b].vectorize(b.op.axis[0])
+    with pytest.raises(TEError, match="only a serial or parallel loop is partitioned"):
         schedule[b].partition(b.op.axis[0])
+    schedule = te.create_schedule(b.op)
+    schedule[b].partition(b.op.axis[0])
+    with pytest.raises(TEError, match="it is partitioned"):
+        schedule[b].vectorize(b.op.axis[0])

@@ -6,7 +6,7 @@ import pytest
 
 import compiler.te as te
 from compiler.te.expr import Binary, Compare, Const, Var
-from compiler.tir.nodes import Buffer, For, ForKind, IfThen, Seq, Store
+from compiler.tir.nodes import Buffer, For, ForKind, IfThen, Load, Seq, Store
 from compiler.tir.printer import format_expr, format_stmt
 from compiler.tir.simplify import bounds, simplify
 
@@ -189,6 +189,18 @@ def test_loops_of_extent_one_disappear_and_empty_statements_vanish():
     stmt = loop(i, 4, loop(j, 1, Store(out, i + j, te.const(0.0))))
     assert format_stmt(simplify(stmt)) == "for (i: int32, 0, 4) {\n  out[i] = 0.0f\n}"
     assert format_stmt(simplify(Seq((loop(i, 0, Store(out, i, te.const(0.0))),)))) == ""
+
+
+def test_a_reduction_step_that_adds_a_zero_product_is_dropped():
+    """acc[i] = acc[i] + 0 * w (a padded tap that partitioning decided) adds nothing, and its loop goes with it;
+    0 * w anywhere else stays, so an inf or NaN still shows."""
+    acc, w = Buffer("acc", (4,), "float32"), Buffer("w", (4,), "float32")
+    i, k = Var("i"), Var("k")
+    step = Store(acc, i, Load(acc, i) + te.const(0.0) * Load(w, k))
+    assert format_stmt(simplify(Seq((Store(acc, i, te.const(1.0)), loop(k, 4, step))))) == "acc[i] = 1.0f"
+    other = Store(acc, i, Load(acc, i + 1) + te.const(0.0) * Load(w, k))
+    assert "0.0f" in format_stmt(simplify(loop(k, 4, other)))
+    assert "0.0f" in format_stmt(simplify(loop(k, 4, Store(acc, i, te.const(0.0) * Load(w, k)))))
 
 
 def test_infinity_constants_survive():

@@ -31,18 +31,19 @@ from compiler.tune.space import ConfigSpace
 # blocked convs' 2 x 6 tile with the columns unrolled outside the blocks; resnet18 on every width for its strided
 # 1 x 1 convs reading their input in place (no cropped copy of it); mobilenet_v2 and resnet18 natively (64 and 32
 # bytes) and digits on AVX2 for the blocked convs' prefetch of their next filter tile (the same digests as before
-# with `prefetch` 0)
+# with `prefetch` 0); mobilenet_v2, resnet18 and digits natively for the dense blocked convs reading their padding in
+# place (the same digests as before with `padding` "copy")
 DIGESTS = {
     ("mlp", 64): "545a58f46f0df20cc1acf7ee12f63bfcff479f1337e19a0086a3023bec6b565e",
-    ("mobilenet_v2", 64): "0152abbc1e8c57ebffc26ef74602797d257da7ad3e78283b28553d238d47fe89",
-    ("resnet18", 64): "b1b001bc6d78de067a87623022bda2be7743246acd35adb22f43b92fc8a7b0a7",
+    ("mobilenet_v2", 64): "a89ab948a61ec590882d06ac68a70b290702661c6f85a436b68fb92b0781300d",
+    ("resnet18", 64): "280437f69b370e2d28af9de8474137a65e58128b1af9918c65f616972667c35d",
     ("dwconv_block", 64): "38f62251fb572635e6c91b8d560be1ff4409fd31cf541ec704a647a3a767588f",
-    ("digits", 64): "7aacade6d9d5703d9e99bb463f0fccbcf549f9b9ee571aa0938c36eec2929ac5",
+    ("digits", 64): "99a40e6117ea50be4c7ae090a753d2573f6d2a887f14e8b38eda733ccb5918af",
     ("mlp", 32): "485adc074e3efe8118d9816c84fbe30d16282113371e709ef63a4315aca26b6a",
-    ("mobilenet_v2", 32): "ec4990caeda1b1eab8b22ebe2504c328a4211c922f013885c5d4b18f96c865ce",
-    ("resnet18", 32): "27823881aec6a9a01c9a1b9dfb5be52ee8f6a5a36d2f1d448e570032d78e8a76",
+    ("mobilenet_v2", 32): "6382267c1e28080eb146e6e109c5ad81eeb4c195f54b405915055922e7f572d2",
+    ("resnet18", 32): "4612518347e2df5b6a5981c116f5bb29ffb5755e6b4940123f7fbd600f4b7111",
     ("dwconv_block", 32): "b219d6ee844ffe41c419cd2d8d1a4a3bca5744d6bde7824302ac6ec22bc205d0",
-    ("digits", 32): "92ac46ac3a41c3d6c1d77e503309cc05fdb1d7608a77cb6011b6f462006c5fa0",
+    ("digits", 32): "28154af9d1628059bf8d1816a539f644a313499fa3c8134fccdd58ccfbbb8746",
     ("mlp", 16): "47b4121be258f5cec3c2e524406581e03610ff2cc6b22392c10c7b6dc732b4ea",
     ("mobilenet_v2", 16): "ee65c29943dc547a24507a2690f06124472bb77f9e4ba3c13591a92d774e3371",
     ("resnet18", 16): "1bb3d4963b8a37800ddfdb9020812adf97d9874a73928b4dddb5019b2f6cf6a3",
