@@ -69,11 +69,11 @@ DEFAULTS: dict[str, dict[str, object]] = {
         # natively, prefetch the next filter tile (_prefetch_filters): in a run every conv's filters come from
         # beyond the cache, and on small filters its few prefetches cost nothing measurable
         "prefetch": 1,
-        # the padding read in place, the rows, column tiles and taps partitioned: a padded copy is one more job
-        # through memory, and at 2 threads each task reads rows the other thread copied (AVX-512, round-robin
-        # against the copy, ms at 1 / 2 threads: resnet50_bottleneck 3.96 -> 3.87 / 2.86 -> 2.74, yolo_neck 2.26 ->
-        # 2.06 / 1.57 -> 1.34, resnet18 24.1 -> 23.5 / 13.3 -> 12.7; docs/benchmarks.md, "Dense convs read their
-        # padding in place")
+        # the padding read in place, the rows, the column tiles and the window's rows partitioned: a padded copy is one
+        # more job through memory, and at 2 threads each task reads rows the other thread copied (AVX-512, round-robin
+        # against the copy, ms at 1 / 2 threads: resnet18 22.3 -> 21.2 / 12.7 -> 12.0, resnet50_bottleneck 3.79 ->
+        # 3.65 / 2.28 -> 2.18, yolo_neck 2.16 -> 1.95 / 1.34 -> 1.20; but unet_small 3.00 -> 3.27 / 1.72 -> 1.82, its
+        # 32-channel convs' border tiles spilling; docs/benchmarks.md, "Dense convs read their padding in place")
         "padding": "in_place",
     },
     # padding in place: the column tiles cut into the border ones (which test the column) and the interior

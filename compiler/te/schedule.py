@@ -167,11 +167,15 @@ class Stage:
         self.leaf_iter_vars[position : position + 1] = [outer, inner]
         return outer, inner
 
+    def _done(self, iv: IterVar) -> str | None:
+        """What a primitive already made of `iv`'s loop: its thread, its annotation, "partitioned", or None."""
+        if iv in self.bindings:
+            return self.bindings[iv].thread_tag
+        return self.annotations.get(iv, "partitioned" if iv in self.partitions else None)
+
     def _check_plain(self, iv: IterVar, primitive: str) -> None:
         """Annotations belong to final loops; splitting or fusing one would leave it ambiguous."""
-        done = self.bindings[iv].thread_tag if iv in self.bindings else self.annotations.get(iv)
-        if done is None and iv in self.partitions:
-            done = "partitioned"
+        done = self._done(iv)
         if done is not None:
             raise TEError(
                 f"{primitive} of axis {iv.name} in {self._where()}: the axis is already {done}; "
@@ -267,10 +271,10 @@ class Stage:
         into loops; a parallel loop, one job of the thread pool, keeps its iterations and its body is cut into
         branches on the value of the term that the tests read (a fused loop's row)."""
         iv = self._leaf(axis, "partition")
-        annotation = self.bindings[iv].thread_tag if iv in self.bindings else self.annotations.get(iv)
-        if annotation not in (None, "parallel"):
+        done = self._done(iv)
+        if done not in (None, "parallel", "partitioned"):
             raise TEError(
-                f"cannot partition axis {iv.name} of {self._where()}: it is {annotation}, and only a serial or "
+                f"cannot partition axis {iv.name} of {self._where()}: it is {done}, and only a serial or "
                 "parallel loop is partitioned; partition the loop outside it instead"
             )
         self.partitions.add(iv)
@@ -287,9 +291,8 @@ class Stage:
                 f"bind of axis {iv.name} in {self._where()}: the axis is already bound to "
                 f"{self.bindings[iv].thread_tag}"
             )
-        if iv in self.annotations or iv in self.partitions:
-            done = self.annotations.get(iv, "partitioned")
-            raise TEError(f"bind of axis {iv.name} in {self._where()}: the axis is already {done}")
+        if self._done(iv) is not None:
+            raise TEError(f"bind of axis {iv.name} in {self._where()}: the axis is already {self._done(iv)}")
         if thread.thread_tag != "vthread":
             for other, bound in self.bindings.items():
                 if bound.thread_tag == thread.thread_tag:
