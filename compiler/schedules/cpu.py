@@ -1021,7 +1021,14 @@ def _prefetch_filters(
         steps, step, at = steps * axis.extent, step * axis.extent + axis, axis
     lines = -(-tile_lines // steps)
     following = te.minimum(rows // row_count % tiles + 1, tiles - 1) * tile
-    conv.prefetch(weights, at, lines, lambda line: following + (step * lines + line) * per_line)
+
+    def line_of(line):
+        # steps x lines may pass the tile's end (5 rows x 36 taps of 2 lines for AVX2's 288-line tile): the last
+        # steps then name its last line again rather than the tile after
+        index = step * lines + line
+        return following + (index if steps * lines <= tile_lines else te.minimum(index, tile_lines - 1)) * per_line
+
+    conv.prefetch(weights, at, lines, line_of)
 
 
 def _fits_registers(target: Target, blocks: int, columns: int, block_vectors: int, columns_outer: bool) -> bool:
