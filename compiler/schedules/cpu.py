@@ -27,7 +27,9 @@ from compiler.tune.space import ConfigSpace, run_template
 # 5: a MatMul's space adds unroll_k, parallel, pack_b and, on a ragged row, vector multiples as column tiles
 # 6: an NCHW[x]c conv's space adds unroll_outer (which of its tile's unrolled loops is outside)
 # 7: a native NCHW[x]c conv's space adds prefetch (of the next filter tile)
-SPACE_VERSION = 8
+# 8: a dense NCHW[x]c conv's padding knob covers in_place
+# 9: a ragged MatMul's space adds tile_order and parallel
+SPACE_VERSION = 9
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -1056,7 +1058,7 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     width = lanes(target, output.op.dtype)
     # the column tile is the largest divisor of whole vectors up to tile_n. A row with none of at least half of it
     # (attention over 77 tokens; 200 columns in 16 lanes) takes the fallback's tile with a guarded last tile, the
-    # loop over column tiles serial and partitioned so only that tile tests it: the divisors of 77 gave 7 x 11-lane
+    # loop over column tiles partitioned so only that tile tests it: the divisors of 77 gave 7 x 11-lane
     # tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups), and odd_transformer's (1, 77, 200) x
     # (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest divisors of 77 and 200 up to 4 and 16),
     # 0.185 ms in 7 x 8. The tail is not narrowed to one vector: codegen emits a vector loop wider than a register
@@ -1086,28 +1088,28 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         _limit_registers(cfg, target, output.op.dtype, ("split_k_tile_n",), partial.axis[-1].extent)
         i_outer, i_inner = output.split(i, 1)
         j_outer, j_inner = cfg["split_k_tile_n"].apply(schedule, output, j)
-    if ragged:
-        output.reorder(*batch, i_outer, j_outer, i_inner, j_inner)
-        output.parallel(output.fuse(*batch, i_outer))
-        output.partition(j_outer)
-        fused = panel_loop = j_outer
+    cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
+    tiles = cfg["tile_order"].permute([i_outer, j_outer])
+    output.reorder(*batch, *tiles, i_inner, j_inner)
+    parallel = "tiles"
+    if partial is None:
+        cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
+        parallel = cfg["parallel"].val
+    if parallel == "tiles":
+        fused = panel_loop = output.fuse(*batch, *tiles)
+        output.parallel(fused)
+        column_loop = fused
     else:
-        cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
-        tiles = cfg["tile_order"].permute([i_outer, j_outer])
-        output.reorder(*batch, *tiles, i_inner, j_inner)
-        parallel = "tiles"
-        if partial is None:
-            cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
-            parallel = cfg["parallel"].val
-        if parallel == "tiles":
-            fused = panel_loop = output.fuse(*batch, *tiles)
-            output.parallel(fused)
-        else:
-            outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
-            output.parallel(outer)
-            fused = tiles[1]
-            # with the column tiles outermost, B's panel stays the same for every row tile inside
-            panel_loop = outer if tiles[0] is j_outer else fused
+        outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
+        output.parallel(outer)
+        fused = tiles[1]
+        # with the column tiles outermost, B's panel stays the same for every row tile inside
+        panel_loop = outer if tiles[0] is j_outer else fused
+        column_loop = outer if tiles[0] is j_outer else tiles[1]
+    if ragged:
+        # only the last column tile tests its bound: a serial loop over the column tiles is cut before it, a
+        # parallel one (holding the column tiles) branches its task on it
+        output.partition(column_loop)
     output.vectorize(j_inner)
     if partial is not None:
         dense.set_scope("local")

@@ -276,8 +276,9 @@ def ragged_tile(target: Target, rows: int, columns: int) -> int:
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((1, 3, 11, 8), (1, 3, 8, 21)), ((2, 13, 16), (16, 77))])
 def test_matmul_whose_row_no_vector_divides_ends_in_one_shorter_vector(target, a_shape, b_shape):
-    """Attention at 77 tokens: the column tiles are powers of two or whole vectors, serial inside the parallel loop
-    over rows and partitioned, so only the last tile is shorter, and it is still one vector loop, not a guard per lane."""
+    """Attention at 77 tokens: the column tiles are powers of two or whole vectors and their loop is partitioned (a
+    parallel one branches its task on it), so only the last tile is shorter, and it is still one vector loop, not a
+    guard per lane."""
     graph = Graph()
     a = graph.add_input("a", TensorType(a_shape, "float32"))
     b = graph.add_input("b", TensorType(b_shape, "float32"))
