@@ -195,7 +195,13 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # (24, 40, 72, 136) 6.25 -> 5.62, resnet50_bottleneck 6.18 -> 5.30, yolo_neck 3.80 -> 3.48, resnet18
         # 25.4 -> 24.0 (docs/benchmarks.md, "AVX2 conv tiles (seventh session)")
         "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns"},
-        "dense": {"tile_m": 6, "tile_n": 16},
+        # B's panel packed once per column tile, the column tiles the tasks: in a 32 KB L1 a panel read in place
+        # at a row stride near a multiple of 4 KB evicts itself (512 columns: two cache sets). AMD EPYC (znver3),
+        # whole models round-robin, ms at 1 / 2 threads unpacked -> packed (onnxruntime): bert_tiny 2.15 -> 1.74 /
+        # 1.49 -> 1.31 (2.55 / 2.72), odd_transformer 3.47 -> 3.13 / 1.62 -> 1.41 (2.87 / 2.46), mlp 0.128 ->
+        # 0.121 / 0.195 -> 0.188, vit_tiny 5.25 -> 5.36 / 2.93 -> 2.91 (its 77 x 192 x 768 MatMuls 3-5% slower);
+        # (128, 768) x (768, 768) alone, 1 thread, 2.92 -> 2.16 ms (1.70 with unroll_k 4, onnxruntime 1.74)
+        "dense": {"tile_m": 6, "tile_n": 16, "parallel": "outer", "pack_b": 1},
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16},
         # not measured: the dense block's 12 accumulators
         "conv1d": {"tile_oc": 6, "tile_ow": 16},
@@ -1091,9 +1097,13 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
     tiles = cfg["tile_order"].permute([i_outer, j_outer])
     output.reorder(*batch, *tiles, i_inner, j_inner)
-    parallel = "tiles"
+    parallel = default_parallel = "tiles"
     if partial is None:
-        cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
+        # "outer" makes the outer tile loop the tasks: a fallback takes it only with tasks enough for the threads
+        outer_tasks = math.prod(axis.extent for axis in batch) * tiles[0].extent
+        if outer_tasks >= OUTER_TASKS:
+            default_parallel = values["parallel"]
+        cfg.define_knob("parallel", ["tiles", "outer"], default=default_parallel)
         parallel = cfg["parallel"].val
     if parallel == "tiles":
         fused = panel_loop = output.fuse(*batch, *tiles)
@@ -1128,9 +1138,10 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     (k,) = dense.op.reduce_axis
     unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
     cfg.define_split("unroll_k", k, policy=unrolls, default=max(size for size in unrolls if size <= values["unroll_k"]))
-    cfg.define_knob("pack_b", [0, 1], default=values["pack_b"])
+    # packing B's panel pays off once per column tile, not once per task: only with the column tiles outer, in parallel
+    cfg.define_knob("pack_b", [0, 1], default=values["pack_b"] if default_parallel == "outer" else 0)
     if cfg["pack_b"].val:
-        _pack_panel(schedule, dense, panel_loop, output, width)
+        _pack_panel(schedule, dense, panel_loop, output)
     dense.set_scope("local")
     dense.compute_at(output, fused)
     *dbatch, di, dj = dense.op.axis
@@ -1143,6 +1154,11 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     if cfg["unroll_m"].val:
         dense.unroll(di)
     dense.vectorize(dj)
+
+
+# the fewest tasks a dense fallback's outer tile loop runs in parallel alone ("parallel" "outer"): two threads' share
+# within an eighth of each other
+OUTER_TASKS = 8
 
 
 def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:
@@ -1196,7 +1212,7 @@ def _ragged_tiles(extent: int, width: int) -> list[int]:
     return sorted(powers | {width * count for count in range(1, 5) if width * count <= extent})
 
 
-def _pack_panel(schedule: Schedule, dense: Stage, loop, output: Stage, width: int) -> None:
+def _pack_panel(schedule: Schedule, dense: Stage, loop, output: Stage) -> None:
     """Copy the k x tile_n panel of B that the register block reads into a contiguous local buffer, made inside
     `loop` (one copy per iteration of it): the block then reads B at unit stride, whatever B's row length (a
     power-of-two row maps every k of a strip to the same few cache sets)."""
@@ -1212,7 +1228,9 @@ def _pack_panel(schedule: Schedule, dense: Stage, loop, output: Stage, width: in
     panel = schedule.cache_read(reads_b[0], "local", [dense.op.output(0)])
     stage = schedule[panel]
     stage.compute_at(output, loop)
-    _vectorize_innermost(stage, width)
+    # one vector loop over the panel's columns (the block's tile_n, a ragged row's shorter last tile): a split by a
+    # factor of B's whole row (7 of 21 columns) cut an 8-column panel into guarded pieces
+    stage.vectorize(stage.op.axis[-1])
 
 
 def _uses(expr, var) -> bool:

@@ -29,13 +29,14 @@ AVX512 = "llvm -mattr=+avx512f"
 # from the template before unroll_k, parallel and pack_b existed (main at 96a0f67, after its whole-vector
 # column tiles and 77-row blocks of 7); the 16-byte ones since wasm's blocks were sized for V8's registers (4 x 8,
 # 77 rows in 7 x 4); the 64-byte ones since AVX-512's blocks are three vectors wide with the k loop unrolled by 4;
-# vit_tiny's since a ragged row's MatMul takes the tile order and parallel loop of every other (SPACE_VERSION 9)
+# vit_tiny's since a ragged row's MatMul takes the tile order and parallel loop of every other (SPACE_VERSION 9);
+# the 32-byte ones since AVX2 packs B's panel once per column tile, the column tiles in parallel
 DENSE_DIGESTS = {
     ("bert_tiny", 64): "3c4191397bbb8ff0e0662747f61fd124fd338c9eeb6c7dbc315500558204bd82",
-    ("bert_tiny", 32): "7a0949642aa678ac752c7e9f902f07e9f9b8f83576f4370651d4a5ff1a9e7815",
+    ("bert_tiny", 32): "e3c37f5ecdb89b6ea8daa6f0e5281ef2377c0822b39776dcc50ba131079ecf64",
     ("bert_tiny", 16): "9d08d1588bc1af47943b349c42f557b565b7d789fdd67cd369e0c67ce7288b1c",
     ("vit_tiny", 64): "817af0b47fcfbfe56d06bed58a4f33d466f2516665f83d006c7402993e3cb2b6",
-    ("vit_tiny", 32): "dda07065f26ae99b0f34cc2ceb14e0d6dd162258a29d8598c9101c34836fb1a9",
+    ("vit_tiny", 32): "bf38637e0ce575d3ec0dc6da1342bc5fe58075a349cde18e05b2a54718f88c24",
     ("vit_tiny", 16): "050088957c4228d39c428d835ac479db2f59c422fed963be230dbfa016056f37",
 }
 
@@ -52,7 +53,9 @@ def test_the_fallback_builds_the_old_dense_code(name, target):
         schedule = schedule_group(group, target, space)
         if space.template == "dense":
             if "pack_b" in space.knobs:
-                assert space.fallback["pack_b"].val == 0 and space.fallback["unroll_k"].size[-1] <= unroll_k
+                # a panel is packed only when the column tiles are the parallel tasks
+                packs = space.fallback["parallel"].val == "outer" and fallback("dense", target)["pack_b"]
+                assert space.fallback["pack_b"].val == packs and space.fallback["unroll_k"].size[-1] <= unroll_k
             texts.append(format_func(lower(schedule, [*group.inputs, *group.outputs], "kernel")))
     digest = hashlib.sha256("\n\n".join(texts).encode()).hexdigest()
     assert digest == DENSE_DIGESTS[(name, target.vector_bytes)]
@@ -151,3 +154,14 @@ def test_parallel_outer_with_columns_outermost_packs_once_per_column_tile():
         text.index(part) for part in ("0, 2) parallel", "b.local[(ax0*32)", "(ax0.outer: int32, 0, 4)")
     )
     assert parallel < copy < rows
+
+
+@pytest.mark.parametrize(("columns", "packs"), [(512, True), (48, False)])
+def test_avx2_fallback_packs_b_only_with_column_tiles_enough_for_the_threads(columns, packs):
+    """AVX2's fallback makes the column tiles the parallel tasks and packs B's panel once per tile, while there are
+    OUTER_TASKS of them (512 columns: 32 tiles of 16); 48 columns make 3 tasks, so every tile is a task, unpacked."""
+    _, node = matmul_node((64, 32), (32, columns))
+    space = ConfigSpace()
+    schedule_group(group_to_te(node), "llvm -mattr=-avx512f", space)
+    assert space.fallback["parallel"].val == ("outer" if packs else "tiles")
+    assert space.fallback["pack_b"].val == packs
