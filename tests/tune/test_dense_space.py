@@ -30,13 +30,14 @@ AVX512 = "llvm -mattr=+avx512f"
 # column tiles and 77-row blocks of 7); the 16-byte ones since wasm's blocks were sized for V8's registers (4 x 8,
 # 77 rows in 7 x 4); the 64-byte ones since AVX-512's blocks are three vectors wide with the k loop unrolled by 4;
 # vit_tiny's since a ragged row's MatMul takes the tile order and parallel loop of every other (SPACE_VERSION 9);
-# the 32-byte ones since AVX2 packs B's panel once per column tile, the column tiles in parallel
+# the 32-byte ones since AVX2 packs B's panel once per column tile, the column tiles in parallel, and vit_tiny's
+# again for its attention's 7 x 8 blocks taking 11 rows (_fill_block)
 DENSE_DIGESTS = {
     ("bert_tiny", 64): "3c4191397bbb8ff0e0662747f61fd124fd338c9eeb6c7dbc315500558204bd82",
     ("bert_tiny", 32): "e3c37f5ecdb89b6ea8daa6f0e5281ef2377c0822b39776dcc50ba131079ecf64",
     ("bert_tiny", 16): "9d08d1588bc1af47943b349c42f557b565b7d789fdd67cd369e0c67ce7288b1c",
     ("vit_tiny", 64): "817af0b47fcfbfe56d06bed58a4f33d466f2516665f83d006c7402993e3cb2b6",
-    ("vit_tiny", 32): "bf38637e0ce575d3ec0dc6da1342bc5fe58075a349cde18e05b2a54718f88c24",
+    ("vit_tiny", 32): "b514dadc438760eaea1e945d7593ab985b78d6f02b5c43d831bd0f4d716f675a",
     ("vit_tiny", 16): "050088957c4228d39c428d835ac479db2f59c422fed963be230dbfa016056f37",
 }
 
@@ -165,3 +166,16 @@ def test_avx2_fallback_packs_b_only_with_column_tiles_enough_for_the_threads(col
     schedule_group(group_to_te(node), "llvm -mattr=-avx512f", space)
     assert space.fallback["parallel"].val == ("outer" if packs else "tiles")
     assert space.fallback["pack_b"].val == packs
+
+
+def test_a_block_starved_of_accumulators_takes_more_rows_rolled():
+    """33 rows x 520 columns on AVX2: 8 columns divide 520 and 16 do not, and 33's divisor up to 6 rows is 3, so the
+    block held 3 of the fallback's 12 accumulators; it takes 11 rows (11 x 8 and B's vector and a broadcast fit 16
+    registers), its rows a loop. On AVX-512 the block is as wide as before and the rows stay 11 (33 by at most 8)."""
+    _, node = matmul_node((33, 100), (100, 520))
+    for target, (rows, columns, unrolled) in {"llvm -mattr=-avx512f": (11, 8, 0), AVX512: (11, 32, 1)}.items():
+        space = ConfigSpace()
+        schedule_group(group_to_te(node), target, space)
+        fallback_config = space.fallback
+        assert fallback_config["tile_m"].size[-1] == rows and fallback_config["tile_n"].size[-1] == columns, target
+        assert fallback_config["unroll_m"].val == unrolled, target
