@@ -194,13 +194,19 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # default thread count, a 50 ms pause before each run, against 1 x 14: a conv net with untuned channels
         # (24, 40, 72, 136) 6.25 -> 5.62, resnet50_bottleneck 6.18 -> 5.30, yolo_neck 3.80 -> 3.48, resnet18
         # 25.4 -> 24.0 (docs/benchmarks.md, "AVX2 conv tiles (seventh session)")
-        "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns"},
+        # The padded input copied, not read in place: on AMD EPYC (znver3), round-robin, ms in place -> copy at 1 / 2
+        # threads (onnxruntime): resnet18 48.5 -> 45.7 / 36.1 -> 31.9 (41.1 / 25.7), inception_block 5.07 -> 4.35 /
+        # 2.26 -> 1.93 (3.63 / 2.26), densenet_block 10.4 -> 9.5 / 5.09 -> 4.75, odd_convnet 2.88 -> 2.45 / 1.69 ->
+        # 1.50; yolo_neck 3.69 -> 3.98 / 2.74 -> 2.85 and unet_small 7.13 -> 7.24 / 5.07 -> 5.36 the other way,
+        # squeezenet and efficientnet_b0 equal (in place had won with -mcpu=haswell on an Intel host)
+        "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns", "padding": "copy"},
         # B's panel packed once per column tile, the column tiles the tasks: in a 32 KB L1 a panel read in place
         # at a row stride near a multiple of 4 KB evicts itself (512 columns: two cache sets). AMD EPYC (znver3),
-        # whole models round-robin, ms at 1 / 2 threads unpacked -> packed (onnxruntime): bert_tiny 2.15 -> 1.74 /
-        # 1.49 -> 1.31 (2.55 / 2.72), odd_transformer 3.47 -> 3.13 / 1.62 -> 1.41 (2.87 / 2.46), mlp 0.128 ->
-        # 0.121 / 0.195 -> 0.188, vit_tiny 5.25 -> 5.36 / 2.93 -> 2.91 (its 77 x 192 x 768 MatMuls 3-5% slower);
-        # (128, 768) x (768, 768) alone, 1 thread, 2.92 -> 2.16 ms (1.70 with unroll_k 4, onnxruntime 1.74)
+        # whole models round-robin, ms at 1 / 2 threads unpacked -> packed (onnxruntime): bert_tiny 2.25 -> 1.94 /
+        # 1.16 -> 0.98 (2.55 / 1.69), odd_transformer 2.70 -> 2.38 / 1.43 -> 1.33 (2.20 / 1.60), vit_tiny equal
+        # (its 77 x 192 x 768 MatMuls 3-5% slower, its attention's faster); (128, 768) x (768, 768) alone, 1
+        # thread, 2.92 -> 2.16 ms (1.70 with unroll_k 4, onnxruntime 1.74; docs/benchmarks.md, "MatMuls on an
+        # AVX2 host")
         "dense": {"tile_m": 6, "tile_n": 16, "parallel": "outer", "pack_b": 1},
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16},
         # not measured: the dense block's 12 accumulators

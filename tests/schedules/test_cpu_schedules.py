@@ -691,6 +691,7 @@ def test_fallbacks_overlay_defaults():
         "tile_ow": 6,
         "tile_blocks": 2,
         "unroll_outer": "columns",
+        "padding": "copy",
     }
     assert fallback("conv2d_nchwc", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f"))["unroll_outer"] == "blocks"
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 three vectors wide, its k loop unrolled by 4
