@@ -198,13 +198,16 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # threads (onnxruntime): resnet18 48.5 -> 45.7 / 36.1 -> 31.9 (41.1 / 25.7), inception_block 5.07 -> 4.35 /
         # 2.26 -> 1.93 (3.63 / 2.26), densenet_block 10.4 -> 9.5 / 5.09 -> 4.75, odd_convnet 2.88 -> 2.45 / 1.69 ->
         # 1.50; yolo_neck 3.69 -> 3.98 / 2.74 -> 2.85 and unet_small 7.13 -> 7.24 / 5.07 -> 5.36 the other way,
-        # squeezenet and efficientnet_b0 equal (in place had won with -mcpu=haswell on an Intel host)
+        # squeezenet and efficientnet_b0 equal; the same directions at 2 threads with a 50 ms pause before each run
+        # (in place had won with -mcpu=haswell on an Intel host)
         "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns", "padding": "copy"},
-        # B's panel packed once per column tile, the column tiles the tasks: in a 32 KB L1 a panel read in place
-        # at a row stride near a multiple of 4 KB evicts itself (512 columns: two cache sets). AMD EPYC (znver3),
+        # B's panel packed once per column tile, the column tiles the tasks: by its addresses, a 16-column strip
+        # read in place at a row stride of 2 or 3 KB (512, 768 columns) falls into 2 or 4 of a 32 KB L1's 64 sets
+        # (not measured with counters). AMD EPYC (znver3),
         # whole models round-robin, ms at 1 / 2 threads unpacked -> packed (onnxruntime): bert_tiny 2.25 -> 1.94 /
         # 1.16 -> 0.98 (2.55 / 1.69), odd_transformer 2.70 -> 2.38 / 1.43 -> 1.33 (2.20 / 1.60), vit_tiny equal
-        # (its 77 x 192 x 768 MatMuls 3-5% slower, its attention's faster); (128, 768) x (768, 768) alone, 1
+        # (its 77 x 192 x 768 MatMuls 3-5% slower, its attention's faster), 6-16% faster at 2 threads with a 50 ms
+        # pause before each run; (128, 768) x (768, 768) alone, 1
         # thread, 2.92 -> 2.16 ms (1.70 with unroll_k 4, onnxruntime 1.74; docs/benchmarks.md, "MatMuls on an
         # AVX2 host")
         "dense": {"tile_m": 6, "tile_n": 16, "parallel": "outer", "pack_b": 1},
@@ -1088,13 +1091,12 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         tile_n -= width
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
-    filled = _fill_block(
-        target, i.extent, tile_m, -(-tile_n // width), values["tile_m"] * -(-values["tile_n"] // width)
-    )
     if partial is None:
+        most = values["tile_m"] * -(-values["tile_n"] // width)
+        filled = _fill_block(target, i.extent, tile_m, -(-tile_n // width), most)
         cfg.define_split("tile_m", i, default=filled)
         cfg.define_split("tile_n", j, policy=_ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
-        # a filled block's rows stay a loop: unrolled, LLVM interleaved two k steps of 11 x 8 and spilled
+        # a filled block's rows stay a loop: unrolled, LLVM interleaved two k steps of an 11 x 8 block and spilled
         cfg.define_knob("unroll_m", [0, 1], default=0 if filled > tile_m else values["unroll_m"])
         _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
         i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
@@ -1115,21 +1117,20 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
             default_parallel = values["parallel"]
         cfg.define_knob("parallel", ["tiles", "outer"], default=default_parallel)
         parallel = cfg["parallel"].val
+    # panel_loop: the loop an iteration of which is one column tile (with the column tiles outermost and parallel
+    # "outer", B's panel stays the same for every row tile inside it)
     if parallel == "tiles":
         fused = panel_loop = output.fuse(*batch, *tiles)
         output.parallel(fused)
-        column_loop = fused
     else:
         outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
         output.parallel(outer)
         fused = tiles[1]
-        # with the column tiles outermost, B's panel stays the same for every row tile inside
         panel_loop = outer if tiles[0] is j_outer else fused
-        column_loop = outer if tiles[0] is j_outer else tiles[1]
     if ragged:
         # only the last column tile tests its bound: a serial loop over the column tiles is cut before it, a
         # parallel one (holding the column tiles) branches its task on it
-        output.partition(column_loop)
+        output.partition(panel_loop)
     output.vectorize(j_inner)
     if partial is not None:
         dense.set_scope("local")
@@ -1214,8 +1215,9 @@ def _fill_block(target: Target, rows: int, tile_m: int, vectors: int, most: int)
     """The block's rows once its column tile is `vectors` wide. A block of fewer than FMA_CHAINS accumulators waits
     on each multiply-add before the next: narrow columns (8 of 520 in AVX2: 3 x 8, the rows of 33 by at most 6) or a
     tile narrowed to fit (77 x 200: 7 x 8, where 7 x 16 spills) then take the largest divisor of `rows` that keeps
-    the block within the fallback's accumulators (`most`) and the registers: (33, 100) x (100, 520), AVX2, 1 thread,
-    11 x 8 0.058 ms against 0.076 in 3 x 8."""
+    the block within the fallback's accumulators (`most`) and the registers. (33, 100) x (100, 520), AVX2, 1 thread:
+    3 x 8 0.096 ms (0.103 rolled), 11 x 8 0.076 unrolled and 0.058 rolled. Measured back to back: with a 50 ms
+    pause before each run at 2 threads the gain did not hold (docs/benchmarks.md, "MatMuls on an AVX2 host")."""
     if tile_m * vectors >= FMA_CHAINS:
         return tile_m
     fitting = [
