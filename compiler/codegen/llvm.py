@@ -175,6 +175,7 @@ class _FunctionEmitter(StmtVisitor):
         self.parallel_depth = parallel_depth
         self.calls = 0
         self.indexing = False  # an element index is being computed (its integer arithmetic is `nsw`, see index)
+        self.widening = False  # its narrower integers are extended to the pointer's 64 bits first (see index)
 
     def finish(self) -> None:
         self.entry.branch(self.function.blocks[1])
@@ -278,14 +279,33 @@ class _FunctionEmitter(StmtVisitor):
         finally:
             self.indexing = outer
 
-    def index(self, expr: Expr) -> ir.Value:
+    def index(self, expr: Expr, widen: bool = True) -> ir.Value:
         """An element index, its signed integer adds, subtracts and multiplies flagged `nsw` (no signed wrap): an
         index that wrapped would address outside its buffer, so none does. With the flag LLVM may widen a sum of
         32-bit terms to the 64-bit address piece by piece and hoist the loop-invariant pieces: without it, a dense
         block's k loop recomputed each broadcast row's address (a lea and a sign extension per load, 40
-        instructions per 14 multiply-adds)."""
-        with self.indexing_as(True):
-            return self.expr(expr)
+        instructions per 14 multiply-adds).
+
+        With 64-bit pointers the index is computed in 64 bits: its variables, constants and loaded or converted
+        integers are extended where they enter it. In 32 bits LLVM kept the sign extension of each address: where it
+        hoisted a loop's invariant terms out of a sum it dropped their `nsw`, so a blocked conv's inner loop did a
+        lea and a sign extension per weight load (32 of them per 64 multiply-adds on AVX2). A gather's lanes stay
+        32-bit (`widen` False): 8 of them fit one AVX2 vgatherdps, where 64-bit lanes took two (odd_transformer's
+        Transpose and Reshape 0.018 -> 0.048 ms)."""
+        outer = self.widening
+        self.widening = widen and self.target.pointer_bytes == 8
+        try:
+            with self.indexing_as(True):
+                return self.expr(expr)
+        finally:
+            self.widening = outer
+
+    def widened(self, value: ir.Value, dtype: str) -> ir.Value:
+        """`value`, an integer of `dtype` inside an index being computed in 64 bits (index), extended to them."""
+        if not self.widening or dtype == "bool" or is_float(dtype) or _width(value.type) >= 64:
+            return value
+        wide = _vector(_I64, _lanes(value))
+        return self.builder.zext(value, wide) if dtype in _UNSIGNED else self.builder.sext(value, wide)
 
     def load(self, node: Load) -> ir.Value:
         index = self.index(node.index)
@@ -302,7 +322,7 @@ class _FunctionEmitter(StmtVisitor):
         repeat = repeated_run(node.index, self.vector_var, self.lets) if self.vector_from_zero else None
         if repeat is not None:
             return self.load_repeated(node.buffer, index, repeat)
-        return self.gather(node.buffer, index)
+        return self.gather(node.buffer, self.index(node.index, widen=False))
 
     def load_repeated(self, buffer: Buffer, index: ir.Value, repeat: int) -> ir.Value:
         """A vector of buffer[start + lane // repeat]: one load of the run it spans, each element shuffled out
@@ -708,19 +728,25 @@ class _FunctionEmitter(StmtVisitor):
     def expr_var(self, node: Var) -> ir.Value:
         if node not in self.values:
             raise TargetError(f"variable {node.name!r} is used outside the loop or let that defines it")
-        return self.values[node]
+        return self.widened(self.values[node], node.dtype)
 
     def expr_const(self, node: Const) -> ir.Value:
+        if self.widening and node.dtype != "bool" and not is_float(node.dtype):
+            return ir.Constant(_I64, int(node.value))
         return self.const(node.value, node.dtype)
 
     def expr_load(self, node: Load) -> ir.Value:
-        return self.load(node)
+        return self.widened(self.load(node), node.buffer.dtype)
 
     def expr_let(self, node: Let) -> ir.Value:
         return self.bind(node.var, node.value, lambda: self.expr(node.body))
 
     def expr_cast(self, node: Cast) -> ir.Value:
-        return self.convert(self.expr(node.value), node.value.dtype, node.dtype)
+        value, source = self.expr(node.value), node.value.dtype
+        if self.widening and source != "bool" and not is_float(source):
+            # widened (an unsigned one is never negative); converted to a narrower integer it wraps as in its own width
+            source = "int64"
+        return self.widened(self.convert(value, source, node.dtype), node.dtype)
 
     def expr_select(self, node: Select) -> ir.Value:
         cond, true_value, false_value = self.expr(node.cond), self.expr(node.true_value), self.expr(node.false_value)
@@ -1078,6 +1104,11 @@ def target_machine(target: Target) -> llvm.TargetMachine:
         # j % 4 were j, reading past the buffer (tests/codegen/test_llvm_codegen.py keeps the case).
         # Tessel's schedules vectorize explicitly, so losing interleave groups costs little.
         llvm.set_option("tessel", "-enable-interleaved-mem-accesses=false")
+        # No partial unrolling: a schedule unrolls what it means to. LLVM still unrolls a loop of a few constant
+        # trips fully (a window's columns, a filled MatMul block's rows), but it also unrolled the k loop around
+        # such a block by 2 once its 64-bit addresses made the body smaller, and the two steps' multiply-adds then
+        # took a register copy each (odd_transformer, AVX2, 1 thread: 2.41 -> 3.27 ms; 2.47 without it)
+        llvm.set_option("tessel", "-unroll-allow-partial=false")
         _initialized = True
     try:
         llvm_target = llvm.Target.from_triple(target.triple)

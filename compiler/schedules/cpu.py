@@ -1081,13 +1081,14 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
     # tile that narrowing chose; onnxruntime 0.095). The tile narrows, a vector at a time, only while the block
     # does not fit the registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms
-    # against 0.23 in 7 x 8)
+    # against 0.23 in 7 x 8; vit_tiny's (1, 77, 192) x (192, 576) made 30 register copies per 14 multiply-adds once
+    # LLVM no longer unrolled its k loop by 2)
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
     if values["keep_accumulators"] and tile_m > values["tile_m"]:
         tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
-    while ragged and tile_n > width and not _dense_fits_registers(target, tile_m, -(-tile_n // width)):
+    while partial is None and tile_n > width and not _dense_fits_registers(target, tile_m, -(-tile_n // width)):
         tile_n -= width
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n

@@ -764,16 +764,20 @@ def test_serial_loops_indexed_by_floormod_are_not_misvectorized(target):
     np.testing.assert_array_equal(b, np.tile(a, (2, 4, 2)))
 
 
-def test_index_arithmetic_cannot_wrap_and_integer_data_still_wraps():
+@pytest.mark.parametrize("target, width", [("llvm", 64), ("wasm", 32)])
+def test_index_arithmetic_cannot_wrap_and_integer_data_still_wraps(target, width):
     """Element indices and loop variables carry `nsw` (an index that wrapped would address outside its buffer), so
-    LLVM may widen them to 64-bit addresses and hoist their loop-invariant parts; integer tensor arithmetic keeps
-    its two's-complement wrapping (test_integer_arithmetic_wraps_like_numpy runs it)."""
+    LLVM may widen them to 64-bit addresses and hoist their loop-invariant parts; with 64-bit pointers an index is
+    computed in 64 bits from the start (its 32-bit loop variable extended); integer tensor arithmetic keeps its
+    32-bit two's-complement wrapping (test_integer_arithmetic_wraps_like_numpy runs it)."""
     func = elementwise("ints", ["int32", "int32"], "int32", 32, lambda a, b: a * b + a, lanes=8)
-    text = str(generate_module([func], "llvm"))
-    assert re.search(r"= mul nsw i32 \S+, 8\n", text), text  # the flat index: outer * 8 ...
-    assert re.search(r"= add nsw <8 x i32> \S+, %\S+\n", text), text  # ... + the vector of lanes
+    text = str(generate_module([func], target))
+    assert re.search(rf"= mul nsw i{width} \S+, 8\n", text), text  # the flat index: outer * 8 ...
+    assert re.search(rf"= add nsw <8 x i{width}> \S+, %\S+\n", text), text  # ... + the vector of lanes
     assert re.search(r"= add nsw i32 %\"outer\", 1\n", text), text  # the loop counter's step
     assert re.search(r"= mul <8 x i32> ", text) and re.search(r"= add <8 x i32> ", text), text  # the data
+    if width == 64:
+        assert re.search(r"= sext i32 %\S+ to i64\n", text), text  # the loop variable, where it enters the index
 
 
 @pytest.mark.parametrize("target", TARGETS)

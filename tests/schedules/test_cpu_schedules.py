@@ -309,6 +309,56 @@ def test_matmul_tiles_are_whole_vectors_and_rows_take_a_divisor_above_the_tile(t
 
 
 @pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+def test_matmul_block_of_whole_vectors_fits_the_registers(target):
+    """576 columns are whole vectors, yet a block of 77 rows' 7 x 16 needs 14 accumulators, B's 2 vectors and A's
+    broadcast: 17 AVX2 registers. It narrows to one vector and takes 11 rows (_fill_block); AVX-512's 7 x 48 fits
+    its 32 registers and stays."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType((1, 77, 48), "float32"))
+    graph.outputs = list(graph.add_node("MatMul", [a, param(graph, (48, 576))]))
+    tir = anchor_kernel(check(graph, {"a": RNG.standard_normal((1, 77, 48)).astype(np.float32)}, target))
+    block = {32: "1, 11, 8", 64: "1, 7, 48"}[Target.parse(target).vector_bytes]
+    assert re.search(rf"allocate batch_matmul(\.local)?: float32\[{block}\] local", tir), tir
+
+
+def hottest_loop(assembly: str) -> list[str]:
+    """The instructions of the assembly's loop (a label and the backward jump to it) with the most multiply-adds."""
+    lines = assembly.splitlines()
+    labels = {line[:-1]: number for number, line in enumerate(lines) if re.fullmatch(r"\.LBB\w+:", line)}
+    loops = []
+    for number, line in enumerate(lines):
+        jump = re.fullmatch(r"\s+j\w+\s+(\.LBB\w+)", line)
+        if jump and labels.get(jump.group(1), number) < number:
+            body = [text.split()[0] for text in lines[labels[jump.group(1)] : number + 1] if text.startswith("\t")]
+            loops.append([op for op in body if not op.startswith(".")])
+    return max(loops, key=lambda body: sum(op.startswith("vfmadd") for op in body))
+
+
+def test_a_matmul_k_loop_makes_one_step_per_iteration():
+    """LLVM may fully unroll a short constant loop (the 11 rows of a filled AVX2 block) but unrolls no loop partly
+    (codegen/llvm.py): it had unrolled the k loop around that block by 2, and the two steps' multiply-adds took a
+    register copy each."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType((1, 77, 200), "float32"))
+    graph.outputs = list(graph.add_node("MatMul", [a, param(graph, (200, 200))]))
+    (kernel,) = check(graph, {"a": RNG.standard_normal((1, 77, 200)).astype(np.float32)}, "llvm -mattr=-avx512f")
+    loop = hottest_loop(kernel.source("asm"))
+    assert sum(op.startswith("vfmadd") for op in loop) == 11, loop
+
+
+def test_blocked_conv_inner_loop_computes_no_addresses():
+    """Natively an index is computed in 64 bits (codegen/llvm.py, index), so the AVX2 blocked conv's inner loop is
+    its broadcasts, weight loads and multiply-adds and the loop's step: in 32 bits it also did a lea and a sign
+    extension per weight load (32 of each per 64 multiply-adds)."""
+    graph, feeds = conv_graph((1, 32, 12, 12), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "")
+    kernels = check(then_pointwise_conv(graph), feeds, "llvm -mattr=-avx512f", {"padding": "copy"}, packed=True)
+    conv = next(kernel for kernel in kernels if "allocate conv:" in kernel.source("tir"))
+    loop = hottest_loop(conv.source("asm"))
+    assert loop.count("vfmadd231ps") >= 8, loop
+    assert not {"movslq", "leal", "cltq"} & set(loop), loop
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
 @pytest.mark.parametrize(("rows", "block_rows", "depth", "columns"), [(77, 7, 200, 700), (77, 7, 9, 59)])
 def test_ragged_matmul_columns_keep_a_wide_tile_while_it_fits_the_registers(target, rows, block_rows, depth, columns):
     """700 columns in 16 lanes have no whole-vector divisor: the column tile stays the fallback's tile_n (two
