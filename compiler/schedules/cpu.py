@@ -29,7 +29,9 @@ from compiler.tune.space import ConfigSpace, run_template
 # 7: a native NCHW[x]c conv's space adds prefetch (of the next filter tile)
 # 8: a dense NCHW[x]c conv's padding knob covers in_place
 # 9: a ragged MatMul's space adds tile_order and parallel
-SPACE_VERSION = 9
+# 10: a MatMul's tile_m may be the fallback's balanced tiling with a shorter last tile (77 rows: 6), not only a
+#     divisor
+SPACE_VERSION = 10
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -1083,19 +1085,32 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # does not fit the registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms
     # against 0.23 in 7 x 8; vit_tiny's (1, 77, 192) x (192, 576) made 30 register copies per 14 multiply-adds once
     # LLVM no longer unrolled its k loop by 2)
+    # The row tile (_row_tile) is a divisor near tile_m. Where none is, or one above it whose block narrowed to fit
+    # the registers holds fewer than FMA_CHAINS accumulators, it is tile_m's balanced tiling with a shorter last
+    # tile, that tile's loop partitioned (tile_or_tail): 77 rows on AVX2 take 12 x 6 + 5, where the divisor 7 made
+    # 7 x 16 (17 registers), narrowed to 7 x 8 and filled to 11 x 8: (1, 77, 192) x (192, 576) 0.229 -> 0.191 ms,
+    # (1, 91, 184) x (184, 604) 0.288 -> 0.237 (onnxruntime 0.209, 0.269). AVX-512's 33 rows keep 11 (11 x 32);
+    # wasm keeps its accumulators by narrowing the columns instead (keep_accumulators)
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
-    if values["keep_accumulators"] and tile_m > values["tile_m"]:
+    above = tile_m > values["tile_m"]
+    if 2 * tile_m < min(values["tile_m"], i.extent) or (
+        above and not values["keep_accumulators"] and tile_m * _fitting_vectors(target, tile_m, tile_n) < FMA_CHAINS
+    ):
+        tile_m = tile_or_tail(i.extent, values["tile_m"])
+    elif above and values["keep_accumulators"]:
         tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
-    while partial is None and tile_n > width and not _dense_fits_registers(target, tile_m, -(-tile_n // width)):
-        tile_n -= width
+    if partial is None:
+        tile_n = min(tile_n, _fitting_vectors(target, tile_m, tile_n) * width)
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
         most = values["tile_m"] * -(-values["tile_n"] // width)
         filled = _fill_block(target, i.extent, tile_m, -(-tile_n // width), most)
-        cfg.define_split("tile_m", i, default=filled)
+        # the rows' divisors and the fallback's tile (a balanced tiling's, when no divisor suits)
+        rows = {size for size in range(1, i.extent + 1) if i.extent % size == 0} | {tile_m, filled}
+        cfg.define_split("tile_m", i, policy=sorted(rows), default=filled)
         cfg.define_split("tile_n", j, policy=_ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
         # a filled block's rows stay a loop: unrolled, LLVM interleaved two k steps of an 11 x 8 block and spilled
         cfg.define_knob("unroll_m", [0, 1], default=0 if filled > tile_m else values["unroll_m"])
@@ -1121,13 +1136,17 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # panel_loop: the loop an iteration of which is one column tile (with the column tiles outermost and parallel
     # "outer", B's panel stays the same for every row tile inside it)
     if parallel == "tiles":
-        fused = panel_loop = output.fuse(*batch, *tiles)
+        fused = panel_loop = row_loop = output.fuse(*batch, *tiles)
         output.parallel(fused)
     else:
         outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
         output.parallel(outer)
         fused = tiles[1]
         panel_loop = outer if tiles[0] is j_outer else fused
+        row_loop = outer if tiles[0] is i_outer else fused
+    if partial is None and i.extent % cfg["tile_m"].size[-1]:
+        # a shorter last row tile: only it tests its rows
+        output.partition(row_loop)
     if ragged:
         # only the last column tile tests its bound: a serial loop over the column tiles is cut before it, a
         # parallel one (holding the column tiles) branches its task on it
@@ -1177,6 +1196,15 @@ def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:
     """Whether a dense block of `rows` x `vectors` accumulators fits the vector registers with the vectors of B it
     loads per step and the broadcast of A's element."""
     return rows * vectors + vectors + 1 <= vector_registers(target)
+
+
+def _fitting_vectors(target: Target, rows: int, columns: int) -> int:
+    """The vectors of a dense block of `rows` whose tile of `columns` is narrowed a vector at a time (not below one)
+    until the block fits the registers (_dense_fits_registers)."""
+    vectors = -(-columns // lanes(target, "float32"))
+    while vectors > 1 and not _dense_fits_registers(target, rows, vectors):
+        vectors -= 1
+    return vectors
 
 
 def _vector_divisor(extent: int, limit: int, width: int) -> int:
@@ -1231,7 +1259,8 @@ def _fill_block(target: Target, rows: int, tile_m: int, vectors: int, most: int)
 
 def _row_tile(extent: int, limit: int) -> int:
     """A dense block's rows: the largest divisor of `extent` not above `limit` when it is at least half of it, else
-    the smallest divisor up to twice `limit` (77 rows by at most 4: 7, where the largest divisor below is 1)."""
+    the smallest divisor up to twice `limit` (77 rows by at most 4: 7, where the largest divisor below is 1), else
+    that small divisor."""
     tile = divisor_at_most(extent, limit)
     if 2 * tile >= min(limit, extent):
         return tile

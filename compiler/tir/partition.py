@@ -75,7 +75,8 @@ def _branches(var: Var, body: Stmt, env) -> Stmt:
     """A parallel loop's body (one job: its loop cannot be cut) cut by branches instead: on the value of the first
     term holding the loop's var (the var itself, or a fused loop's row `var / columns`) that the body's tests cut as
     _cuts does, each branch binding the term, clamped into its piece, to a var of its own so that the simplifier
-    knows its range there (the clamp costs a compare or two per task)."""
+    knows its range there (the clamp costs a compare or two per task). Each branch is cut again on the next such
+    term (a MatMul's last row tile and its last column tile, both in one fused loop: four branches)."""
     for key, (atom, cuts) in _term_cuts(body, var, env).items():
         first, last = bounds(atom, env)
         if first is None or last is None:
@@ -88,7 +89,7 @@ def _branches(var: Var, body: Stmt, env) -> Stmt:
         for start, stop in reversed(list(zip(starts, starts[1:]))):
             piece = Var(f"{var.name}.piece{start}", atom.dtype)
             clamped = Binary("max", Binary("min", value, Const(stop - 1, atom.dtype)), Const(start, atom.dtype))
-            inner = LetStmt(piece, clamped, _Replace(key, piece).visit(body))
+            inner = LetStmt(piece, clamped, _branches(var, _Replace(key, piece).visit(body), env))
             branch = inner if branch is None else IfThen(Compare("lt", value, Const(stop, atom.dtype)), inner, branch)
         return LetStmt(value, atom, branch)
     return body

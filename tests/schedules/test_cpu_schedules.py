@@ -295,8 +295,9 @@ def test_matmul_whose_row_no_vector_divides_ends_in_one_shorter_vector(target, a
 @pytest.mark.parametrize("target", TARGETS)
 def test_matmul_tiles_are_whole_vectors_and_rows_take_a_divisor_above_the_tile(target):
     """200 columns: the divisors near the tile (10 in 4 lanes, 25 in 16) are not whole vectors, so the columns are
-    tiled like a ragged row; 77 rows: the block takes 7 rows, not 1 (the largest divisor of 77 below 4 or 8), or on
-    AVX2 11: its 7 x 16 block does not fit 16 registers, and 7 x 8 holds 7 accumulators of the fallback's 12."""
+    tiled like a ragged row; 77 rows: AVX-512's and wasm's blocks take 7 rows (a divisor near their 8 and 4), AVX2's
+    6 of a balanced tiling (7 x 16 would not fit its registers), then 11: its 200 columns take one vector, and 6 x 8
+    holds 6 accumulators of the fallback's 12 (_fill_block)."""
     graph = Graph()
     a = graph.add_input("a", TensorType((1, 77, 200), "float32"))
     graph.outputs = list(graph.add_node("MatMul", [a, param(graph, (200, 200))]))
@@ -308,17 +309,21 @@ def test_matmul_tiles_are_whole_vectors_and_rows_take_a_divisor_above_the_tile(t
     assert re.search(rf"allocate batch_matmul(\.local)?: float32\[1, {rows}, \d+\] local", tir), tir
 
 
-@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
-def test_matmul_block_of_whole_vectors_fits_the_registers(target):
-    """576 columns are whole vectors, yet a block of 77 rows' 7 x 16 needs 14 accumulators, B's 2 vectors and A's
-    broadcast: 17 AVX2 registers. It narrows to one vector and takes 11 rows (_fill_block); AVX-512's 7 x 48 fits
-    its 32 registers and stays."""
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f", "wasm"])
+def test_matmul_rows_no_divisor_suits_end_in_a_shorter_row_tile(target):
+    """77 rows of whole-vector columns (576) on AVX2: 77's divisor 7 above its 6 rows would make a 7 x 16 block, 17
+    registers, so the block takes the rows in a balanced tiling with a shorter last tile (12 x 6 + 5), and only that
+    tile's loops are shorter: no test of a row or column is left in the vector loops. AVX-512 takes 7 in 7 x 48 (32
+    registers), wasm 7 x 4 (its blocks keep their accumulators by narrowing the columns)."""
     graph = Graph()
     a = graph.add_input("a", TensorType((1, 77, 48), "float32"))
     graph.outputs = list(graph.add_node("MatMul", [a, param(graph, (48, 576))]))
     tir = anchor_kernel(check(graph, {"a": RNG.standard_normal((1, 77, 48)).astype(np.float32)}, target))
-    block = {32: "1, 11, 8", 64: "1, 7, 48"}[Target.parse(target).vector_bytes]
-    assert re.search(rf"allocate batch_matmul(\.local)?: float32\[{block}\] local", tir), tir
+    rows, tail, columns = {16: (7, None, 4), 32: (6, 5, 16), 64: (7, None, 48)}[Target.parse(target).vector_bytes]
+    assert re.search(rf"allocate batch_matmul(\.local)?: float32\[1, {rows}, {columns}\] local", tir), tir
+    if tail is not None:
+        assert re.search(rf"\(ax[\w.]*: int32, 0, {tail}\) unrolled", tir), tir
+    assert not re.search(r"(unrolled|vectorized) \{\n\s*if", tir), tir
 
 
 def hottest_loop(assembly: str) -> list[str]:
@@ -359,22 +364,20 @@ def test_blocked_conv_inner_loop_computes_no_addresses():
 
 
 @pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
-@pytest.mark.parametrize(("rows", "block_rows", "depth", "columns"), [(77, 7, 200, 700), (77, 7, 9, 59)])
-def test_ragged_matmul_columns_keep_a_wide_tile_while_it_fits_the_registers(target, rows, block_rows, depth, columns):
+@pytest.mark.parametrize(("rows", "depth", "columns"), [(77, 200, 700), (77, 9, 59)])
+def test_ragged_matmul_columns_keep_a_wide_tile_while_it_fits_the_registers(target, rows, depth, columns):
     """700 columns in 16 lanes have no whole-vector divisor: the column tile stays the fallback's tile_n (two
     vectors on AVX-512, with a 28-column last tile), halved only while the block of accumulators, the vectors of B
     and A's broadcast do not fit the vector registers, not until the tail fits one vector; the tail's odd-width
-    vectors are codegen's to cut into registers. 59 columns: a prime. (Wasm's blocks keep their accumulators by
-    narrowing the columns of a tall row tile: keep_accumulators.) On AVX2 the 7-row block narrows to one vector,
-    7 of the fallback's 12 accumulators, so it takes 11 rows (_fill_block)."""
+    vectors are codegen's to cut into registers. 59 columns: a prime. The block's rows: 7 on AVX-512, a divisor
+    of 77; 6 on AVX2, where none is near its 6 (test_matmul_rows_no_divisor_suits_end_in_a_shorter_row_tile)."""
     graph = Graph()
     a = graph.add_input("a", TensorType((1, rows, depth), "float32"))
     bias = param(graph, (columns,))
     graph.outputs = list(graph.add_node("Add", [*graph.add_node("MatMul", [a, param(graph, (depth, columns))]), bias]))
     tir = anchor_kernel(check(graph, {"a": RNG.standard_normal((1, rows, depth)).astype(np.float32)}, target))
+    block_rows = {32: 6, 64: 7}[Target.parse(target).vector_bytes]
     tile = ragged_tile(Target.parse(target), block_rows, columns)
-    if Target.parse(target).vector_bytes == 32:
-        block_rows = 11
     block = rf"allocate batch_matmul(\.local)?: float32\[1, {block_rows}, {tile}\] local"
     assert re.search(block, tir), tir
     assert re.search(rf"\(ax[\w.]*: int32, 0, {columns % tile}\) vectorized", tir), tir

@@ -31,14 +31,14 @@ AVX512 = "llvm -mattr=+avx512f"
 # 77 rows in 7 x 4); the 64-byte ones since AVX-512's blocks are three vectors wide with the k loop unrolled by 4;
 # vit_tiny's since a ragged row's MatMul takes the tile order and parallel loop of every other (SPACE_VERSION 9);
 # the 32-byte ones since AVX2 packs B's panel once per column tile, the column tiles in parallel, and vit_tiny's
-# again for its attention's 7 x 8 blocks taking 11 rows (_fill_block), and again for its 7 x 16 blocks of whole
-# vectors narrowing to fit 16 registers (then 11 x 8)
+# again for its attention's 7 x 8 blocks taking 11 rows (_fill_block), and again for its 77 rows taking 6-row tiles
+# and a 5-row last one where 77's divisor 7 made 7 x 16 blocks, beyond 16 registers (SPACE_VERSION 10)
 DENSE_DIGESTS = {
     ("bert_tiny", 64): "3c4191397bbb8ff0e0662747f61fd124fd338c9eeb6c7dbc315500558204bd82",
     ("bert_tiny", 32): "e3c37f5ecdb89b6ea8daa6f0e5281ef2377c0822b39776dcc50ba131079ecf64",
     ("bert_tiny", 16): "9d08d1588bc1af47943b349c42f557b565b7d789fdd67cd369e0c67ce7288b1c",
     ("vit_tiny", 64): "817af0b47fcfbfe56d06bed58a4f33d466f2516665f83d006c7402993e3cb2b6",
-    ("vit_tiny", 32): "3d3f4cb1d490c4f40d7cc02db1e610e961b8a0f410a41de2cf163718b745d063",
+    ("vit_tiny", 32): "c86578a5ccdad9934d5921000471e6d66386a79616194800f8ad0e2d7a48c11c",
     ("vit_tiny", 16): "050088957c4228d39c428d835ac479db2f59c422fed963be230dbfa016056f37",
 }
 
