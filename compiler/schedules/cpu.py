@@ -1095,14 +1095,16 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     tile_m = _row_tile(i.extent, values["tile_m"])
     above = tile_m > values["tile_m"]
     if 2 * tile_m < min(values["tile_m"], i.extent) or (
-        above and not values["keep_accumulators"] and tile_m * _fitting_vectors(target, tile_m, tile_n) < FMA_CHAINS
+        above
+        and not values["keep_accumulators"]
+        and tile_m * _fitting_vectors(target, tile_m, tile_n, width) < FMA_CHAINS
     ):
         tile_m = tile_or_tail(i.extent, values["tile_m"])
     elif above and values["keep_accumulators"]:
         tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
     ragged = partial is None and _ragged(j.extent, tile_n, width)
     if partial is None:
-        tile_n = min(tile_n, _fitting_vectors(target, tile_m, tile_n) * width)
+        tile_n = min(tile_n, _fitting_vectors(target, tile_m, tile_n, width) * width)
     if not ragged:
         tile_n = _vector_divisor(j.extent, tile_n, width) or tile_n
     if partial is None:
@@ -1198,10 +1200,10 @@ def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:
     return rows * vectors + vectors + 1 <= vector_registers(target)
 
 
-def _fitting_vectors(target: Target, rows: int, columns: int) -> int:
-    """The vectors of a dense block of `rows` whose tile of `columns` is narrowed a vector at a time (not below one)
-    until the block fits the registers (_dense_fits_registers)."""
-    vectors = -(-columns // lanes(target, "float32"))
+def _fitting_vectors(target: Target, rows: int, columns: int, width: int) -> int:
+    """The vectors (of `width` lanes) of a dense block of `rows` whose tile of `columns` is narrowed a vector at a
+    time (not below one) until the block fits the registers (_dense_fits_registers)."""
+    vectors = -(-columns // width)
     while vectors > 1 and not _dense_fits_registers(target, rows, vectors):
         vectors -= 1
     return vectors
