@@ -73,6 +73,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
         # natively, prefetch the next filter tile (_prefetch_filters): in a run every conv's filters come from
         # beyond the cache, and on small filters its few prefetches cost nothing measurable
         "prefetch": 1,
+        # the taps' place (as `taps`) in a conv whose row is at most SMALL_ROW columns, tiled by at most
+        # SMALL_ROW_TILE, with a window of at most SMALL_ROW_TAPS taps (None: as any other row)
+        "small_row_taps": None,
         # the padding read in place, the rows, the column tiles and the window's rows partitioned: a padded copy is one
         # more job through memory, and at 2 threads each task reads rows the other thread copied (AVX-512, round-robin
         # against the copy, ms at 1 / 2 threads: resnet18 22.3 -> 21.2 / 12.7 -> 12.0, resnet50_bottleneck 3.79 ->
@@ -202,7 +205,19 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # 1.50; yolo_neck 3.69 -> 3.98 / 2.74 -> 2.85 and unet_small 7.13 -> 7.24 / 5.07 -> 5.36 the other way,
         # squeezenet and efficientnet_b0 equal; the same directions at 2 threads with a 50 ms pause before each run
         # (in place had won with -mcpu=haswell on an Intel host)
-        "conv2d_nchwc": {"tile_ow": 6, "tile_blocks": 2, "unroll_outer": "columns", "padding": "copy"},
+        # The taps inside the input channels on a short row (SMALL_ROW): 64-bit indices, znver3, 1 thread,
+        # each conv alone round-robin with onnxruntime's conv, ms outer -> inner: 512 channels on 7 x 7 3.24 -> 3.03
+        # (onnxruntime 2.75), 256 on 14 x 14 2.68 -> 2.53 (2.54), 96 on 25 x 25 1.40 -> 1.21, 320 on 10 x 10 2.05 ->
+        # 1.93, 384 on 7 x 7 1.76 -> 1.64; 48-64 channels on 14-20 columns even. A 6-column tile's body (24 distinct
+        # broadcasts per channel) or a 5 x 5 window spilled inside: 2.2x slower (160 on 24 x 24, 96 on 30 x 30); long
+        # rows of 4-column tiles lost 6-10% (64 on 56 x 56, 128 on 28 x 28)
+        "conv2d_nchwc": {
+            "tile_ow": 6,
+            "tile_blocks": 2,
+            "unroll_outer": "columns",
+            "padding": "copy",
+            "small_row_taps": "inner",
+        },
         # B's panel packed once per column tile, the column tiles the tasks: by its addresses, a 16-column strip
         # read in place at a row stride of 2 or 3 KB (512, 768 columns) falls into 2 or 4 of a 32 KB L1's 64 sets
         # (not measured with counters). AMD EPYC (znver3),
@@ -222,6 +237,10 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
 # The largest padded plane (floats) a depthwise conv may copy into a local buffer: beyond it the copy leaves the
 # cache and the stack of a worker thread
 LOCAL_PAD_FLOATS = 16384
+
+# A blocked conv's short row (fallback "small_row_taps"): at most this many output columns, tiled by at most
+# SMALL_ROW_TILE, with a window of at most SMALL_ROW_TAPS taps (AVX2's measurements at VECTOR_DEFAULTS[32])
+SMALL_ROW, SMALL_ROW_TILE, SMALL_ROW_TAPS = 25, 5, 9
 
 # A cache line, the unit a prefetch brings in (64 bytes on the x86-64 and AArch64 cores Tessel targets)
 CACHE_LINE_BYTES = 64
@@ -972,7 +991,12 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     reduce_axes = list(conv.op.reduce_axis)
     unrolled = [couter, cow]
     if conv.op.tag == "conv2d_nchwc":
-        cfg.define_knob("taps", ["outer", "inner"], default=values["taps"])
+        taps = values["taps"]
+        window = math.prod(axis.extent for axis in conv.op.reduce_axis[1:-1])
+        short_row = ow.extent <= SMALL_ROW and cfg["tile_ow"].size[-1] <= SMALL_ROW_TILE and window <= SMALL_ROW_TAPS
+        if short_row and values["small_row_taps"] is not None:
+            taps = values["small_row_taps"]
+        cfg.define_knob("taps", ["outer", "inner"], default=taps)
         if cfg["taps"].val == "inner":
             channel_outer, *taps, channel_inner = reduce_axes
             reduce_axes = [channel_outer, channel_inner, *taps]

@@ -728,6 +728,26 @@ def test_split_factors_divide_their_extents():
     assert vector_factor(13, 8) == 1
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "pads", "inner"),
+    [
+        ((1, 32, 7, 7), (32, 32, 3, 3), 1, True),  # a 7-column row in tiles of 4 and 3
+        ((1, 32, 14, 14), (32, 32, 3, 3), 1, True),  # 5 + 5 + 4
+        ((1, 32, 24, 24), (32, 32, 3, 3), 1, False),  # tiles of 6: their body spilled with the taps inside
+        ((1, 32, 14, 14), (32, 32, 5, 5), 2, False),  # a 5 x 5 window
+        ((1, 32, 56, 56), (32, 32, 3, 3), 1, False),  # a long row
+    ],
+)
+def test_avx2_blocked_conv_puts_the_taps_inside_the_channels_on_a_short_row(x_shape, w_shape, pads, inner):
+    """AVX2's fallback (`small_row_taps`): a row of at most SMALL_ROW columns, tiled by at most SMALL_ROW_TILE, with a
+    window of at most 3 x 3 takes the window's loops inside the loop over a block's input channels."""
+    graph, feeds = conv_graph(x_shape, w_shape, {"pads": [pads] * 4}, "")
+    kernels = check(then_pointwise_conv(graph), feeds, "llvm -mattr=-avx512f", {"padding": "copy"}, packed=True)
+    tir = blocked_conv_kernel(kernels)
+    conv = tir[tir.index("allocate conv:") :]
+    assert (conv.index("for (rci:") < conv.index("for (r0:")) == inner, tir
+
+
 def test_fallbacks_overlay_defaults():
     assert fallback("conv2d") == DEFAULTS["conv2d"]
     assert fallback("conv2d_nchwc", Target.parse("wasm")) == {
@@ -745,6 +765,7 @@ def test_fallbacks_overlay_defaults():
         "tile_blocks": 2,
         "unroll_outer": "columns",
         "padding": "copy",
+        "small_row_taps": "inner",
     }
     assert fallback("conv2d_nchwc", Target.parse("llvm -mcpu=znver4 -mattr=+avx512f"))["unroll_outer"] == "blocks"
     # AVX2 has its own dense block (16 registers of 8 floats); AVX-512 three vectors wide, its k loop unrolled by 4

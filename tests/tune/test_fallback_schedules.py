@@ -34,7 +34,8 @@ from compiler.tune.space import ConfigSpace
 # with `prefetch` 0); mobilenet_v2, resnet18 and digits natively for the dense blocked convs reading their padding in
 # place (the same digests as before with `padding` "copy"); mobilenet_v2 and resnet18 natively for the prefetch no
 # longer naming lines past the next filter tile; mobilenet_v2, resnet18 and digits on AVX2 for its dense convs
-# copying their padding again (digits' digest is the one before in-place padding)
+# copying their padding again (digits' digest is the one before in-place padding); resnet18 and digits on AVX2 for
+# the taps inside the input channels on short rows (`small_row_taps`; the same digests as before with it None)
 DIGESTS = {
     ("mlp", 64): "545a58f46f0df20cc1acf7ee12f63bfcff479f1337e19a0086a3023bec6b565e",
     ("mobilenet_v2", 64): "e23d2832e061dd79ed7068360f1d2e0cd180ef0f8f8bfde26d4ac0bc243b0fe5",
@@ -43,9 +44,9 @@ DIGESTS = {
     ("digits", 64): "a6e350bd072fdca5aa054eedadeeb4f259260496f418dce092549ff2fb712525",
     ("mlp", 32): "485adc074e3efe8118d9816c84fbe30d16282113371e709ef63a4315aca26b6a",
     ("mobilenet_v2", 32): "b784c0c924e123c201e6039b774895120c910c204bf8366847c078368a03e7a5",
-    ("resnet18", 32): "1761b218a12b4aadd43adb582af23ad848515f15b76bbfb6e45ed646735a78b9",
+    ("resnet18", 32): "ac93694a61da32f1ea7eb892cb561f38ae1f49459b560ea80e24f7f8505a4a33",
     ("dwconv_block", 32): "b219d6ee844ffe41c419cd2d8d1a4a3bca5744d6bde7824302ac6ec22bc205d0",
-    ("digits", 32): "92ac46ac3a41c3d6c1d77e503309cc05fdb1d7608a77cb6011b6f462006c5fa0",
+    ("digits", 32): "dc05215efac43377a7775ec9623585d2787ae98db43fff9d02c2ed09ebe32ab4",
     ("mlp", 16): "47b4121be258f5cec3c2e524406581e03610ff2cc6b22392c10c7b6dc732b4ea",
     ("mobilenet_v2", 16): "ee65c29943dc547a24507a2690f06124472bb77f9e4ba3c13591a92d774e3371",
     ("resnet18", 16): "1bb3d4963b8a37800ddfdb9020812adf97d9874a73928b4dddb5019b2f6cf6a3",
