@@ -29,6 +29,7 @@ from compiler.te.expr import (
     Select,
     Var,
     is_float,
+    is_int,
 )
 from compiler.tir.analysis import affine_coefficient, can_widen, clamped_run, repeated_run
 from compiler.tir.fast_math import expand_math
@@ -302,7 +303,7 @@ class _FunctionEmitter(StmtVisitor):
 
     def widened(self, value: ir.Value, dtype: str) -> ir.Value:
         """`value`, an integer of `dtype` inside an index being computed in 64 bits (index), extended to them."""
-        if not self.widening or dtype == "bool" or is_float(dtype) or _width(value.type) >= 64:
+        if not self.widening or not is_int(dtype) or _width(value.type) >= 64:
             return value
         wide = _vector(_I64, _lanes(value))
         return self.builder.zext(value, wide) if dtype in _UNSIGNED else self.builder.sext(value, wide)
@@ -731,7 +732,7 @@ class _FunctionEmitter(StmtVisitor):
         return self.widened(self.values[node], node.dtype)
 
     def expr_const(self, node: Const) -> ir.Value:
-        if self.widening and node.dtype != "bool" and not is_float(node.dtype):
+        if self.widening and is_int(node.dtype):
             return ir.Constant(_I64, int(node.value))
         return self.const(node.value, node.dtype)
 
@@ -743,7 +744,7 @@ class _FunctionEmitter(StmtVisitor):
 
     def expr_cast(self, node: Cast) -> ir.Value:
         value, source = self.expr(node.value), node.value.dtype
-        if self.widening and source != "bool" and not is_float(source):
+        if self.widening and is_int(source):
             # widened (an unsigned one is never negative); converted to a narrower integer it wraps as in its own width
             source = "int64"
         return self.widened(self.convert(value, source, node.dtype), node.dtype)

@@ -17,7 +17,7 @@ import compiler.te as te
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
 from compiler.te.tensor import STASH, ComputeOp, IterVar, TensorLoad, walk
-from compiler.tune.space import ConfigSpace, run_template
+from compiler.tune.space import ConfigSpace, divisors, run_template
 
 # Part of every tuning task's key: bump it when a template's knobs change meaning, so older records stop applying.
 # 2: a MatMul whose columns no vector divides splits them by powers of two and has no tile_order
@@ -316,7 +316,7 @@ def column_tiles(extent: int) -> list[int]:
     """The tile sizes along `extent` a template may choose: its divisors, and the size of each balanced tiling
     (the fewest tiles of at most that size, all equal but the last)."""
     balanced = {-(-extent // parts) for parts in range(1, extent + 1)}
-    return sorted(balanced | {size for size in range(1, extent + 1) if extent % size == 0})
+    return sorted(balanced | set(divisors(extent)))
 
 
 def vector_factor(extent: int, width: int) -> int:
@@ -991,12 +991,10 @@ def _conv_nchwc(schedule: Schedule, conv: Stage, output: Stage, target: Target, 
     reduce_axes = list(conv.op.reduce_axis)
     unrolled = [couter, cow]
     if conv.op.tag == "conv2d_nchwc":
-        taps = values["taps"]
         window = math.prod(axis.extent for axis in conv.op.reduce_axis[1:-1])
         short_row = ow.extent <= SMALL_ROW and cfg["tile_ow"].size[-1] <= SMALL_ROW_TILE and window <= SMALL_ROW_TAPS
-        if short_row and values["small_row_taps"] is not None:
-            taps = values["small_row_taps"]
-        cfg.define_knob("taps", ["outer", "inner"], default=taps)
+        taps_place = values["small_row_taps"] if short_row and values["small_row_taps"] is not None else values["taps"]
+        cfg.define_knob("taps", ["outer", "inner"], default=taps_place)
         if cfg["taps"].val == "inner":
             channel_outer, *taps, channel_inner = reduce_axes
             reduce_axes = [channel_outer, channel_inner, *taps]
@@ -1107,8 +1105,8 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
     # tile that narrowing chose; onnxruntime 0.095). The tile narrows, a vector at a time, only while the block
     # does not fit the registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms
-    # against 0.23 in 7 x 8; vit_tiny's (1, 77, 192) x (192, 576) made 30 register copies per 14 multiply-adds once
-    # LLVM no longer unrolled its k loop by 2)
+    # against 0.23 in 7 x 8; vit_tiny's (1, 77, 192) x (192, 576) made 30 vector moves (B's 2 loads among them) per 14
+    # multiply-adds once LLVM no longer unrolled its k loop by 2)
     # The row tile (_row_tile) is a divisor near tile_m. Where none is, or one above it whose block narrowed to fit
     # the registers holds fewer than FMA_CHAINS accumulators, it is tile_m's balanced tiling with a shorter last
     # tile, that tile's loop partitioned (tile_or_tail): 77 rows on AVX2 take 12 x 6 + 5, where the divisor 7 made
@@ -1117,15 +1115,11 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     # wasm keeps its accumulators by narrowing the columns instead (keep_accumulators)
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
-    above = tile_m > values["tile_m"]
-    if 2 * tile_m < min(values["tile_m"], i.extent) or (
-        above
-        and not values["keep_accumulators"]
-        and tile_m * _fitting_vectors(target, tile_m, tile_n, width) < FMA_CHAINS
-    ):
-        tile_m = tile_or_tail(i.extent, values["tile_m"])
-    elif above and values["keep_accumulators"]:
+    above = tile_m is not None and tile_m > values["tile_m"]
+    if above and values["keep_accumulators"]:
         tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
+    elif tile_m is None or (above and tile_m * _fitting_vectors(target, tile_m, tile_n, width) < FMA_CHAINS):
+        tile_m = tile_or_tail(i.extent, values["tile_m"])
     ragged = partial is None and _ragged(j.extent, tile_n, width)
     if partial is None:
         tile_n = min(tile_n, _fitting_vectors(target, tile_m, tile_n, width) * width)
@@ -1135,8 +1129,7 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
         most = values["tile_m"] * -(-values["tile_n"] // width)
         filled = _fill_block(target, i.extent, tile_m, -(-tile_n // width), most)
         # the rows' divisors and the fallback's tile (a balanced tiling's, when no divisor suits)
-        rows = {size for size in range(1, i.extent + 1) if i.extent % size == 0} | {tile_m, filled}
-        cfg.define_split("tile_m", i, policy=sorted(rows), default=filled)
+        cfg.define_split("tile_m", i, policy=sorted({*divisors(i.extent), tile_m}), default=filled)
         cfg.define_split("tile_n", j, policy=_ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
         # a filled block's rows stay a loop: unrolled, LLVM interleaved two k steps of an 11 x 8 block and spilled
         cfg.define_knob("unroll_m", [0, 1], default=0 if filled > tile_m else values["unroll_m"])
@@ -1283,14 +1276,14 @@ def _fill_block(target: Target, rows: int, tile_m: int, vectors: int, most: int)
     return max(fitting, default=tile_m)
 
 
-def _row_tile(extent: int, limit: int) -> int:
+def _row_tile(extent: int, limit: int) -> int | None:
     """A dense block's rows: the largest divisor of `extent` not above `limit` when it is at least half of it, else
     the smallest divisor up to twice `limit` (77 rows by at most 4: 7, where the largest divisor below is 1), else
-    that small divisor."""
+    None (no divisor suits: 13 rows by at most 6)."""
     tile = divisor_at_most(extent, limit)
     if 2 * tile >= min(limit, extent):
         return tile
-    return next((size for size in range(limit + 1, 2 * limit + 1) if extent % size == 0), tile)
+    return next((size for size in range(limit + 1, 2 * limit + 1) if extent % size == 0), None)
 
 
 def _ragged_tiles(extent: int, width: int) -> list[int]:

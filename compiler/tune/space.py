@@ -181,7 +181,8 @@ def _split_value(value, num_outputs: int) -> tuple[int | None, tuple[int, ...]] 
     return None
 
 
-def _divisors(extent: int) -> list[int]:
+def divisors(extent: int) -> list[int]:
+    """Every divisor of `extent`, ascending (the "factors" policy's inner sizes)."""
     return [d for d in range(1, extent + 1) if extent % d == 0]
 
 
@@ -198,7 +199,7 @@ def _splits(extent: int, num_outputs: int, sizes_of: Callable[[int], list[int]])
 def _split_choices(extent: int, num_outputs: int, policy) -> tuple[str, tuple[tuple[int, ...], ...]]:
     if isinstance(policy, str):
         if policy == "factors":
-            return policy, tuple(_splits(extent, num_outputs, _divisors))
+            return policy, tuple(_splits(extent, num_outputs, divisors))
         if policy == "power2":
             powers = lambda left: [1 << k for k in range(left.bit_length()) if 1 << k <= left]  # noqa: E731
             return policy, tuple(_splits(extent, num_outputs, powers))
