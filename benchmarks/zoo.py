@@ -32,7 +32,11 @@ from cpu import machine
 import compiler
 from compiler import zoo
 
-BLOCK = 10  # runs of one side before the other's block
+# runs of one side before the other's block. This host's speed drifts for a second or two at a time, for both sides
+# alike; blocks of 10 let such a spell fall on one side's few blocks (bert_tiny and squeezenet at 2 threads, 8 cells
+# each: ratio standard deviation 0.083 and 0.118 with 20 runs in blocks of 10, 0.027 and 0.041 with 30 in blocks of
+# 5). Blocks of 2 time too many first runs after a pause, which onnxruntime pays more for (bert_tiny 0.68x against 0.77x)
+BLOCK = 5
 PAUSE_S = 0.25  # idle after each block, so neither side's spinning or warm caches carry into the other's block
 
 
