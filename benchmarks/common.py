@@ -230,13 +230,21 @@ def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSessio
 
 
 def interleaved(
-    runs, repeat: int, block: int = 1, pause_s: float = 0.0, interval_s: float = 0.0, after_pause=None
+    runs,
+    repeat: int,
+    block: int = 1,
+    pause_s: float = 0.0,
+    interval_s: float = 0.0,
+    after_pause=None,
+    settle: int = 0,
 ) -> list[list[float]]:
     """Milliseconds of `repeat` runs of each of `runs`, after WARMUP runs of each (each one's warm-up followed by
     `pause_s` idle): `block` runs of one, then `block` of the next (A B A B ... when block is 1), with `pause_s`
     seconds idle after each block and `interval_s` idle before each timed run (a caller that runs the model now and
-    then, not back to back). `after_pause`, when given, is called at the end of every pause (settled_cell probes the
-    CPUs' speeds there, when neither side's threads are spinning)."""
+    then, not back to back). Each block starts with `settle` untimed runs: timing back to back, the runs right after
+    the harness's own pause find the host asleep, which a caller calling back to back never does. `after_pause`,
+    when given, is called at the end of every pause (settled_cell probes the CPUs' speeds there, when neither side's
+    threads are spinning)."""
     for run in runs:
         for _ in range(WARMUP):
             run()
@@ -246,6 +254,8 @@ def interleaved(
     while len(times[-1]) < repeat:
         count = min(block, repeat - len(times[-1]))
         for run, samples in zip(runs, times):
+            for _ in range(settle):
+                run()
             for _ in range(count):
                 if interval_s:
                     time.sleep(interval_s)
@@ -304,12 +314,13 @@ def run_in_node(
     repeat: int,
     block: int = 1,
     pause_ms: float = 0.0,
+    settle: int = 0,
     tessel_options: list[dict] | None = None,
     ort_threads: int = 1,
     node_flags: tuple[str, ...] = (),
 ) -> dict:
     """Time wasm Modules in Node against onnxruntime-web (benchmarks/node_bench.mjs), `block` runs of each in turn
-    with `pause_ms` idle after each block. `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
+    with `pause_ms` idle after each block and `settle` untimed runs before it (as `interleaved`). `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
     Node are checked against onnxruntime's CPU provider here, and against onnxruntime-web's in Node, before timing.
     Each bundle is loaded once per entry of `tessel_options` (tessel.load's options, e.g. {"threads": 2}), and
     onnxruntime-web runs on `ort_threads` threads; `node_flags` go to node (e.g. --experimental-wasm-relaxed-simd).
@@ -347,6 +358,7 @@ def run_in_node(
                     "warmup": WARMUP,
                     "block": block,
                     "pauseMs": pause_ms,
+                    "settle": settle,
                     "tesselOptions": tessel_options or [{}],
                     "ortThreads": ort_threads,
                 }
