@@ -32,6 +32,12 @@ from compiler.target import Target  # noqa: E402
 
 DEFAULT_MODELS = ("mobilenet_v2", "resnet18", "mlp", "dwconv_block")
 WARMUP = 5  # untimed runs of each side before the timed ones
+# Back to back, a block of timed runs follows at least SETTLE_RUNS untimed ones lasting at least SETTLE_S (settle):
+# after an idle spell the first runs find the host asleep (mlp after a 250 ms pause: 0.31, 0.06, 0.05, 0.08 ms before
+# its 0.03-0.04, both runtimes alike) and, for a model of many small jobs, Tessel's workers asleep too, woken only
+# once the jobs within 2 ms add up (thread_pool.c); a caller running the model back to back sees neither
+SETTLE_RUNS = 2
+SETTLE_S = 0.005
 FMA_CHAINS = 12  # independent accumulators: enough to cover FMA latency × FMA ports on current x86 cores
 
 
@@ -236,13 +242,13 @@ def interleaved(
     pause_s: float = 0.0,
     interval_s: float = 0.0,
     after_pause=None,
-    settle: int = 0,
+    settle: bool = False,
 ) -> list[list[float]]:
     """Milliseconds of `repeat` runs of each of `runs`, after WARMUP runs of each (each one's warm-up followed by
     `pause_s` idle): `block` runs of one, then `block` of the next (A B A B ... when block is 1), with `pause_s`
     seconds idle after each block and `interval_s` idle before each timed run (a caller that runs the model now and
-    then, not back to back). Each block starts with `settle` untimed runs: timing back to back, the runs right after
-    the harness's own pause find the host asleep, which a caller calling back to back never does. `after_pause`,
+    then, not back to back). With `settle`, each block starts with the untimed runs of `settle_runs` (back to back,
+    the runs right after the harness's own pause are not what a caller running back to back sees). `after_pause`,
     when given, is called at the end of every pause (settled_cell probes the CPUs' speeds there, when neither side's
     threads are spinning)."""
     for run in runs:
@@ -254,8 +260,8 @@ def interleaved(
     while len(times[-1]) < repeat:
         count = min(block, repeat - len(times[-1]))
         for run, samples in zip(runs, times):
-            for _ in range(settle):
-                run()
+            if settle:
+                settle_runs(run)
             for _ in range(count):
                 if interval_s:
                     time.sleep(interval_s)
@@ -267,6 +273,14 @@ def interleaved(
             if after_pause is not None:
                 after_pause()
     return times
+
+
+def settle_runs(run) -> None:
+    """Run `run` untimed, at least SETTLE_RUNS times and for at least SETTLE_S seconds."""
+    started, count = time.perf_counter(), 0
+    while count < SETTLE_RUNS or time.perf_counter() - started < SETTLE_S:
+        run()
+        count += 1
 
 
 EVEN_SPREAD = 0.9  # a cell timed while one CPU ran below this fraction of the other's speed is timed again
@@ -314,13 +328,13 @@ def run_in_node(
     repeat: int,
     block: int = 1,
     pause_ms: float = 0.0,
-    settle: int = 0,
+    settle: bool = False,
     tessel_options: list[dict] | None = None,
     ort_threads: int = 1,
     node_flags: tuple[str, ...] = (),
 ) -> dict:
     """Time wasm Modules in Node against onnxruntime-web (benchmarks/node_bench.mjs), `block` runs of each in turn
-    with `pause_ms` idle after each block and `settle` untimed runs before it (as `interleaved`). `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
+    with `pause_ms` idle after each block and, with `settle`, settling runs before it (as `interleaved`). `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
     Node are checked against onnxruntime's CPU provider here, and against onnxruntime-web's in Node, before timing.
     Each bundle is loaded once per entry of `tessel_options` (tessel.load's options, e.g. {"threads": 2}), and
     onnxruntime-web runs on `ort_threads` threads; `node_flags` go to node (e.g. --experimental-wasm-relaxed-simd).
@@ -358,7 +372,7 @@ def run_in_node(
                     "warmup": WARMUP,
                     "block": block,
                     "pauseMs": pause_ms,
-                    "settle": settle,
+                    "settle": {"runs": SETTLE_RUNS, "ms": SETTLE_S * 1000} if settle else None,
                     "tesselOptions": tessel_options or [{}],
                     "ortThreads": ort_threads,
                 }

@@ -66,15 +66,16 @@ async function benchmark(job, spec) {
   const sides = [...models.map((model) => () => model.run(tesselFeeds)), () => session.run(ortFeeds)];
   for (let round = 0; round < job.warmup; round++) for (const run of sides) await run();
   // `block` runs of one side, then of the other, idle `pauseMs` after each block (1 and 0: A B A B ...), each block
-  // after `settle` untimed runs (common.interleaved).
+  // after `settle.runs` untimed runs lasting `settle.ms` at least, when given (common.settle_runs).
   const block = job.block ?? 1;
   const pauseMs = job.pauseMs ?? 0;
-  const settle = job.settle ?? 0;
+  const settle = job.settle ?? { runs: 0, ms: 0 };
   const times = sides.map(() => []);
   while (times[0].length < job.repeat) {
     const count = Math.min(block, job.repeat - times[0].length);
     for (const [side, run] of sides.entries()) {
-      for (let index = 0; index < settle; index++) await run();
+      const settleStart = performance.now();
+      for (let index = 0; index < settle.runs || performance.now() - settleStart < settle.ms; index++) await run();
       for (let index = 0; index < count; index++) times[side].push(await timed(run));
       if (pauseMs > 0) await new Promise((resolve) => setTimeout(resolve, pauseMs));
     }

@@ -1,7 +1,8 @@
 """Threads against one thread, in the call patterns a user has: every zoo model (whatever compiler.zoo.MODELS
 holds), plus a transformer encoder block and a small conv net built here, timed natively at one thread and at the
 default thread count, against onnxruntime at the same two counts, interleaved (A B C D A B C D ...):
-- back to back: blocks of runs one after the other (each sample is a block's median);
+- back to back: blocks of runs one after the other (each sample is a block's median, after settling runs:
+  common.settle_runs);
 - every 50 ms and every 200 ms: one run after a pause (the workers have gone to sleep);
 - busy: back to back while another process keeps one core busy.
 Prints a markdown table of medians and spreads, and for each row the slowest CPU's speed over the fastest's before
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from common import busy_core, cpu_speeds, speed_spread
+from common import busy_core, cpu_speeds, settle_runs, speed_spread
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -265,7 +266,7 @@ def measure(variants: dict, pattern: str, rounds: int) -> dict[str, list[float]]
         for label, (prepare, run) in variants.items():
             prepare()
             if pause is None:
-                run()
+                settle_runs(run)
                 samples[label].append(statistics.median(timed(run) for _ in range(BLOCK)))
             else:
                 time.sleep(pause)

@@ -16,6 +16,8 @@ import onnxruntime as ort
 from common import (
     EVEN_SPREAD,
     SETTLE_ATTEMPTS,
+    SETTLE_RUNS,
+    SETTLE_S,
     busy_core,
     check_close,
     geometric_mean,
@@ -37,10 +39,6 @@ from compiler import zoo
 # each: ratio standard deviation 0.083 and 0.118 with 20 runs in blocks of 10, 0.027 and 0.041 with 30 in blocks of
 # 5). Blocks of 2 time too many first runs after a pause, which onnxruntime pays more for (bert_tiny 0.68x against 0.77x)
 BLOCK = 5
-# untimed runs at the start of each back-to-back block: the first runs after the 250 ms pause find the host asleep
-# (mlp: 0.31 ms, then 0.06, 0.05, 0.08 before its 0.03-0.04), which a caller calling back to back never does; with
-# blocks of 5 they were most of mlp's samples (ratio 0.92-1.65x over 8 cells, 0.58-0.87x with 2 settling runs)
-SETTLE = 2
 PAUSE_S = 0.25  # idle after each block, so neither side's spinning or warm caches carry into the other's block
 
 
@@ -76,7 +74,7 @@ def time_native(module, session, feeds, column: Column, repeat: int) -> tuple[fl
             pause_s=PAUSE_S,
             interval_s=column.interval_s,
             after_pause=after_pause,
-            settle=0 if column.interval_s else SETTLE,
+            settle=not column.interval_s,
         )
 
     if column.busy_core:
@@ -134,7 +132,7 @@ def main() -> None:
             wasm_entries.append((name, model, wasm_module, feeds))
             modules.setdefault(name, wasm_module)
     if wasm_entries:
-        report = run_in_node(wasm_entries, arguments.repeat, block=BLOCK, pause_ms=PAUSE_S * 1000, settle=SETTLE)
+        report = run_in_node(wasm_entries, arguments.repeat, block=BLOCK, pause_ms=PAUSE_S * 1000, settle=True)
         title = COLUMNS["wasm"].title
         for result in report["results"]:
             medians[result["name"], title] = (
@@ -150,7 +148,8 @@ def main() -> None:
     print(f"{datetime.date.today()}, {machine()}, onnxruntime {ort.__version__}{threads}{wasm_caption}")
     print(
         f"median ms of {arguments.repeat} runs, Tessel / onnxruntime = ratio (lower is better); "
-        f"blocks of {BLOCK} runs, {PAUSE_S * 1000:.0f} ms pauses, back to back after {SETTLE} untimed runs\n"
+        f"blocks of {BLOCK} runs, {PAUSE_S * 1000:.0f} ms pauses, back to back after {SETTLE_RUNS} untimed runs "
+        f"and {SETTLE_S * 1000:.0f} ms\n"
     )
     rows, ratios = [], {name: [] for name in arguments.models}
     for name in arguments.models:
