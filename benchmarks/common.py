@@ -334,8 +334,9 @@ def run_in_node(
     node_flags: tuple[str, ...] = (),
 ) -> dict:
     """Time wasm Modules in Node against onnxruntime-web (benchmarks/node_bench.mjs), `block` runs of each in turn
-    with `pause_ms` idle after each block and, with `settle`, settling runs before it (as `interleaved`). `entries` are (name, ModelProto, wasm Module, feeds); Tessel's outputs in
-    Node are checked against onnxruntime's CPU provider here, and against onnxruntime-web's in Node, before timing.
+    with `pause_ms` idle after each block and, with `settle`, settling runs before it (as `interleaved`). `entries`
+    are (name, ModelProto, wasm Module, feeds); Tessel's outputs in Node are checked against onnxruntime's CPU
+    provider here, and against onnxruntime-web's in Node, before timing.
     Each bundle is loaded once per entry of `tessel_options` (tessel.load's options, e.g. {"threads": 2}), and
     onnxruntime-web runs on `ort_threads` threads; `node_flags` go to node (e.g. --experimental-wasm-relaxed-simd).
     Returns node_bench.mjs's report: {"versions": ..., "results":
