@@ -3,7 +3,8 @@
 Each compute mirrors the numpy reference of its registry entry (`compiler/graph/ops/nn.py`, whose geometry helpers it
 reuses) and tags its stages so `compiler/schedules/` can pick a template: the anchors are tagged "conv2d",
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
-"conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "pool_max", "pool_avg",
+"conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", ConvWinogradNCHWc's
+"winograd_input", "winograd_gemm" and "winograd_output", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
 LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues
 "elemwise"/"broadcast", and a stage made once for several readers
@@ -32,6 +33,8 @@ from compiler.graph.ops.nn import (
     stash_dtype,
     transposed_geometry,
     upsample_attrs,
+    winograd_geometry,
+    winograd_matrices,
 )
 from compiler.graph.registry import set_compute
 from compiler.te.expr import Compare, Const
@@ -255,6 +258,98 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
         tag = "conv2d_nchwc"
     result = te.compute(shape, body, name="conv", tag=tag)
     return [_cast(_blocked_bias(result, bias, block, acc), x.dtype)]
+
+
+def conv_winograd_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """A 3x3 stride-1 conv in NCHW[x]c by F(m x m, 3 x 3) over filters transformed at compile time, U (alpha^2, C,
+    M), alpha = m + 2, in three stages: "winograd_input" V[e, tile, c] = (B^T d B)[e] of each tile's alpha x alpha
+    inputs d; "winograd_gemm" M[e] = V[e] U[e], one (tiles x C) x (C x M) matmul per point e; "winograd_output"
+    the m x m outputs of each tile, A^T M A. The transforms' constant matrices are written out term by term, each
+    point (or output position) a select on its index, which a schedule partitioning that index's loop folds to its
+    own few adds: F(4, 3) makes 36 products per 16 outputs and channel pair where the window makes 144."""
+    x, u, bias = (list(inputs) + [None, None])[:3]
+    tile, pads, (rows, columns) = winograd_geometry(_type(x), _type(u), attrs)
+    bt, _, at = winograd_matrices(tile)
+    alpha, acc = tile + 2, _accumulator(x.dtype)
+    batch, _, _, _, input_block = x.shape
+    points, channels, filters = u.shape
+    tile_columns = columns // tile
+    tiles = rows // tile * tile_columns
+    padded = _pad_blocked(x, pads[:2], pads[2:])
+
+    def transform_input(point, position, channel):
+        n, rest = position // tiles, position % tiles
+        row, column = rest // tile_columns * tile, rest % tile_columns * tile
+        outer, inner = channel // input_block, channel % input_block
+
+        def value(i: int, j: int):
+            return padded[n, outer, row + i, column + j, inner].astype(acc)
+
+        cases = [
+            _linear([(bt[a][i] * bt[b][j], value(i, j)) for i in range(alpha) for j in range(alpha)], acc)
+            for a in range(alpha)
+            for b in range(alpha)
+        ]
+        return _select_case([point], cases)
+
+    v = te.compute((points, batch * tiles, channels), transform_input, name="winograd_input", tag="winograd_input")
+    k = te.reduce_axis((0, channels), "rc")
+    m = te.compute(
+        (points, batch * tiles, filters),
+        lambda point, position, f: te.sum(v[point, position, k] * u[point, k, f].astype(acc), axis=k),
+        name="winograd_gemm",
+        tag="winograd_gemm",
+    )
+    block = output_types[0].shape[-1]
+
+    def transform_output(n, outer, row, column, inner):
+        position = n * tiles + row // tile * tile_columns + column // tile
+        channel = outer * block + inner
+        cases = [
+            [
+                _linear(
+                    [
+                        (at[p][a] * at[q][b], m[a * alpha + b, position, channel])
+                        for a in range(alpha)
+                        for b in range(alpha)
+                    ],
+                    acc,
+                )
+                for q in range(tile)
+            ]
+            for p in range(tile)
+        ]
+        return _select_case([row % tile, column % tile], cases)
+
+    y = te.compute(output_types[0].shape, transform_output, name="winograd_output", tag="winograd_output")
+    return [_cast(_blocked_bias(y, bias, block, acc), x.dtype)]
+
+
+def _linear(terms, dtype: str):
+    """The sum of coefficient x value over `terms`, zero coefficients left out and +-1 as an add or subtract."""
+    total = None
+    for coefficient, value in terms:
+        if coefficient == 0:
+            continue
+        negative = coefficient < 0
+        scaled = value if abs(coefficient) == 1 else value * te.const(float(abs(coefficient)), dtype)
+        if total is None:
+            total = -scaled if negative else scaled
+        else:
+            total = total - scaled if negative else total + scaled
+    return total if total is not None else te.const(0.0, dtype)
+
+
+def _select_case(indices, cases):
+    """cases[i][j]... for the index values `indices`, as chains of selects `index <= k`: the tests that partitioning
+    the indices' loops (Stage.partition) cuts into one piece per value, each with its selects folded."""
+    if not indices:
+        return cases
+    index, rest = te.as_expr(indices[0]), indices[1:]
+    result = _select_case(rest, cases[-1])
+    for position in range(len(cases) - 2, -1, -1):
+        result = te.select(index <= position, _select_case(rest, cases[position]), result)
+    return result
 
 
 def _blocked_bias(result: te.Tensor, bias: te.Tensor | None, block: int, acc: str) -> te.Tensor:
@@ -1146,6 +1241,7 @@ def upsample(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTyp
 
 set_compute("Conv", conv)
 set_compute("ConvNCHWc", conv_nchwc)
+set_compute("ConvWinogradNCHWc", conv_winograd_nchwc)
 set_compute("LayoutTransform", layout_transform)
 set_compute("ChannelShuffleNCHWc", channel_shuffle_nchwc)
 set_compute("MaxPoolNCHWc", max_pool_nchwc)

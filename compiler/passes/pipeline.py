@@ -17,6 +17,7 @@ from compiler.passes.fold_constants import fold_constants
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.passes.narrow_int64 import narrow_int64
 from compiler.passes.simplify import simplify
+from compiler.passes.winograd import winograd
 from compiler.target import Target
 
 # folding again after simplify catches constants that only became foldable once Identity/Reshape chains went away
@@ -31,10 +32,10 @@ PASSES = [
 
 
 # The layout passes of each target family, after PASSES. NCHW[x]c (alter_layout) is a CPU decision: a block of
-# channels is a vector register. GPU kernels keep the ONNX layout and spread threads over it (gpu_layout), and store
+# channels is a vector register; so is Winograd (winograd), whose transforms are vector adds over a block. GPU kernels keep the ONNX layout and spread threads over it (gpu_layout), and store
 # int64 tensors as int32 on a device without int64 (narrow_int64: a no-op where the device has it).
 LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {
-    "cpu": [alter_layout],
+    "cpu": [alter_layout, winograd],
     "gpu": [gpu_layout, narrow_int64],
 }
 

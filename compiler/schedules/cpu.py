@@ -2,7 +2,7 @@
 
 `schedule_group` reads a GroupTE (compiler/ops/group.py), inlines its injective stages, picks a template by the tag
 of its anchor reduction (conv2d, depthwise_conv2d, their NCHW[x]c forms, dense, or a generic reduction / injective
-template) and hands the schedule to `compiler.build`. Each template declares its knobs on a cfg (compiler/tune/
+template; a Winograd conv's group, found by its matmul stage, has a template of its own) and hands the schedule to `compiler.build`. Each template declares its knobs on a cfg (compiler/tune/
 space.py) and reads their values back; without a tuning record they take the fallbacks of DEFAULTS and
 VECTOR_DEFAULTS.
 """
@@ -31,7 +31,7 @@ from compiler.tune.space import ConfigSpace, divisors, run_template
 # 9: a ragged MatMul's space adds tile_order and parallel
 # 10: a MatMul's tile_m may be the fallback's balanced tiling with a shorter last tile (77 rows: 6), not only a
 #     divisor
-SPACE_VERSION = 10
+SPACE_VERSION = 11
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -342,6 +342,10 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, ComputeOp)]
     schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
     _add_unread_inputs(schedule, group.inputs)
+    if any(stage.op.tag == WINOGRAD_GEMM for stage in schedule.stages if isinstance(stage.op, ComputeOp)):
+        cfg.template = "winograd"
+        _winograd(schedule, target, cfg)
+        return schedule
     anchor = _anchor_reduction(schedule)
     if anchor is not None and anchor.op.tag in POOL_TAGS and len(anchor.op.axis) == 4 and len(outputs) > 1:
         anchor = None  # a max pool's Indices read its padding too: that group keeps the generic schedule
@@ -1209,6 +1213,49 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
 # the fewest tasks a dense fallback's outer tile loop runs in parallel alone ("parallel" "outer"): two threads' share
 # within an eighth of each other
 OUTER_TASKS = 8
+
+
+WINOGRAD_GEMM = "winograd_gemm"
+
+
+def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
+    """A ConvWinogradNCHWc group (compiler/ops/nn.py, conv_winograd_nchwc). Its padded input is copied by rows
+    (read in place, each of a tile's loads kept its padding's select: 32 -> 32 channels on 64 x 64, F(4, 3), 1
+    thread, 0.94 ms against 0.58 with the copy). The input transform runs parallel over (tile, channel block), a
+    vector over the block. The matmuls are the dense template's (and its knobs), batched over the points. The output
+    transform is inlined into the group's outputs, parallel over their rows of tiles, a vector over the filter
+    block. The loops over a tile's points and over its output positions are partitioned: cut into one piece per
+    value, in which each select on them is decided, so each value is its own few adds."""
+    by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
+    transform, gemm = by_tag["winograd_input"], by_tag[WINOGRAD_GEMM]
+    pad = _padding_stage(schedule, transform.op.output(0))
+    for stage in schedule.stages:
+        op = stage.op
+        kept = stage is transform or stage.op is pad
+        if isinstance(op, ComputeOp) and not op.reduce_axis and not stage.is_output and not kept:
+            stage.compute_inline()
+    if pad is not None:
+        _schedule_rows(schedule[pad], target)
+    point, position, channel = transform.op.axis
+    block = next(t for t in transform.op.input_tensors if len(t.shape) == 5).shape[-1]
+    outer, inner = transform.split(channel, block)
+    transform.reorder(position, outer, point, inner)
+    transform.partition(point)
+    transform.vectorize(inner)
+    transform.parallel(transform.fuse(position, outer))
+    local = schedule.cache_write(gemm.op.output(0), "local")
+    _dense(schedule, schedule[local], gemm, target, cfg)
+    tile = round(math.sqrt(transform.op.axis[0].extent)) - 2
+    for stage in schedule.stages:
+        if stage.is_output and isinstance(stage.op, ComputeOp) and len(stage.op.axis) == 5:
+            n, outer, row, column, inner = stage.op.axis
+            row_outer, row_inner = stage.split(row, tile)
+            column_outer, column_inner = stage.split(column, tile)
+            stage.reorder(n, outer, row_outer, column_outer, row_inner, column_inner, inner)
+            stage.partition(row_inner)
+            stage.partition(column_inner)
+            stage.vectorize(inner)
+            stage.parallel(stage.fuse(n, outer, row_outer))
 
 
 def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:

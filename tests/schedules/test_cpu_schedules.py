@@ -12,6 +12,7 @@ from compiler.build import build
 from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
+from compiler.passes import winograd
 from compiler.passes.alter_layout import channel_block
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import (
@@ -69,6 +70,13 @@ def check(graph: Graph, feeds: dict, target: str, config: dict | None = None, pa
 def param(graph: Graph, shape, positive: bool = False):
     array = RNG.standard_normal(shape).astype(np.float32)
     return graph.add_param("p", np.abs(array) + 0.5 if positive else array)
+
+
+@pytest.fixture
+def direct_convs(monkeypatch):
+    """The direct blocked conv template for every conv: its 3x3 stride-1 convs of 32 channels or more would
+    otherwise go to Winograd (compiler/passes/winograd.py)."""
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", {})
 
 
 def conv_graph(x_shape, w_shape, attrs, epilogue: str, bias: bool = True):
@@ -351,6 +359,7 @@ def test_a_matmul_k_loop_makes_one_step_per_iteration():
     assert sum(op.startswith("vfmadd") for op in loop) == 11, loop
 
 
+@pytest.mark.usefixtures("direct_convs")
 def test_blocked_conv_inner_loop_computes_no_addresses():
     """Natively an index is computed in 64 bits (codegen/llvm.py, index), so the AVX2 blocked conv's inner loop is
     its broadcasts, weight loads and multiply-adds and the loop's step: in 32 bits it also did a lea and a sign
@@ -738,6 +747,7 @@ def test_split_factors_divide_their_extents():
         ((1, 32, 56, 56), (32, 32, 3, 3), 1, False),  # a long row
     ],
 )
+@pytest.mark.usefixtures("direct_convs")
 def test_avx2_blocked_conv_puts_the_taps_inside_the_channels_on_a_short_row(x_shape, w_shape, pads, inner):
     """AVX2's fallback (`small_row_taps`): a row of at most SMALL_ROW columns, tiled by at most SMALL_ROW_TILE, with a
     window of at most 3 x 3 takes the window's loops inside the loop over a block's input channels."""

@@ -382,6 +382,108 @@ def _conv_nchwc(x, w, bias=None, **attrs):
 register_op("ConvNCHWc", infer=_infer_conv_nchwc, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_nchwc)
 
 
+# -- ConvWinogradNCHWc: a 3x3 stride-1 conv by Winograd's minimal filtering F(m x m, 3 x 3) ------------------------
+
+
+def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """B^T, G and A^T of F(tile, 3) (Lavin and Gray 2016, interpolation points 0, +-1, +-2 and infinity): a row of
+    `tile` outputs of a 3-tap correlation is A^T [(G g) * (B^T d)] for the tile + 2 inputs d and the taps g."""
+    if tile == 2:
+        bt = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]
+        g = [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]]
+        at = [[1, 1, 1, 0], [0, 1, -1, -1]]
+    elif tile == 4:
+        bt = [
+            [4, 0, -5, 0, 1, 0],
+            [0, -4, -4, 1, 1, 0],
+            [0, 4, -4, -1, 1, 0],
+            [0, -2, -1, 2, 1, 0],
+            [0, 2, -1, -2, 1, 0],
+            [0, 4, 0, -5, 0, 1],
+        ]
+        g = [
+            [1 / 4, 0, 0],
+            [-1 / 6, -1 / 6, -1 / 6],
+            [-1 / 6, 1 / 6, -1 / 6],
+            [1 / 24, 1 / 12, 1 / 6],
+            [1 / 24, -1 / 12, 1 / 6],
+            [0, 0, 1],
+        ]
+        at = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]
+    else:
+        raise ShapeError(f"ConvWinogradNCHWc has tiles of 2 or 4 outputs, got tile={tile}")
+    return np.array(bt, np.float64), np.array(g, np.float64), np.array(at, np.float64)
+
+
+def winograd_weight(weight: np.ndarray, tile: int) -> np.ndarray:
+    """An (M, C, 3, 3) conv weight as F(tile, 3)'s transformed filters U = G g G^T, laid out (alpha^2, C, M) with
+    alpha = tile + 2: for each of the alpha x alpha points, the C x M matrix its tiles are multiplied by."""
+    _, g, _ = winograd_matrices(tile)
+    alpha = tile + 2
+    u = np.einsum("ak,mckl,bl->abcm", g, weight.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(alpha * alpha, *u.shape[2:]).astype(weight.dtype))
+
+
+def winograd_geometry(
+    x: TensorType, u: TensorType, attrs: dict[str, Any]
+) -> tuple[int, tuple[int, ...], tuple[int, int]]:
+    """ConvWinogradNCHWc's tile, pads (top, left, bottom, right) and output rows and columns; ShapeError unless the
+    input is NCHW[x]c, the weight (alpha^2, C, M) of its tile and the output whole tiles."""
+    tile, pads = int(attrs.get("tile", 0)), tuple(int(p) for p in attrs.get("pads", (0, 0, 0, 0)))
+    alpha = tile + 2
+    if tile not in (2, 4):
+        raise ShapeError(f"ConvWinogradNCHWc has tiles of 2 or 4 outputs, got tile={tile}")
+    if len(x.shape) != 5 or len(u.shape) != 3 or u.shape[0] != alpha * alpha or u.shape[1] != x.shape[1] * x.shape[4]:
+        raise ShapeError(
+            f"ConvWinogradNCHWc with tile={tile} needs an NCHW[x]c input and a ({alpha * alpha}, C, M) weight, got "
+            f"{list(x.shape)} and {list(u.shape)}"
+        )
+    rows, columns = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
+    if len(pads) != 4 or rows <= 0 or columns <= 0 or rows % tile or columns % tile:
+        raise ShapeError(
+            f"ConvWinogradNCHWc with tile={tile} and pads={list(pads)} on {list(x.shape)} must make an output of "
+            f"whole tiles, got {rows} x {columns}"
+        )
+    return tile, pads, (rows, columns)
+
+
+def _infer_conv_winograd(types, attrs):
+    x, u, bias = _inputs("ConvWinogradNCHWc", types, 2, 3)
+    _, _, (rows, columns) = winograd_geometry(x, u, attrs)
+    block = int(attrs.get("block", 0))
+    filters = u.shape[2]
+    if block < 1 or filters % block:
+        raise ShapeError(f"ConvWinogradNCHWc's block={block} must divide its {filters} filters")
+    if bias is not None and bias.shape != (filters,):
+        raise ShapeError(f"ConvWinogradNCHWc bias has shape {list(bias.shape)}; it needs ({filters},)")
+    return [TensorType((x.shape[0], filters // block, rows, columns, block), x.dtype)]
+
+
+def _conv_winograd(x, u, bias=None, **attrs):
+    """The conv by the same algorithm in numpy: each tile's B^T d B, one matmul per point, A^T m A."""
+    tile, pads, (rows, columns) = winograd_geometry(
+        TensorType(x.shape, str(x.dtype)), TensorType(u.shape, str(u.dtype)), attrs
+    )
+    bt, _, at = winograd_matrices(tile)
+    alpha, dtype = tile + 2, _compute_dtype(x.dtype)
+    plain = np.pad(unblock_channels(x).astype(dtype), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    tiles = sliding_window_view(plain, (alpha, alpha), axis=(2, 3))[:, :, ::tile, ::tile][
+        :, :, : rows // tile, : columns // tile
+    ]
+    v = np.einsum("ai,ncxyij,bj->abnxyc", bt.astype(dtype), tiles, bt.astype(dtype))
+    shape = v.shape
+    m = np.matmul(v.reshape(alpha * alpha, -1, shape[-1]), u.astype(dtype)).reshape(*shape[:-1], u.shape[2])
+    y = np.einsum("pa,abnxym,qb->nmxpyq", at.astype(dtype), m, at.astype(dtype)).reshape(x.shape[0], -1, rows, columns)
+    if bias is not None:
+        y = y + bias.astype(dtype)[:, None, None]
+    return block_channels(y.astype(x.dtype), int(attrs["block"]))
+
+
+register_op(
+    "ConvWinogradNCHWc", infer=_infer_conv_winograd, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_winograd
+)
+
+
 # -- ConvTranspose ------------------------------------------------------------------------------------------------
 
 
