@@ -18,9 +18,9 @@ from compiler.target import Target
 # each tile by the fewest input channels and filters (the smaller of the two) for which it pays: the transforms cost
 # a few dozen adds per tile and channel, the matmul saves 6.75 (F4) or 5 (F2) products per output and channel pair,
 # so with few channels on either side the transforms outweigh them. 3x3 convs after a 1x1 one, AVX-512, 1 thread, ms
-# direct / F2 / F4: 96 -> 128 on 28 x 28 1.47 / 0.76 / 0.50; 64 -> 64 on 56 x 56 1.99 / 1.30 / 0.80; 128 -> 128 on
-# 28 x 28 1.98 / 1.00 / 0.65; 256 -> 256 on 14 x 14 1.92 / 1.03 / -; 32 -> 32 on 64 x 64 0.64 / 0.59 / 0.94;
-# 16 -> 32 on 32 x 32 0.080 / 0.079 / 0.20
+# direct / F2 / F4: 96 -> 128 on 28 x 28 1.48 / 0.76 / 0.50; 64 -> 64 on 56 x 56 1.97 / 1.29 / 0.82; 32 -> 32 on
+# 64 x 64 0.64 / 0.56 / 0.58; 16 -> 32 on 32 x 32 0.080 / 0.080 / 0.109; 256 -> 256 on 14 x 14 (no 4 x 4 tiles)
+# 1.90 / 0.96
 MIN_CHANNELS = {4: 64, 2: 32}
 
 
