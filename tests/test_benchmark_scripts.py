@@ -115,3 +115,18 @@ def test_settled_cell_times_both_sides_again_while_a_probe_shows_uneven_cpus():
         "assert run([0.6, 0.6, 0.6, 0.8, 0.7, 0.85, 0.5, 0.5, 0.5]) == ([[2.0], [2.0]], 0.7, 3)\n"
     )
     run_in_benchmarks(code)
+
+
+def test_check_close_scales_its_absolute_tolerance_with_the_outputs_range():
+    # a Winograd conv's rounding (2.4e-5 on outputs up to 6.4) passes; an error of 1e-3 on them stops the benchmark
+    code = (
+        "import numpy as np, common\n"
+        "theirs = np.linspace(-6.4, 6.4, 101, dtype=np.float32)\n"
+        "common.check_close('m', [theirs + np.float32(2.4e-5)], [theirs])\n"
+        "try:\n"
+        "    common.check_close('m', [theirs + np.float32(1e-3)], [theirs])\n"
+        "    raise AssertionError('a wrong output was timed')\n"
+        "except SystemExit as stop:\n"
+        "    assert 'disagrees' in str(stop)\n"
+    )
+    run_in_benchmarks(code)
