@@ -32,8 +32,9 @@ PASSES = [
 
 
 # The layout passes of each target family, after PASSES. NCHW[x]c (alter_layout) is a CPU decision: a block of
-# channels is a vector register; so is Winograd (winograd), whose transforms are vector adds over a block. GPU kernels keep the ONNX layout and spread threads over it (gpu_layout), and store
-# int64 tensors as int32 on a device without int64 (narrow_int64: a no-op where the device has it).
+# channels is a vector register; so is Winograd (winograd), whose transforms are vector adds over a block. GPU
+# kernels keep the ONNX layout and spread threads over it (gpu_layout), and store int64 tensors as int32 on a device
+# without int64 (narrow_int64: a no-op where the device has it).
 LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {
     "cpu": [alter_layout, winograd],
     "gpu": [gpu_layout, narrow_int64],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.graph.ir import Graph, Node
-from compiler.graph.ops.nn import blocked_conv_types, conv_geometry, unpack_weight, winograd_weight
+from compiler.graph.ops.nn import Window, blocked_conv_types, conv_geometry, unpack_weight, winograd_weight
 from compiler.target import Target
 
 # each tile by the fewest input channels and filters (the smaller of the two) for which it pays: the transforms cost
@@ -24,38 +24,37 @@ from compiler.target import Target
 MIN_CHANNELS = {4: 64, 2: 32}
 
 
-def winograd_tile(node: Node, graph: Graph) -> int:
-    """The tile F(m, 3) a ConvNCHWc node is computed by, or 0 when it stays a direct conv."""
+def winograd_plan(node: Node, graph: Graph) -> tuple[int, Window] | None:
+    """The tile F(m, 3) a ConvNCHWc node is computed by and its window, or None when it stays a direct conv."""
     if node.op != "ConvNCHWc" or len(node.inputs) < 2 or node.inputs[1] not in graph.params:
-        return 0
+        return None
     x, weight = node.inputs[:2]
-    packed = graph.params[weight]
-    if packed.dtype != np.float32 or int(node.attrs.get("group", 1)) != 1:
-        return 0
+    if graph.params[weight].dtype != np.float32 or int(node.attrs.get("group", 1)) != 1:
+        return None
     plain_x, plain_w = blocked_conv_types(x.type, weight.type, node.attrs)
     _, window = conv_geometry("ConvNCHWc", plain_x, plain_w, node.attrs)
     square = window.kernel == (3, 3) and window.strides == (1, 1) and window.dilations == (1, 1)
     if not square or window.read_end != window.declared_end:
-        return 0
+        return None
     channels = min(plain_w.shape[:2])
     fits = [tile for tile, least in MIN_CHANNELS.items() if channels >= least]
-    return next((tile for tile in fits if all(size % tile == 0 for size in window.output)), 0)
+    tile = next((tile for tile in fits if all(size % tile == 0 for size in window.output)), 0)
+    return (tile, window) if tile else None
 
 
 def winograd(graph: Graph, target: Target) -> Graph:
-    """Every ConvNCHWc that winograd_tile picks, as a ConvWinogradNCHWc of the same values."""
+    """Every ConvNCHWc that winograd_plan picks, as a ConvWinogradNCHWc of the same values."""
     result = graph.copy()
     nodes = []
     for node in result.nodes:
-        tile = winograd_tile(node, result)
-        if not tile:
+        plan = winograd_plan(node, result)
+        if plan is None:
             nodes.append(node)
             continue
-        x, weight, *bias = node.inputs
+        (tile, window), (x, weight, *bias) = plan, node.inputs
         packed = result.params[weight]
         plain = np.moveaxis(packed, -1, 1).reshape(unpack_weight(packed.shape))
         transformed = result.add_param(f"{weight.name}_winograd{tile}", winograd_weight(plain, tile))
-        _, window = conv_geometry("ConvNCHWc", *blocked_conv_types(x.type, weight.type, node.attrs), node.attrs)
         attrs = {"tile": tile, "pads": [*window.pads_begin, *window.read_end], "block": packed.shape[-1]}
         nodes.append(Node("ConvWinogradNCHWc", [x, transformed, *bias], list(node.outputs), attrs, node.name))
     result.nodes = nodes

@@ -87,6 +87,14 @@ def test_reference_matches_the_direct_conv(tile):
     np.testing.assert_allclose(unblock_channels(actual), expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
 
 
+def test_pads_that_are_not_four_are_a_shape_error():
+    graph = Graph()
+    x = graph.add_input("x", TensorType((1, 2, 8, 8, 16), "float32"))
+    u = graph.add_param("u", np.zeros((36, 32, 32), np.float32))
+    with pytest.raises(ShapeError, match="pads"):
+        graph.add_node("ConvWinogradNCHWc", [x, u], {"tile": 4, "pads": [1, 1], "block": 16})
+
+
 def test_a_part_tile_output_is_a_shape_error():
     graph = Graph()
     x = graph.add_input("x", TensorType((1, 2, 9, 9, 16), "float32"))

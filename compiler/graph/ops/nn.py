@@ -433,13 +433,15 @@ def winograd_geometry(
     alpha = tile + 2
     if tile not in (2, 4):
         raise ShapeError(f"ConvWinogradNCHWc has tiles of 2 or 4 outputs, got tile={tile}")
+    if len(pads) != 4:
+        raise ShapeError(f"ConvWinogradNCHWc needs pads (top, left, bottom, right), got {list(pads)}")
     if len(x.shape) != 5 or len(u.shape) != 3 or u.shape[0] != alpha * alpha or u.shape[1] != x.shape[1] * x.shape[4]:
         raise ShapeError(
             f"ConvWinogradNCHWc with tile={tile} needs an NCHW[x]c input and a ({alpha * alpha}, C, M) weight, got "
             f"{list(x.shape)} and {list(u.shape)}"
         )
     rows, columns = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    if len(pads) != 4 or rows <= 0 or columns <= 0 or rows % tile or columns % tile:
+    if rows <= 0 or columns <= 0 or rows % tile or columns % tile:
         raise ShapeError(
             f"ConvWinogradNCHWc with tile={tile} and pads={list(pads)} on {list(x.shape)} must make an output of "
             f"whole tiles, got {rows} x {columns}"
