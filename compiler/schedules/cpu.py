@@ -2,9 +2,9 @@
 
 `schedule_group` reads a GroupTE (compiler/ops/group.py), inlines its injective stages, picks a template by the tag
 of its anchor reduction (conv2d, depthwise_conv2d, their NCHW[x]c forms, dense, or a generic reduction / injective
-template; a Winograd conv's group, found by its matmul stage, has a template of its own) and hands the schedule to `compiler.build`. Each template declares its knobs on a cfg (compiler/tune/
-space.py) and reads their values back; without a tuning record they take the fallbacks of DEFAULTS and
-VECTOR_DEFAULTS.
+template; a Winograd conv's group, found by its matmul stage, has a template of its own) and hands the schedule to
+`compiler.build`. Each template declares its knobs on a cfg (compiler/tune/space.py) and reads their values back;
+without a tuning record they take the fallbacks of DEFAULTS and VECTOR_DEFAULTS.
 """
 
 from __future__ import annotations
@@ -1231,7 +1231,7 @@ def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
     pad = _padding_stage(schedule, transform.op.output(0))
     for stage in schedule.stages:
         op = stage.op
-        kept = stage is transform or stage.op is pad
+        kept = stage is transform or op is pad
         if isinstance(op, ComputeOp) and not op.reduce_axis and not stage.is_output and not kept:
             stage.compute_inline()
     if pad is not None:
