@@ -8,6 +8,8 @@
      from the closure's counter, then closes the job and waits only for the workers that joined before it closed.
      A worker that wakes late finds the job closed and touches nothing: the job's fields live in the pool, not on
      the caller's stack, and a worker reads them only once it has joined an open job;
+   - a joined worker that is still in its chunk well after the caller finished (descheduled behind another
+     process on its CPU) is moved onto the caller's CPU, which the caller then yields to it (rescue, below);
    - idle workers spin for SPIN_NS (or the environment's TESSEL_SPIN_US), bridging the gaps between one kernel's
      loop and the next within a run, yielding the core after YIELD_AFTER_NS so that a caller sharing it runs,
      then sleep on a futex, and a caller wakes them only when the job is large or jobs come densely (below);
@@ -33,7 +35,11 @@
 #define HIDDEN __attribute__((visibility("hidden")))
 #define MAX_WORKERS 63
 #define SPIN_NS 300000 /* unless TESSEL_SPIN_US says otherwise, read when the workers start */
-#define YIELD_AFTER_NS 20000
+/* With another process busy on a worker's CPU, a worker that yields 20 us into each gap between jobs gave that
+   process most of the CPU (the worker ran 0.5 ms of a 3.9 ms densenet_block run and joined 6 of its 34 jobs:
+   2 threads at 0.9x one thread); at 60 us it keeps its share (2.0 ms, 30 jobs) and the rescue repairs the jobs
+   in which it is descheduled mid-chunk (0.6x). */
+#define YIELD_AFTER_NS 60000
 /* Waking a sleeping worker costs the caller 12-16 us here (a futex wake that sends an interrupt to an idle
    virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (small_convnet, 0.3 ms, whose
    largest job is 3.5M operations) lost that much against one thread. So sleepers are woken only once the jobs that
@@ -45,7 +51,8 @@
 #define WAKE_MIN_WORK 4194304
 #define DENSE_JOBS 8
 #define DENSE_NS 2000000
-#define WAIT_SPINS 2000        /* rounds a closing caller spins on the joined workers before it sleeps */
+#define RESCUE_AFTER_NS 20000  /* a closing caller waits at least this (or its own body's time), then rescues */
+#define YIELD_FOR_NS 2000000   /* and yields its CPU to the rescued workers this long before it sleeps */
 #define OPEN 0x80000000u       /* state: the job accepts workers */
 #define WAITING 0x40000000u    /* state: the caller sleeps until the joined workers leave */
 #define JOINED 0x3fffffffu     /* state: workers inside the job */
@@ -69,11 +76,13 @@ static struct {
     cpu_set_t allowed; /* the CPUs the process could use when the workers started */
     pthread_t handles[MAX_WORKERS];
     _Atomic int avoided[MAX_WORKERS]; /* the CPU each worker's affinity leaves out, -1: none */
+    _Atomic int working[MAX_WORKERS]; /* the worker is inside the body */
+    _Atomic int rescued[MAX_WORKERS]; /* the caller moved the worker onto its CPU */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER};
 
 /* Jobs handed to the pool (a loop kept serial, or run at one thread, never counts), and the times a worker took
 part in one: for tests and benchmarks. */
-_Atomic uint64_t tessel_pool_jobs, tessel_pool_joins, tessel_pool_run_wakes;
+_Atomic uint64_t tessel_pool_jobs, tessel_pool_joins, tessel_pool_run_wakes, tessel_pool_rescues;
 
 static void futex(_Atomic uint32_t *word, int operation, uint32_t value) {
     syscall(SYS_futex, (uint32_t *)word, operation | FUTEX_PRIVATE_FLAG, value, NULL, NULL, 0);
@@ -163,15 +172,45 @@ static void *worker(void *argument) {
         int joined = 0;
         while ((state & OPEN) && !joined) joined = atomic_compare_exchange_weak(&pool.state, &state, state + 1);
         if (!joined) continue;
+        int caller = pool.caller_cpu;
         if (index < pool.threads - 1) {
-            leave_callers_cpu(index, pool.caller_cpu);
+            leave_callers_cpu(index, caller);
+            atomic_store(&pool.working[index], 1);
             pool.body(pool.closure, pool.threads);
+            atomic_store(&pool.working[index], 0);
             atomic_fetch_add_explicit(&tessel_pool_joins, 1, memory_order_relaxed);
         }
         uint32_t before = atomic_fetch_sub(&pool.state, 1);
         if ((before & JOINED) == 1 && (before & WAITING)) futex(&pool.state, FUTEX_WAKE, 1);
+        /* off the caller's CPU again once the caller may go on (a worker that leaves it first queues behind the
+           other process and keeps the caller waiting) */
+        if (atomic_exchange(&pool.rescued[index], 0)) leave_callers_cpu(index, caller);
     }
     return NULL;
+}
+
+/* A caller that has run its chunks and waited (RESCUE_AFTER_NS, or as long as its own body took: a chunk is about
+   a quarter of a thread's share, so a worker still in one then has most likely been descheduled; at half the body,
+   audio_conv1d's uneven chunks had its worker moved 0.5-0.9 times a run with no other process on the machine)
+   moves the workers still inside the body onto its own CPU, which it then yields to them; at once when there are
+   more threads than CPUs, where a worker may be queued behind the spinning caller. With another process busy on
+   the worker's CPU, the worker otherwise waits there for that process's time slice (0.4-1.4 ms a run of
+   densenet_block's 3-4 ms, measured with the pool's own counters); a worker that was only slow loses a migration.
+   It is pinned there (the only way to move a queued thread at once) and leaves as soon as it has left the job
+   (worker, above); if it does not (it finished before being pinned), keep_workers_off moves it at the caller's
+   next job. */
+static void rescue(int caller) {
+    if (caller < 0) return;
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    CPU_SET(caller, &mine);
+    for (int index = 0; index < pool.workers; index++) {
+        if (!atomic_load(&pool.working[index])) continue;
+        if (pthread_setaffinity_np(pool.handles[index], sizeof mine, &mine) != 0) continue;
+        atomic_store(&pool.avoided[index], -1);
+        atomic_store(&pool.rescued[index], 1);
+        atomic_fetch_add_explicit(&tessel_pool_rescues, 1, memory_order_relaxed);
+    }
 }
 
 /* The cores this process may use, asked once: sched_getaffinity is a system call, ~5 us here. */
@@ -258,11 +297,22 @@ HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_
     if (worth_waking && atomic_exchange(&pool.sleepers, 0) != 0) {
         futex(&pool.generation, FUTEX_WAKE, MAX_WORKERS);
     }
+    int64_t started = now_ns();
     body(closure, threads);
+    int64_t finished = now_ns();
     uint32_t state = atomic_fetch_and(&pool.state, ~OPEN) & ~OPEN;
-    for (int round = 0; (state & JOINED) && round < WAIT_SPINS; round++) {
+    int64_t patience = finished - started > RESCUE_AFTER_NS ? finished - started : RESCUE_AFTER_NS;
+    if (threads > CPU_COUNT(&pool.allowed)) patience = 0;
+    for (int round = 1; (state & JOINED) && ((round & 63) || now_ns() - finished < patience); round++) {
         relax();
         state = atomic_load(&pool.state);
+    }
+    if (state & JOINED) {
+        rescue(pool.caller_cpu);
+        for (int64_t yielding = now_ns(); (state & JOINED) && now_ns() - yielding < YIELD_FOR_NS;) {
+            sched_yield();
+            state = atomic_load(&pool.state);
+        }
     }
     if (state & JOINED) {
         state = atomic_fetch_or(&pool.state, WAITING) | WAITING;
