@@ -37,8 +37,8 @@
 #define SPIN_NS 300000 /* unless TESSEL_SPIN_US says otherwise, read when the workers start */
 /* With another process busy on a worker's CPU, a worker that yields 20 us into each gap between jobs gave that
    process most of the CPU (the worker ran 0.5 ms of a 3.9 ms densenet_block run and joined 6 of its 34 jobs:
-   2 threads at 0.9x one thread); at 60 us it keeps its share (2.0 ms, 30 jobs) and the rescue repairs the jobs
-   in which it is descheduled mid-chunk (0.6x). */
+   2 threads at 0.9x one thread); at 60 us, with the rescue (below), it kept its share (2.0 ms, 30 jobs) and two
+   threads ran at 0.6x one. */
 #define YIELD_AFTER_NS 60000
 /* Waking a sleeping worker costs the caller 12-16 us here (a futex wake that sends an interrupt to an idle
    virtual CPU), and the worker arrives 10-200 us later: a short run after a pause (small_convnet, 0.3 ms, whose
@@ -302,7 +302,7 @@ HIDDEN void tessel_parallel(body_fn body, void *closure, int32_t threads, int64_
     int64_t finished = now_ns();
     uint32_t state = atomic_fetch_and(&pool.state, ~OPEN) & ~OPEN;
     int64_t patience = finished - started > RESCUE_AFTER_NS ? finished - started : RESCUE_AFTER_NS;
-    if (threads > CPU_COUNT(&pool.allowed)) patience = 0;
+    if (threads > cores()) patience = 0;
     for (int round = 1; (state & JOINED) && ((round & 63) || now_ns() - finished < patience); round++) {
         relax();
         state = atomic_load(&pool.state);
