@@ -24,7 +24,7 @@ from compiler.te.tensor import ComputeOp, IterVar
 from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every GPU tuning task's key: bump it when a template's knobs change meaning.
-SPACE_VERSION = 4
+SPACE_VERSION = 5
 
 # Each template's fallback config by knob name, clipped to the target's threads per block. A split's value is the
 # inner sizes its fallback is at most.
@@ -42,8 +42,17 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "conv1d": {"num_thread": 128, "tile_oc": 4, "tile_w": 1, "cache": 0},
     # the seeds' schedule: a blocking_h x blocking_w output tile per block over one channel, its input tile and
     # filter in shared memory, num_thread_y x num_thread_x threads (the fallback aims at 2 x 2 outputs per thread),
-    # vthread_y x vthread_x virtual threads interleaving each thread's outputs
-    "depthwise_conv2d": {"blocking_h": 32, "blocking_w": 32, "vthread_y": 1, "vthread_x": 1, "shared": 1},
+    # vthread_y x vthread_x virtual threads interleaving each thread's outputs; unroll_steps: the most
+    # multiply-adds (unrolled taps x a thread's outputs) the fallback unrolls, whole tap axes from the innermost
+    # (None: every tap)
+    "depthwise_conv2d": {
+        "blocking_h": 32,
+        "blocking_w": 32,
+        "vthread_y": 1,
+        "vthread_x": 1,
+        "shared": 1,
+        "unroll_steps": None,
+    },
     # a block of (threads x register tile) rows and columns, A's and B's tiles of tile_k along k in shared memory;
     # 16-row blocks waste less of a token count that is no multiple of 32, and 64 threads with tile_k 16 halve the
     # barriers per multiply-add of 128 threads with tile_k 8 (docs/gpu.md, "Register tiles for the browser")
@@ -63,11 +72,15 @@ _CONV_WEBGPU = {"tile_w": 4, "cache": 1}
 # A row reduction shared by a block's threads is a tree of workgroupBarriers in shared memory: SwiftShader took
 # 240-340 ms to create each such pipeline (45-70 ms without), against microseconds of run time for one thread
 # reducing a row of a few thousand elements, so on webgpu rows up to 4096 are reduced by one thread each.
+# SwiftShader's pipeline creation grows with the unrolled code too: odd_convnet's 7x7 depthwise conv, its 49 taps
+# unrolled over two outputs a thread, took 426 ms to create (34 ms as loops, 84 ms with only the 7 columns unrolled,
+# which ran as fast as all 49: 327 against 315 ms for the model), while a 3x3's 9 taps over 4 outputs unrolled ran
+# 9-17% faster than loops (dwconv_block, mobilenet_v2); so webgpu unrolls at most 64 multiply-adds of taps.
 TARGET_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
     "webgpu": {
         "reduce": {"serial_row": 4096},
         "dense": {"shared": 0},
-        "depthwise_conv2d": {"shared": 0},
+        "depthwise_conv2d": {"shared": 0, "unroll_steps": 64},
         "conv2d": _CONV_WEBGPU,
         "conv1d": _CONV_WEBGPU,
     },
@@ -468,12 +481,32 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
     conv.compute_at(output, thread_x)
     cn, cc, crows, ccolumns = conv.op.axis
     conv.reorder(cn, cc, *conv.op.reduce_axis, crows, ccolumns)
-    for tap in conv.op.reduce_axis:
+    # unroll_taps: how many tap axes, from the innermost, are unrolled (the rest stay loops)
+    taps_axes = list(conv.op.reduce_axis)
+    outputs = block_h * block_w // (threads_y * threads_x)
+    cfg.define_knob(
+        "unroll_taps",
+        list(range(len(taps_axes) + 1)),
+        default=_unrolled_axes([iv.extent for iv in taps_axes], outputs, values["unroll_steps"]),
+    )
+    for tap in taps_axes[len(taps_axes) - cfg["unroll_taps"].val :]:
         conv.unroll(tap)
     for cache in caches:
         stage = schedule[cache]
         stage.compute_at(output, tile)
         _bind_cooperative(stage, threads_y, threads_x)
+
+
+def _unrolled_axes(extents: list[int], outputs: int, steps: int | None) -> int:
+    """How many of the axes of `extents`, from the innermost, are unrolled when each step of them does `outputs`
+    multiply-adds and at most `steps` may be unrolled (None: all of them)."""
+    count, unrolled = 0, outputs
+    for extent in reversed(extents):
+        unrolled *= extent
+        if steps is not None and unrolled > steps:
+            break
+        count += 1
+    return count
 
 
 def _per_thread_default(choices: list[int], block: int, limit: int) -> int:

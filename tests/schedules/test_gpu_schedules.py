@@ -249,6 +249,26 @@ def test_webgpu_fallbacks_have_no_shared_tiles_or_barriers():
 
 
 @pytest.mark.parametrize(
+    ("kernel", "webgpu_unrolled"), [((3, 3), ["r0", "r1"]), ((7, 7), ["r1"]), ((5, 5), ["r1"]), ((3, 31), [])]
+)
+def test_webgpu_depthwise_unrolls_at_most_its_budget_of_taps(kernel, webgpu_unrolled):
+    """A depthwise thread's 2 x 2 outputs over the taps: webgpu unrolls whole tap axes from the innermost while the
+    unrolled multiply-adds stay within its unroll_steps (64; SwiftShader's pipeline creation grows with unrolled
+    code, docs/gpu.md), so a 3x3 is unrolled, a 7x7 or 5x5 only along its row and a 3x31 not at all; opencl unrolls
+    every tap. Every choice of the knob gives the reference's results."""
+    pads = [kernel[0] // 2, kernel[1] // 2] * 2
+    graph, feeds = conv_graph((1, 4, 32, 32), (4, 1, *kernel), {"group": 4, "pads": pads}, "scale_shift_relu")
+    for target, unrolled in (("webgpu", webgpu_unrolled), ("opencl", ["r0", "r1"])):
+        kernels = check(graph, feeds, target)
+        tir = tir_of(kernels)
+        assert sorted(re.findall(r"for \((r[01]): int32, 0, \d+\) unrolled", tir)) == unrolled, tir
+        assert len(re.findall(r"for \((r[01]): int32, 0, \d+\) \{", tir)) == 2 - len(unrolled), tir
+    (_, space), *_ = kernels
+    for count in space.knobs["unroll_taps"].choices:
+        check(graph, feeds, "webgpu", lambda space, count=count: {**space.fallback.to_json(), "unroll_taps": count})
+
+
+@pytest.mark.parametrize(
     ("columns", "webgpu_block", "opencl_block"), [(200, 8, 64), (700, 4, 64), (13, 1, 16), (192, 64, 64)]
 )
 def test_webgpu_dense_fallback_blocks_divide_the_columns(columns, webgpu_block, opencl_block):
