@@ -223,7 +223,29 @@ def test_matmul_tiles_in_shared_memory(target, a_shape, b_shape):
     assert tir.count("] shared {") == 2 * fallback("dense", Target.parse(target))["shared"], tir
     assert re.search(r"allocate (dense|batch_matmul): float32\[[^\]]*\] local", tir), tir
     check(graph, feeds, target, some_valid_configs(3))
-    check(graph, feeds, target, lambda space: {**space.fallback.to_json(), "shared": 1 - space.fallback["shared"].val})
+    for knob in ("shared", "cache"):
+        check(
+            graph,
+            feeds,
+            target,
+            lambda space, knob=knob: {**space.fallback.to_json(), knob: 1 - space.fallback[knob].val},
+        )
+    check(graph, feeds, target, lambda space: {**space.fallback.to_json(), "shared": 1, "cache": 1})
+
+
+def test_webgpu_dense_fallback_loads_each_k_steps_operands_into_registers_once():
+    """webgpu's dense fallback (no shared tile) copies the A column and B row of its register tile for each step of k
+    into local arrays, so its 16 multiply-adds read registers (SwiftShader: bert_tiny's pipelines 788 -> 662 ms, its
+    run 115 -> 78 ms, docs/gpu.md); opencl's fallback keeps its shared tiles without the copy."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType((77, 200), "float32"))
+    (y,) = graph.add_node("MatMul", [a, param(graph, (200, 200))])
+    graph.outputs = [y]
+    feeds = {"a": RNG.standard_normal((77, 200)).astype(np.float32)}
+    tir = tir_of(check(graph, feeds, "webgpu"))
+    assert re.search(r"allocate a\.local: float32\[4, 1\] local", tir), tir
+    assert re.search(r"allocate p\w*\.local: float32\[1, 4\] local", tir), tir
+    assert ".local" not in tir_of(check(graph, feeds, "opencl")).replace("dense.local", "")
 
 
 def test_webgpu_caches_a_conv_tiles_operands_unless_the_conv_is_grouped():
