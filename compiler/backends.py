@@ -341,16 +341,13 @@ def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target
     """kernels.wgsl, and the manifest's dispatch list completed for WebGPU with its `webgpu` section (entry points,
     buffers, uniform size, features, limits used: docs/gpu.md describes every field for tessel.js)."""
     lowered, planned, memory = _gpu_plan(kernels, run, manifest, target)
+    planned, memory, slices = _io_in_arena(planned, manifest, memory)
     module, dispatches = model_shader(lowered, planned, target.device.offset_alignment)
     buffers = [
         {"region": "params", "index": 0, "bytes": manifest["params"]["bytes"]},
         {"region": "arena", "index": 0, "bytes": memory["arena_bytes"]},
+        *slices,
     ]
-    for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
-        for position, spec in enumerate(specs):
-            dtype = spec.get("device_dtype", spec["dtype"])
-            size = int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(dtype).itemsize
-            buffers.append({"region": region, "index": position, "bytes": size})
     sizes = {entry.name: entry.offsets_bytes for entry in module.entries}
     uniform = max((dispatch["uniform_offset"] + sizes[dispatch["entry"]] for dispatch in dispatches), default=4)
     webgpu = {
@@ -365,6 +362,35 @@ def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target
     return ModelCode(source.encode(), additions, {"wgsl": source}, lowered)
 
 
+def _io_in_arena(dispatches: list[dict], manifest: dict, memory: dict) -> tuple[list[dict], dict, list[dict]]:
+    """The model's inputs and outputs placed in the arena, after what it holds: every dispatch then binds only params
+    and the arena, so a kernel that one call runs on the model's input (or output) and another on the arena keeps one
+    entry point, and one pipeline, where model_shader would make an entry per pattern of regions (odd_transformer's
+    and bert_tiny's first layers, 88-112 ms of pipeline creation each on SwiftShader; docs/gpu.md). (dispatches with
+    those bindings moved, the memory section with the larger arena, webgpu.buffers' entries of the inputs and outputs,
+    each with its `arena_offset`, where a runtime writes the input or reads the output.)"""
+    offset, slices, places = memory["arena_bytes"], [], {}
+    for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
+        for position, spec in enumerate(specs):
+            offset = align(offset, memory["alignment"])
+            size = (
+                int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec.get("device_dtype", spec["dtype"])).itemsize
+            )
+            places[region, position] = offset
+            slices.append({"region": region, "index": position, "bytes": size, "arena_offset": offset})
+            offset += max(4, -(-size // 4) * 4)  # a write or copy is whole words, and never empty
+    moved = []
+    for dispatch in dispatches:
+        bindings = [
+            {**binding, "region": "arena", "index": 0, "offset": places[key] + binding["offset"]}
+            if (key := (binding["region"], binding["index"])) in places
+            else binding
+            for binding in dispatch["bindings"]
+        ]
+        moved.append({**dispatch, "bindings": bindings})
+    return moved, {**memory, "arena_bytes": align(offset, memory["alignment"])}, slices
+
+
 def _webgpu_model_runtime(image: ModelImage, target: Target, num_threads: int | None):
     manifest = image.manifest
     return WebGPUModel(
@@ -377,6 +403,7 @@ def _webgpu_model_runtime(image: ModelImage, target: Target, num_threads: int | 
         image.outputs,
         image.calls,
         [item.get("device_dtype", item["dtype"]) for item in [*manifest["inputs"], *manifest["outputs"]]],
+        manifest["webgpu"]["buffers"],
     )
 
 

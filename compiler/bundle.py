@@ -274,7 +274,13 @@ MANIFEST_SCHEMA = {
             }
         ),
         "buffers": _list_of(
-            {"region": _one_of("input", "output", "params", "arena"), "index": _count, "bytes": _count}
+            {
+                "region": _one_of("input", "output", "params", "arena"),
+                "index": _count,
+                "bytes": _count,
+                # an input or output that lives in the arena from this byte on (backends.py, _io_in_arena)
+                "arena_offset?": _count,
+            }
         ),
         "uniform_bytes": _count,
         "features": _list_of(_one_of("shader-f16")),
@@ -385,6 +391,15 @@ def _check_webgpu(manifest: dict) -> None:
     if "webgpu" not in manifest:
         return
     entries = {entry["name"]: entry for entry in manifest["webgpu"]["entries"]}
+    arena = manifest["memory"]["arena_bytes"]
+    for buffer in manifest["webgpu"]["buffers"]:
+        if "arena_offset" in buffer and (
+            buffer["region"] not in ("input", "output") or buffer["arena_offset"] + buffer["bytes"] > arena
+        ):
+            raise BundleError(
+                f"{MANIFEST_FILE}: webgpu.buffers places {buffer['region']} {buffer['index']} at "
+                f"{buffer['arena_offset']} of the arena, outside its {arena} bytes; export the model again"
+            )
     for position, dispatch in enumerate(manifest.get("dispatches", [])):
         where = f"{MANIFEST_FILE}: dispatch {position} ({dispatch['kernel']!r})"
         entry = entries.get(dispatch.get("entry"))

@@ -165,3 +165,32 @@ def test_int64_inputs_params_and_outputs_are_stored_as_int32_with_range_checks(t
         module.run({"ids": np.array([0, 1, 2, 1 << 40], np.int64)})
     with pytest.raises(ModelError, match="constant 'offsets' holds int64 values outside int32's range"):
         compile_model(_int64_model(np.array([0, 0, 0, 1 << 31], np.int64)), target="webgpu")
+
+
+def test_inputs_and_outputs_live_in_the_arena_so_each_kernel_has_one_entry_point(tmp_path):
+    """bert_tiny's encoder layers share their kernels, and its first layer's read the model's input: with the input
+    and output placed in the arena every dispatch binds params and the arena only, and each kernel has one entry
+    point (one pipeline) instead of one per pattern of regions (docs/gpu.md). A bundle placing an input outside the
+    arena is refused."""
+    model = zoo.build_model("bert_tiny")
+    module = compile_model(model, target="webgpu")
+    manifest = module.manifest
+    entries = manifest["webgpu"]["entries"]
+    assert len(entries) == len({entry["kernel"] for entry in entries})
+    bound = {(region["region"], region["index"]) for d in manifest["dispatches"] for region in d["regions"]}
+    assert bound <= {("params", 0), ("arena", 0)}
+    slices = [buffer for buffer in manifest["webgpu"]["buffers"] if buffer["region"] in ("input", "output")]
+    assert len(slices) == len(manifest["inputs"]) + len(manifest["outputs"])
+    arena = manifest["memory"]["arena_bytes"]
+    assert all(s["arena_offset"] % 4 == 0 and s["arena_offset"] + s["bytes"] <= arena for s in slices)
+    feeds = module.random_inputs(seed=2)
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for got, want in zip(module.run(feeds).values(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+    directory = module.export(tmp_path / "bert_tiny")
+    data = json.loads((directory / "manifest.json").read_text())
+    next(b for b in data["webgpu"]["buffers"] if b["region"] == "input")["arena_offset"] = arena
+    (directory / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="outside its"):
+        load_module(directory)

@@ -3,7 +3,7 @@
 // from its manifest alone, as compiler/runtime/webgpu.py does in Python: nothing here knows the compiler's IR.
 //
 // At load: one storage buffer per region of manifest.webgpu.buffers (params streamed straight into its mapped
-// buffer), one uniform buffer holding every dispatch's element offsets, a bind group layout and an asynchronously
+// buffer; an input or output with an arena_offset lives in the arena there), one uniform buffer holding every dispatch's element offsets, a bind group layout and an asynchronously
 // created pipeline per entry point, a bind group per dispatch. A run: the inputs written, one command encoder with
 // every dispatch and the outputs' copies into one readback buffer, one map.
 
@@ -57,11 +57,16 @@ export function checkWebGPUManifest(manifest) {
     entries.set(entry.name, entry);
   }
   const buffers = new Set();
+  const arena = webgpu.buffers.find((buffer) => buffer && buffer.region === "arena" && buffer.index === 0);
   for (const buffer of webgpu.buffers) {
     if (!buffer || typeof buffer.region !== "string" || !isCount(buffer.index) || !isCount(buffer.bytes)) {
       invalid("each of webgpu.buffers needs a region, an index and a size in bytes");
     }
-    buffers.add(`${buffer.region}:${buffer.index}`);
+    if (buffer.arena_offset === undefined) {
+      buffers.add(`${buffer.region}:${buffer.index}`);
+    } else if (!isCount(buffer.arena_offset) || !arena || buffer.arena_offset + buffer.bytes > arena.bytes) {
+      invalid(`${buffer.region} ${buffer.index} is placed at ${buffer.arena_offset} of an arena too small for it`);
+    }
   }
   if (!Array.isArray(manifest.dispatches)) invalid("dispatches must be a list");
   manifest.dispatches.forEach((dispatch, position) => {
@@ -211,8 +216,14 @@ class WebGPUExecutor {
     const storage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
     this.buffers = new Map();
     this.sizes = new Map();
+    // an input or output the bundle placed in the arena: its byte offset there (compiler/backends.py)
+    this.inArena = new Map();
     let params = null;
-    for (const { region, index, bytes } of manifest.webgpu.buffers) {
+    for (const { region, index, bytes, arena_offset: arenaOffset } of manifest.webgpu.buffers) {
+      if (arenaOffset !== undefined) {
+        this.inArena.set(`${region}:${index}`, arenaOffset);
+        continue;
+      }
       const isParams = region === "params" && index === 0;
       const buffer = device.createBuffer({ size: wordBytes(bytes), usage: storage, mappedAtCreation: isParams });
       if (isParams) params = buffer;
@@ -287,6 +298,11 @@ class WebGPUExecutor {
     });
   }
 
+  // [buffer, byte offset] of an input or output: its own buffer, or the arena where the bundle placed it
+  place(key) {
+    return this.inArena.has(key) ? [this.buffers.get("arena:0"), this.inArena.get(key)] : [this.buffers.get(key), 0];
+  }
+
   // bytes on the device: an int64 input or output is stored as int32 where the manifest says device_dtype
   byteSize(spec) {
     const dtype = spec.device_dtype || spec.dtype;
@@ -306,7 +322,7 @@ class WebGPUExecutor {
     return narrow;
   }
 
-  /** Runs are queued one after another: they share the input buffers and the one readback buffer. */
+  /** Runs are queued one after another: they share the device buffers and the one readback buffer. */
   run(arrays) {
     const result = this.queueTail.then(() => this.runNow(arrays));
     this.queueTail = result.catch(() => {});
@@ -323,7 +339,7 @@ class WebGPUExecutor {
       const bytes = new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
       // writeBuffer takes whole words; an odd-sized input (bool, int8) is padded.
       const data = bytes.byteLength % 4 ? copyPadded(bytes) : bytes;
-      device.queue.writeBuffer(this.buffers.get(`input:${position}`), 0, data);
+      device.queue.writeBuffer(...this.place(`input:${position}`), data);
     });
     device.queue.writeBuffer(this.status, 0, new Uint32Array(1));
     const encoder = device.createCommandEncoder();
@@ -338,7 +354,7 @@ class WebGPUExecutor {
       const from = spec.source;
       const size = wordBytes(this.byteSize(spec));
       if (!from) {
-        encoder.copyBufferToBuffer(this.buffers.get(`output:${position}`), 0, this.readback, this.readbackOffsets[position], size);
+        encoder.copyBufferToBuffer(...this.place(`output:${position}`), this.readback, this.readbackOffsets[position], size);
       } else if (from.region === "params") {
         encoder.copyBufferToBuffer(this.buffers.get("params:0"), from.offset, this.readback, this.readbackOffsets[position], size);
       }

@@ -221,11 +221,11 @@ class _KernelCall:
 
 class WebGPUModel:
     """A whole model from its bundle's parts: the WGSL, the entry points and the dispatch list of its manifest
-    (codegen/wgsl.py's model_shader), params.bin and the arena size. At the first run (so compiling needs no
-    adapter) it makes one storage buffer per region (params written once, the arena, each input and output), the
-    uniform holding every dispatch's element offsets, a pipeline per entry point and a bind group per dispatch; every
-    run writes the inputs, records every dispatch and the outputs' copies into one command buffer, and maps one
-    readback buffer."""
+    (codegen/wgsl.py's model_shader), params.bin, the arena size and the manifest's webgpu.buffers. At the first run
+    (so compiling needs no adapter) it makes one storage buffer per region (params written once, the arena, each
+    input and output that webgpu.buffers does not place in the arena at an `arena_offset`), the uniform holding every
+    dispatch's element offsets, a pipeline per entry point and a bind group per dispatch; every run writes the
+    inputs, records every dispatch and the outputs' copies into one command buffer, and maps one readback buffer."""
 
     def __init__(
         self,
@@ -238,8 +238,11 @@ class WebGPUModel:
         outputs: list[ArgSpec],
         calls: list[str] | None = None,
         device_dtypes: list[str] | None = None,
+        buffers: list[dict] | None = None,
     ):
         self.parts = (code, entries, dispatches, params, arena_bytes)
+        # (region, index) -> the arena offset where an input or output lives instead of a buffer of its own
+        self.in_arena = {(b["region"], b["index"]): b["arena_offset"] for b in buffers or [] if "arena_offset" in b}
         # the caller's specs, and those of the device buffers (int64 stored as int32: passes/narrow_int64.py)
         self.host_inputs, self.host_outputs = inputs, outputs
         dtypes = device_dtypes or [spec.dtype for spec in [*inputs, *outputs]]
@@ -260,7 +263,7 @@ class WebGPUModel:
         self.pipelines = _Pipelines(code, entries)
         self.sizes = region_sizes(len(params), arena_bytes, self.inputs, outputs)
         nbytes = [self.sizes["output", position] for position in range(len(outputs))]
-        self.buffers = {key: _buffer(size) for key, size in self.sizes.items()}
+        self.buffers = {key: _buffer(size) for key, size in self.sizes.items() if key not in self.in_arena}
         if params:
             gpu.queue.write_buffer(self.buffers["params", 0], 0, _padded(params))
         uniform_bytes = max(
@@ -310,7 +313,14 @@ class WebGPUModel:
                     )
                 array = array.astype(spec.dtype)
             if array.nbytes:
-                device().queue.write_buffer(self.buffers["input", position], 0, _padded(array.tobytes()))
+                buffer, offset = self.place("input", position)
+                device().queue.write_buffer(buffer, offset, _padded(array.tobytes()))
+
+    def place(self, region: str, index: int):
+        """(buffer, byte offset) of an input or output: its own buffer, or the arena where the bundle put it."""
+        if (region, index) in self.in_arena:
+            return self.buffers["arena", 0], self.in_arena[region, index]
+        return self.buffers[region, index], 0
 
     def read_outputs(self, encoder=None) -> list[np.ndarray]:
         """Copy every output into the readback buffer (after what `encoder` holds), submit, map once, read."""
@@ -320,7 +330,7 @@ class WebGPUModel:
         encoder = encoder or gpu.create_command_encoder()
         for position, offset in enumerate(self.readback_offsets):
             size = max(4, math.ceil(self.sizes["output", position] / 4) * 4)
-            encoder.copy_buffer_to_buffer(self.buffers["output", position], 0, self.readback, offset, size)
+            encoder.copy_buffer_to_buffer(*self.place("output", position), self.readback, offset, size)
         encoder.copy_buffer_to_buffer(self.status, 0, self.readback, self.status_offset, 4)
         gpu.queue.submit([encoder.finish()])
         self.readback.map_sync(wgpu.MapMode.READ)

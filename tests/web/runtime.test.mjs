@@ -398,6 +398,17 @@ describe("backends", () => {
       assert.throws(broken((m) => (m.dispatches[0].element_offsets = [0, 1, 2, 3, 4])), /element_offsets do not fit/);
       assert.throws(broken((m) => (m.dispatches[0].uniform_offset = 256)), /uniform_offset lies outside/);
       assert.throws(broken((m) => (m.webgpu.entries[0].grid = [0, 1, 1])), /not three positive whole numbers/);
+      // an input placed in the arena is no buffer to bind, and must fit the arena
+      const placed = (offset) => (m) => m.webgpu.buffers.push({ region: "input", index: 0, bytes: 16, arena_offset: offset });
+      const inArena = structuredClone(good);
+      placed(48)(inArena);
+      assert.equal(checkWebGPUManifest(inArena).size, 1);
+      assert.throws(broken(placed(56)), /input 0 is placed at 56 of an arena too small for it/);
+      const boundAsBuffer = (m) => {
+        placed(0)(m);
+        m.dispatches[0].regions[0].region = "input";
+      };
+      assert.throws(broken(boundAsBuffer), /binds input 0, which webgpu.buffers lacks/);
     });
 
     test("registering a backend without its parts is refused", () => {
