@@ -373,9 +373,8 @@ def _io_in_arena(dispatches: list[dict], manifest: dict, memory: dict) -> tuple[
     for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
         for position, spec in enumerate(specs):
             offset = align(offset, memory["alignment"])
-            size = (
-                int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec.get("device_dtype", spec["dtype"])).itemsize
-            )
+            dtype = np.dtype(spec.get("device_dtype", spec["dtype"]))
+            size = int(np.prod(spec["shape"], dtype=np.int64)) * dtype.itemsize
             places[region, position] = offset
             slices.append({"region": region, "index": position, "bytes": size, "arena_offset": offset})
             offset += max(4, -(-size // 4) * 4)  # a write or copy is whole words, and never empty

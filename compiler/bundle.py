@@ -392,13 +392,16 @@ def _check_webgpu(manifest: dict) -> None:
         return
     entries = {entry["name"]: entry for entry in manifest["webgpu"]["entries"]}
     arena = manifest["memory"]["arena_bytes"]
+    placed = set()
     for buffer in manifest["webgpu"]["buffers"]:
-        if "arena_offset" in buffer and (
-            buffer["region"] not in ("input", "output") or buffer["arena_offset"] + buffer["bytes"] > arena
-        ):
+        if "arena_offset" not in buffer:
+            continue
+        placed.add((buffer["region"], buffer["index"]))
+        offset = buffer["arena_offset"]
+        if buffer["region"] not in ("input", "output") or offset % 4 or offset + buffer["bytes"] > arena:
             raise BundleError(
-                f"{MANIFEST_FILE}: webgpu.buffers places {buffer['region']} {buffer['index']} at "
-                f"{buffer['arena_offset']} of the arena, outside its {arena} bytes; export the model again"
+                f"{MANIFEST_FILE}: webgpu.buffers places {buffer['region']} {buffer['index']} at byte {offset} of the "
+                f"arena, which is not a whole word inside its {arena} bytes; export the model again"
             )
     for position, dispatch in enumerate(manifest.get("dispatches", [])):
         where = f"{MANIFEST_FILE}: dispatch {position} ({dispatch['kernel']!r})"
@@ -406,6 +409,8 @@ def _check_webgpu(manifest: dict) -> None:
         if entry is None or entry["kernel"] != dispatch["kernel"]:
             raise BundleError(f"{where} names no entry point of its kernel; export the model again")
         words, regions = dispatch.get("element_offsets", []), dispatch.get("regions", [])
+        if any((region["region"], region["index"]) in placed for region in regions):
+            raise BundleError(f"{where} binds a region that webgpu.buffers places in the arena; export the model again")
         places = entry["param_regions"]
         consistent = len(regions) == len(entry["regions"]) and len(words) == len(places) == len(dispatch["bindings"])
         consistent = consistent and all(0 <= place < len(regions) for place in places)

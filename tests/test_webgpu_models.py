@@ -189,8 +189,22 @@ def test_inputs_and_outputs_live_in_the_arena_so_each_kernel_has_one_entry_point
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
     directory = module.export(tmp_path / "bert_tiny")
-    data = json.loads((directory / "manifest.json").read_text())
-    next(b for b in data["webgpu"]["buffers"] if b["region"] == "input")["arena_offset"] = arena
-    (directory / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(BundleError, match="outside its"):
-        load_module(directory)
+    original = json.loads((directory / "manifest.json").read_text())
+
+    def damaged(change, message):
+        data = json.loads(json.dumps(original))
+        change(data)
+        (directory / "manifest.json").write_text(json.dumps(data))
+        with pytest.raises(BundleError, match=message):
+            load_module(directory)
+
+    def place_input(offset):
+        return lambda data: next(b for b in data["webgpu"]["buffers"] if b["region"] == "input").update(
+            arena_offset=offset
+        )
+
+    damaged(place_input(arena), "not a whole word inside its")
+    damaged(place_input(2), "not a whole word inside its")
+    damaged(
+        lambda data: data["dispatches"][0]["regions"].append({"region": "input", "index": 0}), "places in the arena"
+    )

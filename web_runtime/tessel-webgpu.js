@@ -3,9 +3,10 @@
 // from its manifest alone, as compiler/runtime/webgpu.py does in Python: nothing here knows the compiler's IR.
 //
 // At load: one storage buffer per region of manifest.webgpu.buffers (params streamed straight into its mapped
-// buffer; an input or output with an arena_offset lives in the arena there), one uniform buffer holding every dispatch's element offsets, a bind group layout and an asynchronously
-// created pipeline per entry point, a bind group per dispatch. A run: the inputs written, one command encoder with
-// every dispatch and the outputs' copies into one readback buffer, one map.
+// buffer; an input or output with an arena_offset lives in the arena there), one uniform buffer holding every
+// dispatch's element offsets, a bind group layout and an asynchronously created pipeline per entry point, a bind
+// group per dispatch. A run: the inputs written, one command encoder with every dispatch and the outputs' copies
+// into one readback buffer, one map.
 
 // The spec's default limits (https://www.w3.org/TR/webgpu/#limit-default): a device gets these unless it asks for
 // more, so a bundle needing more names them in requestDevice's requiredLimits.
@@ -64,8 +65,8 @@ export function checkWebGPUManifest(manifest) {
     }
     if (buffer.arena_offset === undefined) {
       buffers.add(`${buffer.region}:${buffer.index}`);
-    } else if (!isCount(buffer.arena_offset) || !arena || buffer.arena_offset + buffer.bytes > arena.bytes) {
-      invalid(`${buffer.region} ${buffer.index} is placed at ${buffer.arena_offset} of an arena too small for it`);
+    } else if (!isCount(buffer.arena_offset) || buffer.arena_offset % 4 || !arena || buffer.arena_offset + buffer.bytes > arena.bytes) {
+      invalid(`${buffer.region} ${buffer.index} is placed at ${buffer.arena_offset} of the arena, not a whole word inside it`);
     }
   }
   if (!Array.isArray(manifest.dispatches)) invalid("dispatches must be a list");

@@ -403,7 +403,8 @@ describe("backends", () => {
       const inArena = structuredClone(good);
       placed(48)(inArena);
       assert.equal(checkWebGPUManifest(inArena).size, 1);
-      assert.throws(broken(placed(56)), /input 0 is placed at 56 of an arena too small for it/);
+      assert.throws(broken(placed(56)), /input 0 is placed at 56 of the arena, not a whole word inside it/);
+      assert.throws(broken(placed(6)), /input 0 is placed at 6 of the arena/);
       const boundAsBuffer = (m) => {
         placed(0)(m);
         m.dispatches[0].regions[0].region = "input";
