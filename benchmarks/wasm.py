@@ -5,7 +5,8 @@ through onnxruntime-web (wasm provider, SIMD), interleaved, after checking they 
 thread count once per process, so there is one Node process per onnxruntime-web thread count (1 and --threads), each
 timing every Tessel side too; the ratios are taken within one process. Also times the bundle in wasmtime from Python.
 Installs onnxruntime-web from benchmarks/package.json when benchmarks/node_modules is missing. With --browser, the same
-Tessel sides also run in headless Chromium (Debian's chromium through Playwright) on a cross-origin isolated page.
+Tessel sides also run in headless Chromium (Debian's chromium through Playwright) on a cross-origin isolated page,
+interleaved round by round with onnxruntime-web at 1 and at --threads threads in pages of their own.
 Run: .venv/bin/python benchmarks/wasm.py [--models ...] [--threads 2] [--repeat 30] [--browser]"""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from common import (
     HERE,
     WARMUP,
     check_close,
+    install_onnxruntime_web,
     print_slowest,
     print_table,
     ratio,
@@ -89,8 +91,9 @@ def unusual_model() -> onnx.ModelProto:
     return model
 
 
-# Times each Tessel side in the page, interleaved (A B C D A B C D ...), after checking each agrees with the first.
-BROWSER_TIMING = """async ({bundle, input, sides, repeat, warmup}) => {
+# In one page, each Tessel side loaded and checked against the first, then warmed up; `round` times one run of each
+# side (A B C D), called once per round from Python so onnxruntime-web's pages run between Tessel's rounds.
+BROWSER_TESSEL = """async ({bundle, input, sides, warmup}) => {
   const tessel = await import("/web_runtime/tessel.js");
   const bytes = Uint8Array.from(atob(input), (character) => character.charCodeAt(0));
   const models = [];
@@ -103,17 +106,43 @@ BROWSER_TIMING = """async ({bundle, input, sides, repeat, warmup}) => {
     worst.push(data.reduce((most, value, index) => Math.max(most, Math.abs(value - first[index])), 0));
   }
   for (let round = 0; round < warmup; round++) for (const model of models) await model.run(feeds);
-  const times = models.map(() => []);
-  for (let round = 0; round < repeat; round++) {
-    for (const [side, model] of models.entries()) {
-      const started = performance.now();
-      await model.run(feeds);
-      times[side].push(performance.now() - started);
-    }
-  }
+  window.bench = {
+    async round() {
+      const times = [];
+      for (const model of models) {
+        const started = performance.now();
+        await model.run(feeds);
+        times.push(performance.now() - started);
+      }
+      return times;
+    },
+    dispose() {
+      for (const model of models) model.dispose();
+    },
+  };
   const variants = models.map((model) => model.variant);
-  for (const model of models) model.dispose();
-  return {times, worst, first: Array.from(first), variants, agent: navigator.userAgent};
+  return {worst, first: Array.from(first), variants, agent: navigator.userAgent};
+}"""
+# onnxruntime-web's wasm EP in a page of its own (it fixes its thread count once per page), warmed up.
+BROWSER_ORT = """async ({model, input, dims, threads, warmup}) => {
+  const ort = await import("/ort/ort.wasm.min.mjs");
+  ort.env.wasm.wasmPaths = "/ort/";
+  ort.env.wasm.numThreads = threads;
+  const bytes = Uint8Array.from(atob(input), (character) => character.charCodeAt(0));
+  const session = await ort.InferenceSession.create(model, {executionProviders: ["wasm"]});
+  const feeds = {[session.inputNames[0]]: new ort.Tensor("float32", new Float32Array(bytes.buffer), dims)};
+  for (let round = 0; round < warmup; round++) await session.run(feeds);
+  window.bench = {
+    async round() {
+      const started = performance.now();
+      await session.run(feeds);
+      return [performance.now() - started];
+    },
+    dispose() {
+      session.release();
+    },
+  };
+  return {};
 }"""
 
 
@@ -125,34 +154,60 @@ class _IsolatedHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
         super().end_headers()
 
+    def guess_type(self, path):
+        return "text/javascript" if str(path).endswith((".mjs", ".js")) else super().guess_type(path)
+
     def log_message(self, *arguments):
         return None
 
 
-def run_in_chromium(entries, sides, repeat: int) -> dict:
-    """Each bundle's Tessel sides timed in one headless Chromium page; {name: {times, worst, variants}}."""
+def run_in_chromium(entries, sides, repeat: int, threads: int) -> dict:
+    """Each bundle's Tessel sides timed in one headless Chromium page, interleaved round by round with
+    onnxruntime-web at 1 and at `threads` threads in pages of their own (the witness of what two threads gave any
+    runtime in the same seconds); {name: {times, worst, variants, ort: {count: times}}}."""
     from playwright.sync_api import sync_playwright
 
+    install_onnxruntime_web()
     root = Path(tempfile.mkdtemp(prefix="tessel-wasm-browser-"))
     shutil.copytree(ROOT / "web_runtime", root / "web_runtime")
+    (root / "ort").mkdir()
+    for file in ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"):
+        shutil.copy(HERE / "node_modules" / "onnxruntime-web" / "dist" / file, root / "ort" / file)
     (root / "index.html").write_text("<!doctype html><title>Tessel wasm benchmark</title>")
-    for name, _, module, _ in entries:
+    for name, model, module, _ in entries:
         module.export(root / "bundles" / name)
+        (root / f"{name}.onnx").write_bytes(model.SerializeToString())
     handler = functools.partial(_IsolatedHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/index.html"
     results = {}
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
                 executable_path=shutil.which("chromium"), headless=True, args=["--headless=new", "--no-sandbox"]
             )
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{server.server_port}/index.html")
             for name, _, module, feeds in entries:
-                data = np.ascontiguousarray(feeds[module.inputs[0].name], np.float32).tobytes()
-                job = {"bundle": f"/bundles/{name}/", "input": base64.b64encode(data).decode(), "sides": sides}
-                results[name] = page.evaluate(BROWSER_TIMING, {**job, "repeat": repeat, "warmup": WARMUP})
+                array = np.ascontiguousarray(feeds[module.inputs[0].name], np.float32)
+                data = base64.b64encode(array.tobytes()).decode()
+                pages = {"tessel": browser.new_page()}
+                pages["tessel"].goto(url)
+                job = {"bundle": f"/bundles/{name}/", "input": data, "sides": sides, "warmup": WARMUP}
+                results[name] = pages["tessel"].evaluate(BROWSER_TESSEL, job)
+                for count in dict.fromkeys([1, threads]):
+                    pages[count] = browser.new_page()
+                    pages[count].goto(url)
+                    job = {"model": f"/{name}.onnx", "input": data, "dims": list(array.shape), "threads": count}
+                    pages[count].evaluate(BROWSER_ORT, {**job, "warmup": WARMUP})
+                rounds = {key: [] for key in pages}
+                for _ in range(repeat):
+                    for key, page in pages.items():
+                        rounds[key].append(page.evaluate("window.bench.round()"))
+                for page in pages.values():
+                    page.evaluate("window.bench.dispose()")
+                    page.close()
+                results[name]["times"] = [list(side) for side in zip(*rounds.pop("tessel"))]
+                results[name]["ort"] = {count: [times[0] for times in rounds[count]] for count in rounds}
             browser.close()
     finally:
         server.shutdown()
@@ -174,26 +229,33 @@ def browser_table(entries, sides, results: dict) -> None:
         if max(result["worst"]) > 1e-3:
             raise SystemExit(f"{name}: a Tessel side in Chromium differs from the first by {max(result['worst'])}")
         stats = [summary(times) for times in result["times"]]
+        rivals = {count: summary(times) for count, times in result["ort"].items()}
+        counts = list(rivals)
         rows.append(
             [
                 name,
                 *(spread(item) for item in stats),
+                *(spread(rivals[count]) for count in counts),
                 f"{stats[0]['median'] / stats[2]['median']:.2f}× faster",
+                f"{rivals[counts[0]]['median'] / rivals[counts[-1]]['median']:.2f}× faster",
                 f"{stats[0]['median'] / stats[1]['median']:.2f}× faster",
                 f"{stats[2]['median'] / stats[3]['median']:.2f}× faster",
             ]
         )
     first = next(iter(results.values()))
     print(
-        f"\nIn Chromium ({first['agent']}), one page, cross-origin isolated: "
+        f"\nIn Chromium ({first['agent']}), cross-origin isolated, Tessel's sides in one page: "
         + "; ".join(f"{v['code']} on {v['threads']}" for v in first["variants"])
+        + "; onnxruntime-web's wasm EP in a page per thread count; one run of each page per round"
     )
     threads = first["variants"][2]["threads"]
     print_table(
         [
             "model",
             *(f"{label} ms (median / min / max)" for label, _ in sides),
+            *(f"onnxruntime-web {count} thread(s) ms" for count in first["ort"]),
             f"Tessel 1 / {threads} threads",
+            f"onnxruntime-web 1 / {threads} threads",
             "relaxed SIMD gain (1 thread)",
             f"relaxed SIMD gain ({threads} threads)",
         ],
@@ -282,7 +344,7 @@ def main() -> None:
         rows,
     )
     if arguments.browser:
-        browser_table(entries, sides, run_in_chromium(entries, options, repeat))
+        browser_table(entries, sides, run_in_chromium(entries, options, repeat, threads))
     for name, profile in profiles.items():
         print_slowest(f"{name} in wasmtime", profile, arguments.slowest)
 
