@@ -171,7 +171,7 @@ def test_inputs_and_outputs_live_in_the_arena_so_each_kernel_has_one_entry_point
     """bert_tiny's encoder layers share their kernels, and its first layer's read the model's input: with the input
     and output placed in the arena every dispatch binds params and the arena only, and each kernel has one entry
     point (one pipeline) instead of one per pattern of regions (docs/gpu.md). A bundle placing an input outside the
-    arena is refused."""
+    arena or off a word, or binding a placed input as a buffer of its own, is refused by name."""
     model = zoo.build_model("bert_tiny")
     module = compile_model(model, target="webgpu")
     manifest = module.manifest
