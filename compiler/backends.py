@@ -11,7 +11,7 @@ from functools import partial
 
 import numpy as np
 
-from compiler.bundle import BINDING_SYMBOL, BundleError, binding_digest, unsealed
+from compiler.bundle import BINDING_SYMBOL, BundleError, binding_digest, tensor_bytes, unsealed
 from compiler.codegen.c_source import c_name
 from compiler.codegen.cuda import generate_cuda
 from compiler.codegen.llvm import compile_funcs
@@ -373,8 +373,7 @@ def _io_in_arena(dispatches: list[dict], manifest: dict, memory: dict) -> tuple[
     for region, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
         for position, spec in enumerate(specs):
             offset = align(offset, memory["alignment"])
-            dtype = np.dtype(spec.get("device_dtype", spec["dtype"]))
-            size = int(np.prod(spec["shape"], dtype=np.int64)) * dtype.itemsize
+            size = tensor_bytes({**spec, "dtype": spec.get("device_dtype", spec["dtype"])})
             places[region, position] = offset
             slices.append({"region": region, "index": position, "bytes": size, "arena_offset": offset})
             offset += max(4, -(-size // 4) * 4)  # a write or copy is whole words, and never empty
