@@ -325,16 +325,21 @@ _register_c_gpu(
 
 
 def _webgpu_kernel(func: PrimFunc, target: Target) -> KernelCode:
-    """A lone kernel: its library is JSON of the WGSL and its entry point, what WebGPUKernels needs."""
-    lowered = func if "launch" in func.attrs else lower_gpu(func, target)
-    module = generate_wgsl([(lowered, lowered.name, Layout.for_kernel(lowered, target.device.max_buffers))])
-    library = json.dumps({"code": module.code, "entries": [entry.as_json() for entry in module.entries]}).encode()
-    return KernelCode(library, {"wgsl": module.code, "gpu": format_func(lowered)}, lowered)
+    """A lone kernel: its library is JSON of the WGSL, an entry point per launch, and the launches' order and
+    workspace (each buffer's element count and dtype), what WebGPUKernels needs."""
+    parts = [func] if "launch" in func.attrs else _gpu_launches(func, target)
+    module = generate_wgsl([(part, part.name, Layout.for_kernel(part, target.device.max_buffers)) for part in parts])
+    workspace = [{"size": buffer.size, "dtype": buffer.dtype} for buffer in parts[0].params[len(func.params) :]]
+    kernels = {func.name: {"parts": [part.name for part in parts], "workspace": workspace}}
+    library = {"code": module.code, "entries": [entry.as_json() for entry in module.entries], "kernels": kernels}
+    return KernelCode(
+        json.dumps(library).encode(), {"wgsl": module.code, "gpu": "\n".join(map(format_func, parts))}, parts
+    )
 
 
 def _webgpu_kernel_runtime(library: bytes, target: Target, num_threads: int | None):
     compiled = json.loads(library)
-    return WebGPUKernels(compiled["code"], compiled["entries"])
+    return WebGPUKernels(compiled["code"], compiled["entries"], compiled.get("kernels", {}))
 
 
 def _webgpu_model(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:

@@ -46,7 +46,10 @@ def test_zoo_model_matches_onnxruntime(name):
     feeds = module.random_inputs()
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
     for got, want in zip(module.run(feeds).values(), expected):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        # the absolute tolerance scales with the output's range, as for the CPU targets: Winograd's transforms round
+        # differently from a direct sum (tests/test_model_build.py)
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_bundle_round_trip_and_refusals(tmp_path):
@@ -54,7 +57,10 @@ def test_bundle_round_trip_and_refusals(tmp_path):
     module = compile_model(model, target="webgpu")
     path = module.export(tmp_path / "bundle")
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["code"] == "kernels.wgsl" and len(manifest["dispatches"]) == len(manifest["calls"])
+    assert manifest["code"] == "kernels.wgsl"
+    # a dispatch per launch: one per call, three for each Winograd conv's
+    assert sorted({dispatch["call"] for dispatch in manifest["dispatches"]}) == list(range(len(manifest["calls"])))
+    assert len(manifest["dispatches"]) > len(manifest["calls"])
     limits = manifest["webgpu"]["limits"]
     assert all(limits[name] <= bound for name, bound in DEFAULT_LIMITS.items())
     feeds = module.random_inputs(seed=1)

@@ -17,7 +17,7 @@ from compiler.passes.fold_constants import fold_constants
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.passes.narrow_int64 import narrow_int64
 from compiler.passes.simplify import simplify
-from compiler.passes.winograd import winograd
+from compiler.passes.winograd import winograd, winograd_gpu
 from compiler.target import Target
 
 # folding again after simplify catches constants that only became foldable once Identity/Reshape chains went away
@@ -37,7 +37,7 @@ PASSES = [
 # without int64 (narrow_int64: a no-op where the device has it).
 LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {
     "cpu": [alter_layout, winograd],
-    "gpu": [gpu_layout, narrow_int64],
+    "gpu": [gpu_layout, winograd_gpu, narrow_int64],
 }
 
 

@@ -149,25 +149,37 @@ class _Pipelines:
 
 class WebGPUKernels:
     """A kernel runtime like NativeLibrary: `function(name, specs)` gives a callable on numpy arrays. The device,
-    the shader module and the pipelines are made at the first call, so building a kernel needs no adapter."""
+    the shader module and the pipelines are made at the first call, so building a kernel needs no adapter.
+    `kernels[name]`, for a kernel of several launches (tir/gpu.py split_launches), lists its parts in order and its
+    workspace buffers ({"size", "dtype"}), which each part takes after the arrays."""
 
-    def __init__(self, code: str, entries: list[dict]):
-        self.code, self.entries = code, entries
+    def __init__(self, code: str, entries: list[dict], kernels: dict[str, dict] | None = None):
+        self.code, self.entries, self.kernels = code, entries, kernels or {}
         self.pipelines: _Pipelines | None = None
 
-    def function(self, name: str, specs: list[ArgSpec]):
-        """The call of kernel `name` (its first entry point)."""
-        entry = next((entry["name"] for entry in self.entries if entry["kernel"] == name), None)
+    def _entry(self, kernel: str) -> str:
+        entry = next((entry["name"] for entry in self.entries if entry["kernel"] == kernel), None)
         if entry is None:
-            raise TargetError(f"the WGSL module has no kernel {name!r}")
-        kernel = None
+            raise TargetError(f"the WGSL module has no kernel {kernel!r}")
+        return entry
+
+    def function(self, name: str, specs: list[ArgSpec]):
+        """The call of kernel `name`: its parts' entry points in turn, over the arrays and a zeroed workspace."""
+        described = self.kernels.get(name, {"parts": [name], "workspace": []})
+        entries = [self._entry(part) for part in described["parts"]]
+        workspace = [
+            ArgSpec(f"workspace_{index}", (buffer["size"],), buffer["dtype"])
+            for index, buffer in enumerate(described["workspace"])
+        ]
+        calls: list[_KernelCall] = []
 
         def call(*arrays) -> None:
-            nonlocal kernel
-            if kernel is None:
+            if not calls:
                 self.pipelines = self.pipelines or _Pipelines(self.code, self.entries)
-                kernel = _KernelCall(self.pipelines, entry, specs)
-            kernel(*arrays)
+                calls.extend(_KernelCall(self.pipelines, entry, [*specs, *workspace]) for entry in entries)
+            scratch = [np.zeros(spec.shape, spec.dtype) for spec in workspace]
+            for kernel in calls:
+                kernel(*arrays, *scratch)
 
         return call
 

@@ -122,6 +122,10 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, ComputeOp)]
     schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
     cpu._add_unread_inputs(schedule, group.inputs)
+    if any(stage.op.tag == cpu.WINOGRAD_GEMM for stage in schedule.stages if isinstance(stage.op, ComputeOp)):
+        cfg.template = "winograd"
+        _winograd(schedule, target, cfg)
+        return schedule
     anchor = cpu._anchor_reduction(schedule)
     if anchor is not None and anchor.op.tag in cpu.POOL_TAGS and len(outputs) > 1:
         anchor = None  # a max pool's Indices: the generic schedule, as on the CPU
@@ -614,6 +618,69 @@ def _dividing_tile(extent: int, tile: tuple[int, int]) -> tuple[int, int]:
         return tile
     registers = min(registers, width)
     return (width // registers, registers)
+
+
+def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
+    """A ConvWinograd group (compiler/ops/nn.py, conv_winograd) in three launches. The input transform: one thread
+    per (tile, channel), which copies its tile's padded inputs into registers, makes B^T d there, then the tile's
+    points. The matmuls: the dense template (and its knobs), batched over the points. The output transform, inlined
+    into the group's outputs with their epilogue: one thread per tile of one filter, which copies the tile's
+    products into registers, makes A^T M there, then the tile's outputs. Only the loop over the rows of a constant
+    matrix is unrolled in each step (its select then decided): a thread's other loops stay loops, since SwiftShader's
+    time to create a pipeline grows with the code (resnet18: 10.3 s with every loop unrolled)."""
+    by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
+    transform, gemm = by_tag["winograd_input"], by_tag[cpu.WINOGRAD_GEMM]
+    rows, columns = by_tag["winograd_rows"], by_tag["winograd_columns"]
+    for stage in schedule.stages:
+        op = stage.op
+        kept = stage in (transform, rows, columns)
+        if isinstance(op, ComputeOp) and not op.reduce_axis and not stage.is_output and not kept:
+            stage.compute_inline()
+    outputs = [
+        stage
+        for stage in schedule.stages
+        if stage.is_output and isinstance(stage.op, ComputeOp) and stage.attach_type == ROOT and not stage.relations
+    ]
+    # A^T M (and the products it reads) in registers where one output stage reads it; read by several, it is a
+    # launch of its own
+    reader = [stage for stage in outputs if cpu._readers(schedule)[columns] == [stage]]
+    products = schedule.cache_read(gemm.op.output(0), "local", [columns.op.output(0)]) if reader else None
+    (padded,) = rows.op.input_tensors
+    tile_inputs = schedule.cache_read(padded, "local", [rows.op.output(0)])
+    threads = _define_threads(cfg, "injective", target)
+    tile = columns.op.axis[0].extent
+    alpha = tile + 2
+    point, position, channel = transform.op.axis
+    transform.reorder(position, channel, point)
+    _, thread = _bind_threads(transform, [position, channel], threads, target)
+    _, point_column = transform.split(point, alpha)
+    transform.unroll(point_column)
+    _in_registers(schedule[tile_inputs], transform, thread)
+    _in_registers(rows, transform, thread, unrolled=rows.op.axis[0])
+    local = schedule.cache_write(gemm.op.output(0), "local")
+    _dense(schedule, schedule[local], gemm, target, cfg)
+    for stage in outputs:
+        n, filters, row, column = stage.op.axis
+        row_outer, row_inner = stage.split(row, tile)
+        column_outer, column_inner = stage.split(column, tile)
+        stage.reorder(n, filters, row_outer, column_outer, row_inner, column_inner)
+        _, thread = _bind_threads(stage, [n, filters, row_outer, column_outer], threads, target)
+        stage.unroll(column_inner)
+        if reader == [stage]:
+            _in_registers(schedule[products], stage, thread)
+            _in_registers(columns, stage, thread, unrolled=columns.op.axis[0])
+    if not reader:
+        _bind_threads(columns, list(columns.op.axis), threads, target)
+
+
+def _in_registers(stage: Stage, host: Stage, thread: IterVar, unrolled: IterVar | None = None) -> None:
+    """`stage` computed by each thread of `host` into registers, its loop over `unrolled` (when given) innermost and
+    unrolled."""
+    stage.set_scope("local")
+    stage.compute_at(host, thread)
+    if unrolled is not None:
+        stage.reorder(*[axis for axis in stage.op.axis if axis is not unrolled], unrolled)
+        stage.unroll(unrolled)
 
 
 def _pool(schedule: Schedule, pool: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:

@@ -247,12 +247,20 @@ class _Lowering:
                 )
             owners = [reader] + self._attach_chain(reader)
             env = self.var_extents(owners)
-            mapping = self.root_index(reader, self.geometry(reader))
+            # the reader's own serial loops: one of a single iteration (its region's axes of extent 1, computed at
+            # a thread) is its value, and their ranges simplify the indices, so that an index through them (a tile's
+            # row of a Winograd conv, (position % tiles) // columns) stays a function of the outer loops alone
+            bound = {self.loop_var(iv) for iv in reader.bindings}
+            own = {var: extent for var, extent in self.var_extents([reader]).items() if var not in bound}
+            single = {var: _int(low) for var, (low, high) in own.items() if low == high}
+            mapping = {
+                var: substitute(expr, single) for var, expr in self.root_index(reader, self.geometry(reader)).items()
+            }
             for node in walk(self.body(reader)):
                 if not isinstance(node, TensorLoad) or self._stage_of(node.tensor) is not stage:
                     continue
                 for dim, index in enumerate(node.indices):
-                    expr = simplify(substitute(index, mapping))
+                    expr = simplify(substitute(index, mapping), own)
                     boxes[dim].append(self._interval(expr, outer_ids, env))
         mins, extents, clamp = [], [], []
         for dim, extent in enumerate(shape):

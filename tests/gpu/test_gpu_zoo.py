@@ -1,5 +1,5 @@
 """Every zoo model compiled for opencl with compiler/schedules/gpu.py runs on PoCL and matches onnxruntime (rtol 1e-4,
-atol 1e-5), and every zoo model's kernels.cu compiles with NVRTC for sm_80 and sm_90. The first run of each opencl
+atol 1e-5 of the output's range, at least 1), and every zoo model's kernels.cu compiles with NVRTC for sm_80 and sm_90. The first run of each opencl
 model includes PoCL's build of its kernels.cl, which PoCL caches across processes."""
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def test_zoo_model_on_opencl_matches_onnxruntime(name):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = session.run(None, inputs)
     for output, wanted in zip(module.run(inputs).values(), expected):
-        np.testing.assert_allclose(output, wanted, rtol=1e-4, atol=1e-5)
+        # atol scales with the output's range, as for the CPU targets (Winograd, tests/test_model_build.py)
+        scale = max(1.0, float(np.abs(wanted).max()))
+        np.testing.assert_allclose(output, wanted, rtol=1e-4, atol=1e-5 * scale)
 
 
 @pytest.mark.slow

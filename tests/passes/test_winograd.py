@@ -1,6 +1,8 @@
-"""winograd: which blocked 3x3 convs become ConvWinogradNCHWc (a rule per case, before and expected), the transform
-matrices against a direct correlation, the op's numpy reference against the direct conv, and compiled models
-(native and wasm) against onnxruntime, with the buffers they keep between calls shared safely by two threads."""
+"""winograd: which blocked 3x3 convs become ConvWinogradNCHWc on a CPU target and which plain ones ConvWinograd on a
+GPU target (a rule per case, before and expected), the transform matrices against a direct correlation, the ops'
+numpy reference against the direct conv (tiles reaching past the output too), and compiled models (native, wasm,
+WebGPU on lavapipe, OpenCL on PoCL) against onnxruntime, with the buffers they keep between calls shared safely by
+two threads."""
 
 import threading
 
@@ -40,11 +42,8 @@ def conv_graph(channels: int, filters: int, size: int, **attrs) -> Graph:
 
 
 def winograd_tiles(graph: Graph, target: str = "llvm") -> list[int]:
-    return [
-        node.attrs["tile"]
-        for node in optimize(graph, fuse=False, target=target).nodes
-        if node.op == "ConvWinogradNCHWc"
-    ]
+    op = "ConvWinograd" if target in ("webgpu", "opencl", "cuda") else "ConvWinogradNCHWc"
+    return [node.attrs["tile"] for node in optimize(graph, fuse=False, target=target).nodes if node.op == op]
 
 
 @pytest.mark.parametrize(
@@ -63,8 +62,29 @@ def test_rule_picks_the_tile(channels, filters, size, attrs, tiles):
     assert winograd_tiles(conv_graph(channels, filters, size, **attrs)) == tiles
 
 
-def test_gpu_targets_keep_the_direct_conv():
-    assert winograd_tiles(conv_graph(64, 64, 28), "webgpu") == []
+@pytest.mark.parametrize("target", ["webgpu", "opencl", "cuda"])
+@pytest.mark.parametrize(
+    ("channels", "filters", "size", "attrs", "tiles"),
+    [
+        (64, 64, 28, {}, [4]),  # 49 tiles of 4 x 4
+        (16, 32, 14, {}, [4]),  # 16 tiles of 4 x 4, the last row and column reaching past the output
+        (64, 64, 7, {}, [2]),  # 4 x 4 tiles would be 4, each transformed filter read by 4 tiles only: 16 of 2 x 2
+        (64, 64, 6, {}, []),  # 9 tiles of 2 x 2
+        (8, 64, 28, {}, []),  # too few input channels
+        (64, 64, 28, {"strides": (2, 2)}, []),
+        (64, 64, 28, {"group": 2}, []),
+    ],
+)
+def test_gpu_rule_picks_the_tile(target, channels, filters, size, attrs, tiles):
+    if "group" in attrs:
+        graph = conv_graph(channels, filters, size)
+        node = graph.nodes[-1]
+        graph.params[node.inputs[1]] = graph.params[node.inputs[1]][:, : channels // 2]
+        node.inputs[1].type = TensorType((filters, channels // 2, 3, 3), "float32")
+        node.attrs = {**node.attrs, **attrs}
+    else:
+        graph = conv_graph(channels, filters, size, **attrs)
+    assert winograd_tiles(graph, target) == tiles
 
 
 @pytest.mark.parametrize("tile", [2, 4])
@@ -75,16 +95,22 @@ def test_matrices_compute_a_correlation(tile):
     np.testing.assert_allclose(at @ ((g @ taps) * (bt @ d)), expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("blocked", [True, False])
 @pytest.mark.parametrize("tile", [2, 4])
-def test_reference_matches_the_direct_conv(tile):
-    x = RNG.standard_normal((2, 32, 12, 8)).astype(np.float32)
+@pytest.mark.parametrize("shape", [(2, 32, 12, 8), (1, 32, 9, 7)])  # whole tiles; tiles reaching past the output
+def test_reference_matches_the_direct_conv(shape, tile, blocked):
+    x = RNG.standard_normal(shape).astype(np.float32)
     weight = RNG.standard_normal((48, 32, 3, 3)).astype(np.float32)
     bias = RNG.standard_normal(48).astype(np.float32)
-    expected = _conv(x, weight, bias, pads=[1, 0, 1, 2])  # 12 x 8 of 12 rows and 8 columns
-    actual = _conv_winograd(
-        block_channels(x, 16), winograd_weight(weight, tile), bias, tile=tile, pads=[1, 0, 1, 2], block=16
-    )
-    np.testing.assert_allclose(unblock_channels(actual), expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+    expected = _conv(x, weight, bias, pads=[1, 0, 1, 2])  # as many rows as the input, one more column
+    if blocked:
+        actual = _conv_winograd(
+            block_channels(x, 16), winograd_weight(weight, tile), bias, tile=tile, pads=[1, 0, 1, 2], block=16
+        )
+        actual = unblock_channels(actual)
+    else:
+        actual = _conv_winograd(x, winograd_weight(weight, tile), bias, tile=tile, pads=[1, 0, 1, 2])
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
 
 
 def test_pads_that_are_not_four_are_a_shape_error():
@@ -95,12 +121,12 @@ def test_pads_that_are_not_four_are_a_shape_error():
         graph.add_node("ConvWinogradNCHWc", [x, u], {"tile": 4, "pads": [1, 1], "block": 16})
 
 
-def test_a_part_tile_output_is_a_shape_error():
+def test_an_input_of_the_other_layout_is_a_shape_error():
     graph = Graph()
     x = graph.add_input("x", TensorType((1, 2, 9, 9, 16), "float32"))
     u = graph.add_param("u", np.zeros((36, 32, 32), np.float32))
-    with pytest.raises(ShapeError, match="whole tiles"):
-        graph.add_node("ConvWinogradNCHWc", [x, u], {"tile": 4, "pads": [1, 1, 1, 1], "block": 16})
+    with pytest.raises(ShapeError, match="NCHW input"):
+        graph.add_node("ConvWinograd", [x, u], {"tile": 4, "pads": [1, 1, 1, 1]})
 
 
 def onnx_model(channels: int, filters: int, size: int):
@@ -123,12 +149,21 @@ def onnx_model(channels: int, filters: int, size: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("target", ["llvm", "wasm"])
-@pytest.mark.parametrize(("channels", "filters", "size"), [(64, 80, 12), (48, 32, 10)])
-def test_compiled_model_matches_onnxruntime(target, channels, filters, size):
+@pytest.mark.parametrize("target", ["llvm", "wasm", "webgpu", "opencl"])
+@pytest.mark.parametrize(
+    ("channels", "filters", "size", "ops"),
+    [
+        (64, 80, 12, ["ConvWinogradNCHWc", "ConvWinograd"]),  # CPU F(4, 3); GPU F(2, 3), 36 tiles
+        (48, 32, 10, ["ConvWinogradNCHWc", "ConvWinograd"]),  # CPU F(2, 3); GPU F(2, 3), 25 tiles past the output
+        (16, 24, 16, ["ConvWinograd"]),  # GPU F(4, 3), 16 tiles
+        (32, 32, 7, ["ConvWinograd"]),  # GPU F(2, 3), 16 tiles past the output
+    ],
+)
+def test_compiled_model_matches_onnxruntime(target, channels, filters, size, ops):
     model = onnx_model(channels, filters, size)
     module = compiler.compile_model(model, target=target)
-    assert any("ConvWinogradNCHWc" in kernel["ops"] for kernel in module.manifest["kernels"])
+    op = "ConvWinogradNCHWc" if target in ("llvm", "wasm") else "ConvWinograd"
+    assert any(op in kernel["ops"] for kernel in module.manifest["kernels"]) == (op in ops)
     x = RNG.standard_normal((1, channels, size, size)).astype(np.float32)
     (expected,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     for _ in range(2):  # the second call reuses the transformed tiles' buffers the first one kept

@@ -14,11 +14,13 @@ import pytest
 from compiler.build import build
 from compiler.errors import TargetError
 from compiler.graph.ir import Graph, TensorType
+from compiler.graph.ops.nn import winograd_weight
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules.gpu import fallback, schedule_group
 from compiler.target import Target
+from compiler.tir.gpu import split_launches
 from compiler.tir.nodes import Allocate, For, ForKind, Store, walk_stmts
 from compiler.tune.space import ConfigSpace
 
@@ -55,13 +57,14 @@ def check(graph: Graph, feeds: dict, target: str = "webgpu", config=None, device
         scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
         np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
     for kernel, _ in kernels:
-        assert_within_limits(kernel.func, Target.parse(target))
+        for part in split_launches(kernel.func):
+            assert_within_limits(part, Target.parse(target))
     return kernels
 
 
 def assert_within_limits(func, target: Target) -> None:
     """Every store sits under a thread-bound loop, no tag's loops exceed the block's limits, and the shared buffers
-    fit the device: what lower_gpu checks, read here from the loop IR."""
+    fit the device: what lower_gpu checks, read here from the loop IR of one launch."""
     extents: dict[str, int] = {}
     shared = 0
     for stmt in walk_stmts(func.body):
@@ -116,6 +119,23 @@ def conv_graph(x_shape, w_shape, attrs, epilogue: str = "none"):
     return graph, feeds
 
 
+def winograd_graph(x_shape, filters: int, tile: int, pads, epilogue: str = "none"):
+    """A ConvWinograd node (as the GPU targets' winograd pass makes it) and its epilogue: "residual_relu" adds the
+    input and applies ReLU (filters must equal the channels); "two_outputs" returns the conv and its ReLU."""
+    graph, x, feeds = single_input(x_shape)
+    weight = RNG.standard_normal((filters, x_shape[1], 3, 3)).astype(np.float32)
+    u = graph.add_param("u", winograd_weight(weight, tile))
+    (y,) = graph.add_node("ConvWinograd", [x, u, param(graph, (filters,))], {"tile": tile, "pads": pads})
+    outputs = [y]
+    if epilogue == "residual_relu":
+        (y,) = graph.add_node("Add", [y, x])
+        outputs = list(graph.add_node("Relu", [y]))
+    elif epilogue == "two_outputs":
+        outputs += graph.add_node("Relu", [y])
+    graph.outputs = outputs
+    return graph, feeds
+
+
 def tir_of(kernels) -> str:
     (kernel, _), *_ = kernels
     return kernel.source("tir")
@@ -141,6 +161,42 @@ def test_conv_keeps_its_epilogue_in_the_thread_tile(target, x_shape, w_shape, at
     assert len(kernels) == 1
     assert re.search(r"allocate conv: float32\[[^\]]*\] local", tir), tir
     assert "thread_binding(threadIdx.x)" in tir
+
+
+WINOGRAD_CASES = {
+    # F(4, 3) on whole tiles, the output transform's epilogue a residual add and ReLU
+    "f4_residual": ((1, 16, 12, 12), 16, 4, [1, 1, 1, 1], "residual_relu"),
+    # F(2, 3), two images, uneven pads: the last row and column of tiles reach past the 9 x 8 output
+    "f2_past_the_output": ((2, 8, 9, 7), 12, 2, [1, 0, 1, 2], "none"),
+    # F(4, 3) past a 7 x 7 output, the conv and its ReLU both outputs
+    "f4_two_outputs": ((1, 8, 7, 7), 8, 4, [1, 1, 1, 1], "two_outputs"),
+}
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("case", WINOGRAD_CASES)
+def test_winograd_conv_is_three_launches_with_each_tile_in_registers(target, case):
+    """The input transform, the batched matmuls and the output transform with the epilogue, each a launch; a
+    transform thread holds its tile (alpha x alpha values, and B^T d or A^T M) in registers. A second output that
+    reads the conv's output comes after it (a launch, or a barrier where the grid is one block)."""
+    x_shape, filters, tile, pads, epilogue = WINOGRAD_CASES[case]
+    graph, feeds = winograd_graph(x_shape, filters, tile, pads, epilogue)
+    kernels = check(graph, feeds, target)
+    ((kernel, space),) = kernels
+    assert space.template == "winograd"
+    alpha = tile + 2
+    tir = tir_of(kernels)
+    assert f"allocate winograd_rows: float32[{alpha}, {alpha}, 1, 1] local" in tir, tir
+    assert f"allocate winograd_columns: float32[{tile}, {alpha}, 1, 1] local" in tir, tir
+    launches = len(split_launches(kernel.func))
+    assert launches == 3 if epilogue in ("none", "residual_relu") else launches >= 3
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+def test_winograd_in_other_configs(target):
+    graph, feeds = winograd_graph(*WINOGRAD_CASES["f2_past_the_output"])
+    for round_ in range(3):
+        check(graph, feeds, target, some_valid_configs(round_ + 1))
 
 
 @pytest.mark.parametrize("target", GPU_TARGETS)
@@ -497,6 +553,8 @@ def _runtime_cases():
     graph.outputs = list(graph.add_node("ReduceMean", [x], {"axes": [1]}))
     cases["mean"] = graph, feeds
     cases["layer_norm"] = row_norm_graph("LayerNormalization", (2, 9, 200))
+    for name in ("f4_residual", "f4_two_outputs"):
+        cases[f"winograd_{name}"] = winograd_graph(*WINOGRAD_CASES[name])
     return cases
 
 
@@ -574,7 +632,8 @@ def test_zoo_kernels_pass_lower_gpu_for_every_gpu_target(name):
             group = group_to_te(node)
             func = lower(schedule_group(group, target), group.inputs + group.outputs, group.name)
             try:
-                lower_gpu(func, target)
+                for part in split_launches(func):  # a Winograd conv's three
+                    lower_gpu(part, target)
             except GpuKernelError as error:
                 assert target == "webgpu" and ("int64" in str(error) or "float64" in str(error)), error
 

@@ -382,7 +382,7 @@ def _conv_nchwc(x, w, bias=None, **attrs):
 register_op("ConvNCHWc", infer=_infer_conv_nchwc, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_nchwc)
 
 
-# -- ConvWinogradNCHWc: a 3x3 stride-1 conv by Winograd's minimal filtering F(m x m, 3 x 3) ------------------------
+# -- ConvWinogradNCHWc (CPU) and ConvWinograd (GPU): a 3x3 stride-1 conv by Winograd's minimal filtering F(m x m, 3 x 3)
 
 
 def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -411,7 +411,7 @@ def winograd_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ]
         at = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]
     else:
-        raise ShapeError(f"ConvWinogradNCHWc has tiles of 2 or 4 outputs, got tile={tile}")
+        raise ShapeError(f"Winograd convs have tiles of 2 or 4 outputs, got tile={tile}")
     return np.array(bt, np.float64), np.array(g, np.float64), np.array(at, np.float64)
 
 
@@ -425,64 +425,97 @@ def winograd_weight(weight: np.ndarray, tile: int) -> np.ndarray:
 
 
 def winograd_geometry(
-    x: TensorType, u: TensorType, attrs: dict[str, Any]
+    x: TensorType, u: TensorType, attrs: dict[str, Any], op: str = "ConvWinogradNCHWc"
 ) -> tuple[int, tuple[int, ...], tuple[int, int]]:
-    """ConvWinogradNCHWc's tile, pads (top, left, bottom, right) and output rows and columns; ShapeError unless the
-    input is NCHW[x]c, the weight (alpha^2, C, M) of its tile and the output whole tiles."""
+    """A Winograd conv's tile, pads (top, left, bottom, right) and output rows and columns; ShapeError unless the
+    input is NCHW[x]c (ConvWinogradNCHWc) or NCHW (ConvWinograd) and the weight (alpha^2, C, M) of its tile. The
+    output needs no whole number of tiles: the last row and column of tiles reach past it into zeros (tiles_of)."""
     tile, pads = int(attrs.get("tile", 0)), tuple(int(p) for p in attrs.get("pads", (0, 0, 0, 0)))
     alpha = tile + 2
     if tile not in (2, 4):
-        raise ShapeError(f"ConvWinogradNCHWc has tiles of 2 or 4 outputs, got tile={tile}")
+        raise ShapeError(f"{op} has tiles of 2 or 4 outputs, got tile={tile}")
     if len(pads) != 4:
-        raise ShapeError(f"ConvWinogradNCHWc needs pads (top, left, bottom, right), got {list(pads)}")
-    if len(x.shape) != 5 or len(u.shape) != 3 or u.shape[0] != alpha * alpha or u.shape[1] != x.shape[1] * x.shape[4]:
+        raise ShapeError(f"{op} needs pads (top, left, bottom, right), got {list(pads)}")
+    blocked = op == "ConvWinogradNCHWc"
+    channels = x.shape[1] * x.shape[4] if blocked and len(x.shape) == 5 else x.shape[1]
+    if (
+        len(x.shape) != (5 if blocked else 4)
+        or len(u.shape) != 3
+        or u.shape[0] != alpha * alpha
+        or u.shape[1] != channels
+    ):
         raise ShapeError(
-            f"ConvWinogradNCHWc with tile={tile} needs an NCHW[x]c input and a ({alpha * alpha}, C, M) weight, got "
-            f"{list(x.shape)} and {list(u.shape)}"
+            f"{op} with tile={tile} needs an {'NCHW[x]c' if blocked else 'NCHW'} input and a ({alpha * alpha}, C, M) "
+            f"weight, got {list(x.shape)} and {list(u.shape)}"
         )
     rows, columns = x.shape[2] + pads[0] + pads[2] - 2, x.shape[3] + pads[1] + pads[3] - 2
-    if rows <= 0 or columns <= 0 or rows % tile or columns % tile:
-        raise ShapeError(
-            f"ConvWinogradNCHWc with tile={tile} and pads={list(pads)} on {list(x.shape)} must make an output of "
-            f"whole tiles, got {rows} x {columns}"
-        )
+    if rows <= 0 or columns <= 0:
+        raise ShapeError(f"{op} with pads={list(pads)} on {list(x.shape)} makes an empty output, {rows} x {columns}")
     return tile, pads, (rows, columns)
 
 
-def _infer_conv_winograd(types, attrs):
-    x, u, bias = _inputs("ConvWinogradNCHWc", types, 2, 3)
-    _, _, (rows, columns) = winograd_geometry(x, u, attrs)
-    block = int(attrs.get("block", 0))
-    filters = u.shape[2]
-    if block < 1 or filters % block:
-        raise ShapeError(f"ConvWinogradNCHWc's block={block} must divide its {filters} filters")
-    if bias is not None and bias.shape != (filters,):
-        raise ShapeError(f"ConvWinogradNCHWc bias has shape {list(bias.shape)}; it needs ({filters},)")
-    return [TensorType((x.shape[0], filters // block, rows, columns, block), x.dtype)]
+def tiles_of(size: int, tile: int) -> int:
+    """The tiles along an output axis of `size`: the last one may reach past it."""
+    return -(-size // tile)
+
+
+def _infer_conv_winograd(op: str):
+    def infer(types, attrs):
+        x, u, bias = _inputs(op, types, 2, 3)
+        _, _, (rows, columns) = winograd_geometry(x, u, attrs, op)
+        filters = u.shape[2]
+        if bias is not None and bias.shape != (filters,):
+            raise ShapeError(f"{op} bias has shape {list(bias.shape)}; it needs ({filters},)")
+        if op == "ConvWinograd":
+            return [TensorType((x.shape[0], filters, rows, columns), x.dtype)]
+        block = int(attrs.get("block", 0))
+        if block < 1 or filters % block:
+            raise ShapeError(f"{op}'s block={block} must divide its {filters} filters")
+        return [TensorType((x.shape[0], filters // block, rows, columns, block), x.dtype)]
+
+    return infer
 
 
 def _conv_winograd(x, u, bias=None, **attrs):
-    """The conv by the same algorithm in numpy: each tile's B^T d B, one matmul per point, A^T m A."""
+    """The conv by the same algorithm in numpy: each tile's B^T d B, one matmul per point, A^T m A. An NCHW[x]c
+    input (5-D) makes ConvWinogradNCHWc's blocked output, an NCHW one ConvWinograd's."""
+    blocked = x.ndim == 5
+    op = "ConvWinogradNCHWc" if blocked else "ConvWinograd"
     tile, pads, (rows, columns) = winograd_geometry(
-        TensorType(x.shape, str(x.dtype)), TensorType(u.shape, str(u.dtype)), attrs
+        TensorType(x.shape, str(x.dtype)), TensorType(u.shape, str(u.dtype)), attrs, op
     )
     bt, _, at = winograd_matrices(tile)
     alpha, dtype = tile + 2, _compute_dtype(x.dtype)
-    plain = np.pad(unblock_channels(x).astype(dtype), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
-    tiles = sliding_window_view(plain, (alpha, alpha), axis=(2, 3))[:, :, ::tile, ::tile][
-        :, :, : rows // tile, : columns // tile
-    ]
+    down, across = tiles_of(rows, tile), tiles_of(columns, tile)
+    # the last tiles' inputs past the padding are zeros
+    extra = (down * tile - rows, across * tile - columns)
+    plain = np.pad(
+        (unblock_channels(x) if blocked else x).astype(dtype),
+        [(0, 0), (0, 0), (pads[0], pads[2] + extra[0]), (pads[1], pads[3] + extra[1])],
+    )
+    tiles = sliding_window_view(plain, (alpha, alpha), axis=(2, 3))[:, :, ::tile, ::tile][:, :, :down, :across]
     v = np.einsum("ai,ncxyij,bj->abnxyc", bt.astype(dtype), tiles, bt.astype(dtype))
     shape = v.shape
     m = np.matmul(v.reshape(alpha * alpha, -1, shape[-1]), u.astype(dtype)).reshape(*shape[:-1], u.shape[2])
-    y = np.einsum("pa,abnxym,qb->nmxpyq", at.astype(dtype), m, at.astype(dtype)).reshape(x.shape[0], -1, rows, columns)
+    y = np.einsum("pa,abnxym,qb->nmxpyq", at.astype(dtype), m, at.astype(dtype))
+    y = y.reshape(x.shape[0], -1, down * tile, across * tile)[:, :, :rows, :columns]
     if bias is not None:
         y = y + bias.astype(dtype)[:, None, None]
-    return block_channels(y.astype(x.dtype), int(attrs["block"]))
+    y = y.astype(x.dtype)
+    return block_channels(y, int(attrs["block"])) if blocked else y
 
 
 register_op(
-    "ConvWinogradNCHWc", infer=_infer_conv_winograd, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_conv_winograd
+    "ConvWinogradNCHWc",
+    infer=_infer_conv_winograd("ConvWinogradNCHWc"),
+    pattern=Pattern.OUT_EWISE_FUSABLE,
+    reference=_conv_winograd,
+)
+register_op(
+    "ConvWinograd",
+    infer=_infer_conv_winograd("ConvWinograd"),
+    pattern=Pattern.OUT_EWISE_FUSABLE,
+    reference=_conv_winograd,
 )
 
 
