@@ -244,15 +244,16 @@ def _gpu_kernel_runtime(dialect: _CDialect, library: bytes, target: Target, num_
 
 
 def _gpu_plan(kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target):
-    """Every kernel's launches lowered for the device, the manifest's dispatch list and its memory section: the
-    workspace of kernels split into several launches goes after the memory plan's arena."""
+    """The functions the dispatches run (every kernel's launches lowered for the device, the same code once:
+    tir/gpu.py share_launches), the manifest's dispatch list and its memory section: the workspace of kernels split
+    into several launches goes after the memory plan's arena."""
     launches = {func.name: _gpu_launches(func, target) for func in kernels}
     memory = manifest["memory"]
     workspace_offset = align(memory["arena_bytes"], memory["alignment"])
-    dispatches, workspace = dispatch_list(run, launches, workspace_offset)
+    dispatches, workspace, functions = dispatch_list(run, launches, workspace_offset)
     if workspace:
         memory = {**memory, "arena_bytes": workspace_offset + workspace, "workspace_bytes": workspace}
-    return [part for parts in launches.values() for part in parts], dispatches, memory
+    return functions, dispatches, memory
 
 
 def _gpu_model(dialect: _CDialect, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:

@@ -363,16 +363,18 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
 
 def _check_dispatches(manifest: dict) -> None:
     """Every binding of a GPU dispatch lies inside its region, so no kernel can be pointed outside the memory the
-    runtime made for it, and each dispatch launches its call's kernel (or a part of it: tir/gpu.py split_launches)."""
+    runtime made for it, and each dispatch launches a kernel of the model (or a part of one: tir/gpu.py
+    split_launches; a call may run another call's launch where their code is the same, share_launches)."""
     sizes = {("params", 0): manifest["params"]["bytes"], ("arena", 0): manifest["memory"]["arena_bytes"]}
     for kind, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
         sizes.update({(kind, index): tensor_bytes(spec) for index, spec in enumerate(specs)})
     calls = manifest["calls"]
+    kernels = {call["kernel"] for call in calls}
     for position, dispatch in enumerate(manifest.get("dispatches", [])):
         where = f"{MANIFEST_FILE}: dispatch {position} ({dispatch['kernel']!r})"
-        kernel = calls[dispatch["call"]]["kernel"] if dispatch["call"] < len(calls) else None
-        if kernel is None or not re.fullmatch(re.escape(kernel) + r"(_part\d+)?", dispatch["kernel"]):
-            raise BundleError(f"{where} is no launch of its call's kernel; export the model again")
+        launched = re.fullmatch(r"(.*?)(_part\d+)?", dispatch["kernel"]).group(1)
+        if dispatch["call"] >= len(calls) or launched not in kernels:
+            raise BundleError(f"{where} is no launch of the model's kernels; export the model again")
         if len(dispatch["grid"]) != 3 or len(dispatch["block"]) != 3:
             raise BundleError(f"{where} needs three grid and three block sizes; export the model again")
         for binding in dispatch["bindings"]:

@@ -7,6 +7,8 @@ and refuses what `target.device` cannot run. The result still means the same whe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from compiler.errors import GpuKernelError
@@ -15,6 +17,7 @@ from compiler.te.expr import Call, Cast, Compare, Const, Expr, Logical, Var
 from compiler.tir.nodes import (
     Allocate,
     Barrier,
+    Buffer,
     For,
     ForKind,
     IfThen,
@@ -27,6 +30,7 @@ from compiler.tir.nodes import (
     Store,
     walk_stmts,
 )
+from compiler.tir.printer import format_func
 from compiler.tir.simplify import substitute_stmt
 from compiler.tir.visitor import StmtMutator, StmtVisitor, walk
 
@@ -440,37 +444,90 @@ def _region(buffer) -> tuple[str, int]:
     raise GpuKernelError(f"the run entry's parameter {buffer.name} is no region (input_i, output_i, params, arena)")
 
 
-def dispatch_list(run: PrimFunc, launches: dict[str, list[PrimFunc]], workspace_offset: int) -> tuple[list[dict], int]:
-    """The manifest's dispatch list of a whole model, shared by every GPU backend, and the workspace bytes it needs.
-    For each KernelCall of `run` (build.py's entry), in order, one dispatch per part of `launches[kernel]` (the
-    kernel's `split_launches`, each lowered by `lower_gpu`): the part's name, the call's position, one binding per
-    parameter (region, index, byte offset, bytes, dtype) and the part's launch dimensions. Workspace parameters are
-    bound in the arena from `workspace_offset` on, one layout per kernel (its parts run in turn, so kernels share
-    it)."""
+class _Renamed(StmtMutator):
+    """A body with each buffer of `names` replaced by its stand-in, and each buffer it allocates by one named by the
+    order of its allocation (a register cache is named after the tensor it holds)."""
+
+    def __init__(self, names: dict):
+        self.names = dict(names)
+
+    def visit_allocate(self, node: Allocate):
+        buffer = node.buffer
+        self.names[buffer] = Buffer(f"local{len(self.names)}", buffer.shape, buffer.dtype, buffer.scope)
+        return self.visit_load(node)
+
+    def visit_load(self, node: Load | Store | Allocate):
+        node = self.generic_visit(node)
+        return dataclasses.replace(node, buffer=self.names[node.buffer]) if node.buffer in self.names else node
+
+    visit_store = visit_load
+
+
+def _shared_form(func: PrimFunc, used: list[int]) -> str:
+    """`func` taking only its parameters at `used`, printed with them as stand-ins named by position and its own name
+    a placeholder: equal for two launches that differ only in which buffers they are given."""
+    names = {
+        func.params[index]: Buffer(f"arg{position}", func.params[index].shape, func.params[index].dtype)
+        for position, index in enumerate(used)
+    }
+    renamed = PrimFunc("launch", list(names.values()), _Renamed(names).visit(func.body), {})
+    return f"{func.attrs.get('launch')}\n{format_func(renamed)}"
+
+
+def share_launches(launches: dict[str, list[PrimFunc]]) -> tuple[list[PrimFunc], dict[str, list[tuple]]]:
+    """Each kernel's launches (`split_launches`, lowered), each taking only the parameters it reads or writes, and
+    those whose code is the same one function: the input transform and the matmuls of two Winograd convs of one shape
+    whose epilogues differ, say (resnet18: 33 launches of 11 kernels, 19 functions). (The functions, and for each
+    kernel its launches in order as (function, the positions of its parameters, workspace after them, it takes).)"""
+    functions: dict[str, PrimFunc] = {}
+    shared: dict[str, list[tuple]] = {}
+    for kernel, parts in launches.items():
+        shared[kernel] = []
+        for part in parts:
+            used = [index for index, buffer in enumerate(part.params) if _touches(part.body, buffer)]
+            key = _shared_form(part, used)
+            if key not in functions:
+                functions[key] = PrimFunc(part.name, [part.params[i] for i in used], part.body, dict(part.attrs))
+            shared[kernel].append((functions[key], used))
+    return list(functions.values()), shared
+
+
+def dispatch_list(
+    run: PrimFunc, launches: dict[str, list[PrimFunc]], workspace_offset: int
+) -> tuple[list[dict], int, list[PrimFunc]]:
+    """The manifest's dispatch list of a whole model, shared by every GPU backend, the workspace bytes it needs and
+    the functions its dispatches run. For each KernelCall of `run` (build.py's entry), in order, one dispatch per part
+    of `launches[kernel]` (the kernel's `split_launches`, each lowered by `lower_gpu`, then `share_launches`): the
+    function's name, the call's position, one binding per parameter the function takes (region, index, byte offset,
+    bytes, dtype) and the launch dimensions. Workspace parameters are bound in the arena from `workspace_offset` on,
+    one layout per kernel (its parts run in turn, so kernels share it)."""
     calls = run.body.stmts if isinstance(run.body, Seq) else (run.body,)
+    for parts in launches.values():
+        for func in parts:
+            if "launch" not in func.attrs:
+                raise GpuKernelError(f"kernel {func.name} has no launch dimensions; lower it with lower_gpu first")
+    functions, shared = share_launches(launches)
     dispatches, workspace_bytes = [], 0
     for position, call in enumerate(calls):
         if not isinstance(call, KernelCall):
             raise GpuKernelError(f"the run entry holds a {type(call).__name__}; a GPU model runs kernel calls only")
-        parts = launches[call.func]
+        params = launches[call.func][0].params
         arguments = [(*_region(buffer), int(offset)) for buffer, offset in call.args]
         offset = workspace_offset
-        for buffer in parts[0].params[len(arguments) :]:
+        for buffer in params[len(arguments) :]:
             arguments.append(("arena", 0, offset))
             offset += -(-buffer.size * np.dtype(buffer.dtype).itemsize // 64) * 64
         workspace_bytes = max(workspace_bytes, offset - workspace_offset)
-        for func in parts:
-            if "launch" not in func.attrs:
-                raise GpuKernelError(f"kernel {func.name} has no launch dimensions; lower it with lower_gpu first")
+        for func, used in shared[call.func]:
             bindings = [
                 {
-                    "region": region,
-                    "index": index,
-                    "offset": start,
-                    "bytes": int(param.size * np.dtype(param.dtype).itemsize),
-                    "dtype": param.dtype,
+                    "region": arguments[index][0],
+                    "index": arguments[index][1],
+                    "offset": arguments[index][2],
+                    "bytes": int(params[index].size * np.dtype(params[index].dtype).itemsize),
+                    "dtype": params[index].dtype,
                 }
-                for (region, index, start), param in zip(arguments, func.params, strict=True)
+                for index in used
             ]
             launch = func.attrs["launch"]
             dispatches.append(
@@ -482,4 +539,4 @@ def dispatch_list(run: PrimFunc, launches: dict[str, list[PrimFunc]], workspace_
                     "block": list(launch["block"]),
                 }
             )
-    return dispatches, workspace_bytes
+    return dispatches, workspace_bytes, functions

@@ -289,3 +289,57 @@ def test_a_stage_over_blocks_that_the_rest_does_not_read_shares_their_launch():
     kernel(source, out, out_total)
     np.testing.assert_allclose(out, source * 2, rtol=1e-6)
     np.testing.assert_allclose(out_total, source.sum(), rtol=1e-4, atol=1e-4)
+
+
+def _two_winograd_convs():
+    """x -> 3x3 conv -> ReLU -> 3x3 conv + x -> ReLU: two Winograd convs of one shape whose epilogues differ."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = [(RNG.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32) for _ in range(2)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["b"]),
+        helper.make_node("Conv", ["b", "w1"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "x"], ["d"]),
+        helper.make_node("Relu", ["d"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two_convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, f"w{index}") for index, weight in enumerate(weights)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("target", ["opencl", "webgpu"])
+def test_launches_with_the_same_code_are_one_function_binding_only_what_they_touch(target, tmp_path):
+    """share_launches: the two convs' input transforms and matmuls are one function each, their output transforms
+    (ReLU; add and ReLU) two; each dispatch binds only the buffers its function reads or writes; the model still
+    matches onnxruntime on PoCL or lavapipe, also from its exported bundle, whose checks refuse a dispatch naming no
+    kernel of the model."""
+    import json
+
+    import onnxruntime as ort
+
+    from compiler.bundle import BundleError
+
+    model = _two_winograd_convs()
+    module = compiler.compile_model(model, target=target)
+    dispatches = module.manifest["dispatches"]
+    assert [dispatch["call"] for dispatch in dispatches] == [0, 0, 0, 1, 1, 1]
+    kernels = [dispatch["kernel"] for dispatch in dispatches]
+    assert kernels[:2] == kernels[3:5] and kernels[2] != kernels[5]
+    # the input transform reads x and writes the transformed tiles; the matmuls read them and the filters
+    assert [len(dispatch["bindings"]) for dispatch in dispatches[:2]] == [2, 3]
+    x = RNG.standard_normal((1, 16, 16, 16)).astype(np.float32)
+    (expected,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(module.run({"x": x})["y"], expected, rtol=1e-4, atol=1e-4)
+    path = module.export(tmp_path / "bundle")
+    np.testing.assert_array_equal(compiler.load_module(path).run({"x": x})["y"], module.run({"x": x})["y"])
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["dispatches"][1]["kernel"] = "kernel_9_part1"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="no launch of the model's kernels"):
+        compiler.load_module(path)
