@@ -5,8 +5,9 @@ winograd_weight). Hands fusion the same values, computed with fewer multiplies.
 - CPU targets (`winograd`, after alter_layout): a blocked ConvNCHWc whose output rows and columns are whole tiles
   becomes a ConvWinogradNCHWc. The tile is the larger of F(4 x 4, 3 x 3) and F(2 x 2, 3 x 3) that divides the
   output: 36 products per 16 outputs and channel pair, or 16 per 4, where the window makes 9 per output.
-- GPU targets (`winograd_gpu`, on the ONNX layout): a Conv becomes a ConvWinograd of F(4 x 4, 3 x 3), its last
-  tiles reaching past the output where it is no whole number of them.
+- GPU targets (`winograd_gpu`, on the ONNX layout): a Conv of enough channels and multiply-adds becomes a
+  ConvWinograd of F(4 x 4, 3 x 3) or F(2 x 2, 3 x 3), the larger that gives each transformed filter enough tiles, its
+  last tiles reaching past the output where it is no whole number of them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ MIN_CHANNELS = {4: 64, 2: 32}
 # (4x for F(4, 3), 1.8x for F(2, 3)), is then read by that many tiles
 GPU_MIN_CHANNELS = 16
 GPU_MIN_TILES = 16
+# and from this many multiply-adds (of the direct conv) on: each Winograd conv is three launches, two pipelines more
+# to create at load, which a small conv does not win back soon (SwiftShader: odd_convnet's 61 -> 19-channel conv on
+# 8 x 11, 0.9M, ran 11.6 -> 6.8 ms for 95 ms more of pipelines; squeezenet's 4-9M ones about 50 -> 10 ms each)
+GPU_MIN_MACS = 1 << 22
 
 
 def _square_window(node: Node, window: Window) -> bool:
@@ -64,7 +69,8 @@ def gpu_winograd_plan(node: Node, graph: Graph) -> tuple[int, Window] | None:
         return None
     weight = node.inputs[1]
     _, window = conv_geometry("Conv", node.inputs[0].type, weight.type, node.attrs)
-    if not _square_window(node, window) or min(weight.type.shape[:2]) < GPU_MIN_CHANNELS:
+    macs = node.inputs[0].type.shape[0] * math.prod(weight.type.shape) * math.prod(window.output)
+    if not _square_window(node, window) or min(weight.type.shape[:2]) < GPU_MIN_CHANNELS or macs < GPU_MIN_MACS:
         return None
     tiles = {tile: math.prod(-(-size // tile) for size in window.output) for tile in (4, 2)}
     tile = next((tile for tile, count in tiles.items() if count >= GPU_MIN_TILES), 0)

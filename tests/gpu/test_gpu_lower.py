@@ -295,7 +295,7 @@ def _two_winograd_convs():
     """x -> 3x3 conv -> ReLU -> 3x3 conv + x -> ReLU: two Winograd convs of one shape whose epilogues differ."""
     from onnx import TensorProto, helper, numpy_helper
 
-    weights = [(RNG.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32) for _ in range(2)]
+    weights = [(RNG.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32) for _ in range(2)]
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["a"], ["b"]),
@@ -306,7 +306,7 @@ def _two_winograd_convs():
     graph = helper.make_graph(
         nodes,
         "two_convs",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 24, 24])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(weight, f"w{index}") for index, weight in enumerate(weights)],
     )
@@ -333,7 +333,7 @@ def test_launches_with_the_same_code_are_one_function_binding_only_what_they_tou
     assert kernels[:2] == kernels[3:5] and kernels[2] != kernels[5]
     # the input transform reads x and writes the transformed tiles; the matmuls read them and the filters
     assert [len(dispatch["bindings"]) for dispatch in dispatches[:2]] == [2, 3]
-    x = RNG.standard_normal((1, 16, 16, 16)).astype(np.float32)
+    x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
     (expected,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     np.testing.assert_allclose(module.run({"x": x})["y"], expected, rtol=1e-4, atol=1e-4)
     path = module.export(tmp_path / "bundle")

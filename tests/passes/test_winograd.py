@@ -67,10 +67,11 @@ def test_rule_picks_the_tile(channels, filters, size, attrs, tiles):
     ("channels", "filters", "size", "attrs", "tiles"),
     [
         (64, 64, 28, {}, [4]),  # 49 tiles of 4 x 4
-        (16, 32, 14, {}, [4]),  # 16 tiles of 4 x 4, the last row and column reaching past the output
-        (64, 64, 7, {}, [2]),  # 4 x 4 tiles would be 4, each transformed filter read by 4 tiles only: 16 of 2 x 2
-        (64, 64, 6, {}, []),  # 9 tiles of 2 x 2
+        (64, 64, 14, {}, [4]),  # 16 tiles of 4 x 4, the last row and column reaching past the output
+        (128, 128, 7, {}, [2]),  # 4 x 4 tiles would be 4, each transformed filter read by 4 tiles only: 16 of 2 x 2
+        (128, 128, 6, {}, []),  # 9 tiles of 2 x 2
         (8, 64, 28, {}, []),  # too few input channels
+        (32, 32, 16, {}, []),  # 2.4M multiply-adds: too few to pay for two more launches
         (64, 64, 28, {"strides": (2, 2)}, []),
         (64, 64, 28, {"group": 2}, []),
     ],
@@ -154,9 +155,9 @@ def onnx_model(channels: int, filters: int, size: int):
     ("channels", "filters", "size", "ops"),
     [
         (64, 80, 12, ["ConvWinogradNCHWc", "ConvWinograd"]),  # CPU F(4, 3); GPU F(2, 3), 36 tiles
-        (48, 32, 10, ["ConvWinogradNCHWc", "ConvWinograd"]),  # CPU F(2, 3); GPU F(2, 3), 25 tiles past the output
-        (16, 24, 16, ["ConvWinograd"]),  # GPU F(4, 3), 16 tiles
-        (32, 32, 7, ["ConvWinograd"]),  # GPU F(2, 3), 16 tiles past the output
+        (48, 32, 10, ["ConvWinogradNCHWc"]),  # CPU F(2, 3); GPU direct (1.4M multiply-adds)
+        (64, 64, 16, ["ConvWinogradNCHWc", "ConvWinograd"]),  # GPU F(4, 3), 16 tiles
+        (128, 96, 7, ["ConvWinograd"]),  # GPU F(2, 3), 16 tiles past the output
     ],
 )
 def test_compiled_model_matches_onnxruntime(target, channels, filters, size, ops):
