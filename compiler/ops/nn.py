@@ -185,12 +185,19 @@ def conv(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) 
         tag = suffix if group == 1 else f"group_{suffix}"
     shape = output_types[0].shape
     result = te.compute(shape, body, name="conv", tag=tag)
-    if bias is not None:
-        plain = result
-        result = te.compute(
-            shape, lambda n, m, *spatial: plain[(n, m, *spatial)] + bias[m].astype(acc), name="bias", tag="broadcast"
-        )
-    return [_cast(result, x.dtype)]
+    return [_cast(_plain_bias(result, bias, acc), x.dtype)]
+
+
+def _plain_bias(result: te.Tensor, bias: te.Tensor | None, acc: str) -> te.Tensor:
+    """An NCHW (N, M, spatial...) conv's output with its per-channel bias added, or the output when there is none."""
+    if bias is None:
+        return result
+    return te.compute(
+        result.shape,
+        lambda n, m, *spatial: result[(n, m, *spatial)] + bias[m].astype(acc),
+        name="bias",
+        tag="broadcast",
+    )
 
 
 def _pad_blocked(x: te.Tensor, begins, ends, fill=0.0) -> te.Tensor:
@@ -378,15 +385,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         )
 
     y = te.compute(shape, plain_output, name="winograd_output", tag="winograd_output")
-    if bias is not None:
-        plain = y
-        y = te.compute(
-            shape,
-            lambda n, f, row, column: plain[n, f, row, column] + bias[f].astype(acc),
-            name="bias",
-            tag="broadcast",
-        )
-    return [_cast(y, x.dtype)]
+    return [_cast(_plain_bias(y, bias, acc), x.dtype)]
 
 
 def _linear(terms, dtype: str):
