@@ -302,7 +302,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
             return padded[n, channel // input_block, row, column, channel % input_block].astype(acc)
         return padded[n, channel, row, column].astype(acc)
 
-    def transform_input(point, position, channel):
+    def whole_point(point, position, channel):
         """A point of B^T d B, term by term (blocked)."""
         cases = [
             _linear(
@@ -313,7 +313,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         ]
         return _select_case([point], cases)
 
-    def transform_halves(point, position, channel):
+    def point_of_halves(point, position, channel):
         """A point of B^T d B from B^T d, the stage "winograd_rows" (plain)."""
         a, b = point // alpha, point % alpha
         return _select_case(
@@ -329,8 +329,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
             name="winograd_rows",
             tag="winograd_rows",
         )
-        transform_input = transform_halves
-
+    transform_input = whole_point if blocked else point_of_halves
     v = te.compute((points, batch * tiles, channels), transform_input, name="winograd_input", tag="winograd_input")
     k = te.reduce_axis((0, channels), "rc")
     m = te.compute(
