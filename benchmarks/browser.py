@@ -4,9 +4,10 @@ one, each at its default thread count (the threads' speed-up and best-thread-cou
 Each zoo model is compiled for the backend and served with its .onnx, tessel.js and onnxruntime-web's build for that
 backend from a local server; outputs are checked against onnxruntime (Python) first, then, interleaved: the time from
 load() (InferenceSession.create) to the first result in a fresh page, the bytes of runtime and model the page
-fetched, and the median latency of runs.
+fetched, and the median latency of runs, in each call pattern: back to back, a run every 200 ms, and back to back
+while another process keeps one core busy (its loads are timed again under that load too).
 Never run in CI. Run: .venv/bin/python benchmarks/browser.py [--backend webgpu|wasm] [--models ...] [--repeat 20]
-[--loads 3]"""
+[--loads 3] [--patterns back-to-back every-200ms busy-core]"""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
+from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
-from common import HERE, install_onnxruntime_web, print_table, ratio, spread, summary
+from common import HERE, busy_core, install_onnxruntime_web, print_table, ratio, spread, summary
 
 import compiler
 from compiler import zoo
@@ -39,6 +42,23 @@ ORT_FILES = {
 # summed embeddings). resnet18 runs with --models resnet18: on SwiftShader a run takes about 4 s and ort-web's load 15 s.
 DEFAULT = ("mobilenet_v2", "mlp", "dwconv_block", "bert_tiny", "vit_tiny")
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking"]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """How a page calls the model: `interval_s` idle before each timed run; `busy_core`: another process keeps one
+    core busy throughout, the loads included."""
+
+    title: str
+    interval_s: float = 0.0
+    busy_core: bool = False
+
+
+PATTERNS = {
+    "back-to-back": Pattern("back to back"),
+    "every-200ms": Pattern("a run every 200 ms", interval_s=0.2),
+    "busy-core": Pattern("back to back, one core busy", busy_core=True),
+}
 
 # Both sides in the page: load, run once, time runs; `which` is "tessel" or "ort". Bytes are the encoded sizes of
 # every resource the page fetched, from the Resource Timing entries (same origin, so they are exposed).
@@ -158,12 +178,49 @@ def _load_in_fresh_page(context, url: str, which: str, backend: str, name: str, 
     return page, result
 
 
+def _load_both(context, url: str, backend: str, name: str, case: dict, arguments) -> tuple[dict, tuple[dict, dict]]:
+    """`arguments.loads` interleaved fresh-page loads of each side, every first output checked against onnxruntime:
+    the pages of the last loads, and the sides' first-result times and fetched bytes."""
+    firsts = {"tessel": [], "ort": []}
+    phases = []
+    sizes, pages, ran = {}, {}, {}
+    for _ in range(arguments.loads):
+        for which in ("tessel", "ort"):
+            if which in pages:
+                pages[which].close()
+            pages[which], result = _load_in_fresh_page(context, url, which, backend, name, case)
+            got = np.array(result["output"], np.float32).reshape(case["expected"].shape)
+            np.testing.assert_allclose(got, case["expected"], rtol=1e-3, atol=1e-4, err_msg=f"{name} {which}")
+            firsts[which].append(result["firstMs"])
+            if which == "tessel":
+                phases.append(result["phases"])
+            sizes[which] = result["bytes"]
+            ran[which] = result["backend"]
+    print(f"{name}: Tessel ran {ran['tessel']}; onnxruntime-web its {ran['ort']}", file=sys.stderr)
+    print(f"{name}: Tessel's load, ms after load() (median of {len(phases)}): {_phases(phases)}", file=sys.stderr)
+    return pages, (firsts, sizes)
+
+
+def _time_runs(pages: dict, repeat: int, interval_s: float) -> dict[str, list[float]]:
+    """`repeat` runs of each side, interleaved, each after `interval_s` idle."""
+    times = {"tessel": [], "ort": []}
+    for _ in range(repeat):
+        for which in ("tessel", "ort"):
+            if interval_s:
+                time.sleep(interval_s)
+            times[which].append(pages[which].evaluate("(which) => window.bench.time(which)", which))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="webgpu", choices=sorted(ORT_FILES), help="both sides run on this")
     parser.add_argument("--models", nargs="+", default=list(DEFAULT), choices=zoo.MODELS)
     parser.add_argument("--repeat", type=int, default=20, help="timed runs of each side, interleaved")
     parser.add_argument("--loads", type=int, default=3, help="fresh-page loads of each side, interleaved")
+    parser.add_argument(
+        "--patterns", nargs="+", default=list(PATTERNS), choices=tuple(PATTERNS), help="call patterns to time"
+    )
     arguments = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -186,60 +243,52 @@ def main() -> None:
             version = browser.version
             probe.close()
             for name in arguments.models:
-                print(f"{name}: loading and timing both sides on {adapter}...", file=sys.stderr, flush=True)
                 case = cases[name]
-                firsts = {"tessel": [], "ort": []}
-                phases = []
-                sizes, pages, ran = {}, {}, {}
-                for _ in range(arguments.loads):
-                    for which in ("tessel", "ort"):
-                        if which in pages:
-                            pages[which].close()
-                        pages[which], result = _load_in_fresh_page(context, url, which, backend, name, case)
-                        got = np.array(result["output"], np.float32).reshape(case["expected"].shape)
-                        np.testing.assert_allclose(
-                            got, case["expected"], rtol=1e-3, atol=1e-4, err_msg=f"{name} {which}"
-                        )
-                        firsts[which].append(result["firstMs"])
-                        if which == "tessel":
-                            phases.append(result["phases"])
-                        sizes[which] = result["bytes"]
-                        ran[which] = result["backend"]
-                print(f"{name}: Tessel ran {ran['tessel']}; onnxruntime-web its {ran['ort']}", file=sys.stderr)
-                print(
-                    f"{name}: Tessel's load, ms after load() (median of {len(phases)}): {_phases(phases)}",
-                    file=sys.stderr,
-                )
-                times = {"tessel": [], "ort": []}
-                for _ in range(arguments.repeat):
-                    for which in ("tessel", "ort"):
-                        times[which].append(pages[which].evaluate("(which) => window.bench.time(which)", which))
+                pages, loads = {}, {}  # loads: per busy_core, the firsts and sizes of the loads made under it
+                for key in arguments.patterns:
+                    pattern = PATTERNS[key]
+                    print(f"{name}: {pattern.title}, on {adapter}...", file=sys.stderr, flush=True)
+                    hog = busy_core() if pattern.busy_core else None
+                    try:
+                        if pattern.busy_core not in loads:
+                            for page in pages.values():
+                                page.close()
+                            pages, loads[pattern.busy_core] = _load_both(context, url, backend, name, case, arguments)
+                        times = _time_runs(pages, arguments.repeat, pattern.interval_s)
+                    finally:
+                        if hog is not None:
+                            hog.terminate()
+                            hog.wait()
+                    firsts, sizes = loads[pattern.busy_core]
+                    ours, theirs = summary(times["tessel"]), summary(times["ort"])
+                    first_ours, first_theirs = statistics.median(firsts["tessel"]), statistics.median(firsts["ort"])
+                    rows.append(
+                        [
+                            name,
+                            pattern.title,
+                            spread(ours),
+                            spread(theirs),
+                            ratio(ours["median"], theirs["median"]),
+                            f"{first_ours:.0f}",
+                            f"{first_theirs:.0f}",
+                            ratio(first_ours, first_theirs),
+                            f"{sizes['tessel'] / 1e6:.2f}",
+                            f"{sizes['ort'] / 1e6:.2f}",
+                        ]
+                    )
                 for page in pages.values():
                     page.close()
-                ours, theirs = summary(times["tessel"]), summary(times["ort"])
-                first_ours, first_theirs = statistics.median(firsts["tessel"]), statistics.median(firsts["ort"])
-                rows.append(
-                    [
-                        name,
-                        spread(ours),
-                        spread(theirs),
-                        ratio(ours["median"], theirs["median"]),
-                        f"{first_ours:.0f}",
-                        f"{first_theirs:.0f}",
-                        ratio(first_ours, first_theirs),
-                        f"{sizes['tessel'] / 1e6:.2f}",
-                        f"{sizes['ort'] / 1e6:.2f}",
-                    ]
-                )
             browser.close()
         server.shutdown()
     print(
         f"{datetime.date.today()}, Chromium {version}, WebGPU adapter {adapter}, onnxruntime-web {backend} EP; "
-        f"{arguments.repeat} interleaved runs, first result: median of {arguments.loads} fresh-page loads"
+        f"{arguments.repeat} interleaved runs per call pattern, first result: median of {arguments.loads} fresh-page "
+        "loads (under the busy core again for its rows)"
     )
     print_table(
         [
             "model",
+            "call pattern",
             f"Tessel {backend} ms (median / min / max)",
             f"ort-web {backend} ms (median / min / max)",
             "latency ratio",

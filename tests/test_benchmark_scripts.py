@@ -1,4 +1,4 @@
-"""benchmarks/cpu.py, benchmarks/ops.py and benchmarks/zoo.py run end to end on their smallest cases: it checks Tessel's outputs against onnxruntime's
+"""The benchmark scripts run end to end on their smallest cases: each checks Tessel's outputs against onnxruntime's
 before it times anything, and prints its table, the reference timings and the slowest groups. Nothing here looks
 at the times themselves (speed is measured by the scripts, never asserted by tests)."""
 
@@ -67,6 +67,22 @@ def test_threads_benchmark_prints_a_row_per_model_and_pattern():
         assert len(cells) == 9 and all(float(cell) > 0 for cell in cells[-3:-1])
         # the slowest CPU's speed over the fastest's, before and after the row (common.cpu_speeds)
         assert all(0 < float(spread) <= 1 for spread in cells[-1].split(" / "))
+
+
+def test_browser_benchmark_prints_a_row_per_call_pattern():
+    """In headless Chromium against onnxruntime-web's wasm build: both first outputs are checked, then each pattern's
+    runs are timed (the busy-core one with its loads again)."""
+    command = [sys.executable, "benchmarks/browser.py", "--backend", "wasm", "--models", "mlp", "--loads", "1"]
+    command += ["--repeat", "2"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| mlp |")]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [row[1] for row in cells] == ["back to back", "a run every 200 ms", "back to back, one core busy"]
+    for row in cells:
+        assert len(row) == 10 and row[4].endswith("×") and row[7].endswith("×")
+        assert float(row[5]) > 0 and float(row[6]) > 0
+    assert "mlp: Tessel ran asked for wasm, model." in result.stderr, "Tessel's side did not say what it ran"
 
 
 def test_kernels_benchmark_matches_each_group_to_onnxruntime_nodes():
