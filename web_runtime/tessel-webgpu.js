@@ -150,6 +150,7 @@ class WebGPUExecutor {
       throw new Error(`tessel: the WebGPU adapter (${this.adapter}) refused a device for this bundle: ${error.message}`);
     }
     this.device = device;
+    this.options.mark("device-ready");
     this.lostInfo = null;
     // A lost device (driver reset, tab backgrounded on some systems, device.destroy()) must fail a pending or later
     // run at once: a map that never resolves would hang the page.
@@ -163,6 +164,7 @@ class WebGPUExecutor {
     });
     const code = await this.source.text(manifest.code);
     await checkDigest(manifest, manifest.code, new TextEncoder().encode(code));
+    this.options.mark("code-in");
     // Pipelines compile while params.bin downloads: the page keeps running meanwhile.
     const pipelines = this.createPipelines(code);
     const buffers = this.createBuffers();
@@ -207,6 +209,7 @@ class WebGPUExecutor {
     });
     try {
       this.pipelines = new Map(await Promise.all(created));
+      this.options.mark("pipelines-ready");
     } catch (error) {
       throw new Error(`tessel: this browser's WebGPU cannot make a pipeline for ${this.manifest.code}: ${error.message}`);
     }
@@ -273,6 +276,7 @@ class WebGPUExecutor {
       if (loaded !== total) {
         throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
       }
+      this.options.mark("params-in");
       await checkDigest(manifest, manifest.params.file, target.subarray(0, total));
     } finally {
       buffer.unmap();

@@ -80,8 +80,10 @@ function isNode() {
   return typeof process === "object" && process.versions != null && process.versions.node != null;
 }
 
-// A wasm load's steps as performance marks (tessel:code-downloaded, tessel:code-compiled, tessel:params-in,
-// tessel:workers-ready, tessel:params-checked), for DevTools' timeline and phase-by-phase timing of a load.
+// A load's steps as performance marks, for DevTools' timeline and phase-by-phase timing of a load: on wasm
+// tessel:code-downloaded, tessel:code-compiled, tessel:params-in, tessel:workers-ready, tessel:params-checked; on
+// WebGPU (tessel-webgpu.js, given this function) tessel:device-ready, tessel:code-in, tessel:pipelines-ready,
+// tessel:params-in.
 function mark(name) {
   if (typeof performance === "object" && performance && typeof performance.mark === "function") {
     performance.mark(`tessel:${name}`);
@@ -790,7 +792,7 @@ const webgpuBackend = {
   },
   async create(manifest, source, options) {
     const { createExecutor } = await import("./tessel-webgpu.js");
-    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure });
+    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure, mark });
   },
 };
 
