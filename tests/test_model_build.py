@@ -23,6 +23,7 @@ from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
 from compiler.tune.space import TuningWarning
 from compiler.tune.task import task_of
+from tests.model_checks import assert_close_to_onnxruntime
 
 SLOW_MODELS = ("mobilenet_v2", "resnet18")
 
@@ -43,10 +44,7 @@ def test_zoo_model_matches_onnxruntime(name, target):
     expected = _onnxruntime(model, feeds)
     assert [spec.name for spec in module.outputs] == [output.name for output in model.graph.output]
     for (output, actual), wanted in zip(results.items(), expected):
-        # the absolute tolerance scales with the output's range: Winograd's transforms (F(4, 3)'s coefficients up
-        # to 8) round differently from a direct sum, about 3e-6 of the range where the direct conv makes 5e-7
-        scale = max(1.0, float(np.abs(wanted).max()))
-        np.testing.assert_allclose(actual, wanted, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{name} {target} {output}")
+        assert_close_to_onnxruntime(actual, wanted, err_msg=f"{name} {target} {output}")
     assert module.manifest["memory"]["arena_bytes"] <= module.manifest["memory"]["intermediate_bytes"]
 
 

@@ -11,6 +11,7 @@ import compiler.te as te
 from compiler import zoo
 from compiler.build import build, compile_model, load_module
 from compiler.bundle import BundleError
+from tests.model_checks import assert_close_to_onnxruntime
 
 # Lavapipe runs these in a few seconds each; the zoo's larger models are left to the full zoo run (docs/gpu.md).
 MODELS = ["mlp", "digits", "dwconv_block", "inception_block", "squeezenet", "unet_small", "bert_tiny"]
@@ -46,10 +47,7 @@ def test_zoo_model_matches_onnxruntime(name):
     feeds = module.random_inputs()
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
     for got, want in zip(module.run(feeds).values(), expected):
-        # the absolute tolerance scales with the output's range, as for the CPU targets: Winograd's transforms round
-        # differently from a direct sum (tests/test_model_build.py)
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+        assert_close_to_onnxruntime(got, want)
 
 
 def test_bundle_round_trip_and_refusals(tmp_path):

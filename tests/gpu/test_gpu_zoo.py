@@ -4,13 +4,13 @@ model includes PoCL's build of its kernels.cl, which PoCL caches across processe
 
 from __future__ import annotations
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 
 import compiler
 from compiler import zoo
 from compiler.runtime.cuda import compile_nvrtc
+from tests.model_checks import assert_close_to_onnxruntime
 
 
 @pytest.mark.slow
@@ -22,9 +22,7 @@ def test_zoo_model_on_opencl_matches_onnxruntime(name):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = session.run(None, inputs)
     for output, wanted in zip(module.run(inputs).values(), expected):
-        # atol scales with the output's range, as for the CPU targets (Winograd, tests/test_model_build.py)
-        scale = max(1.0, float(np.abs(wanted).max()))
-        np.testing.assert_allclose(output, wanted, rtol=1e-4, atol=1e-5 * scale)
+        assert_close_to_onnxruntime(output, wanted)
 
 
 @pytest.mark.slow
