@@ -13,10 +13,11 @@ import pytest
 
 from compiler.build import build
 from compiler.errors import TargetError
-from compiler.graph.ir import Graph, TensorType
+from compiler.graph.ir import Graph, Node, TensorType
 from compiler.graph.ops.nn import winograd_weight
 from compiler.graph.reference import run_reference
 from compiler.ops import group_to_te
+from compiler.passes.fuse_ops import _body as fuse_body
 from compiler.passes.pipeline import optimize
 from compiler.schedules.gpu import fallback, schedule_group
 from compiler.target import Target
@@ -190,6 +191,33 @@ def test_winograd_conv_is_three_launches_with_each_tile_in_registers(target, cas
     assert f"allocate winograd_columns: float32[{tile}, {alpha}, 1, 1] local" in tir, tir
     launches = len(split_launches(kernel.func))
     assert launches == 3 if epilogue in ("none", "residual_relu") else launches >= 3
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+def test_winograd_read_by_two_outputs_gets_a_launch_of_its_own(target):
+    """fuse_ops ends a group at a conv read twice unless the reads meet again inside it, so no compiled model has a
+    Winograd group whose two outputs both inline the conv; the template still takes one made by hand: A^T M then
+    goes to memory in a launch of its own (not each output's registers), and both outputs read it there."""
+    graph, feeds = winograd_graph((1, 8, 7, 7), 8, 2, [1, 1, 1, 1])
+    (y,) = graph.outputs
+    graph.outputs = [*graph.add_node("Relu", [y]), *graph.add_node("Sigmoid", [y])]
+    expected = run_reference(graph, feeds)
+    (conv_group,) = optimize(winograd_graph((1, 8, 7, 7), 8, 2, [1, 1, 1, 1])[0], target=None).nodes
+    produced = {v for member in graph.nodes for v in member.outputs}
+    external = list(dict.fromkeys(v for member in graph.nodes for v in member.inputs if v not in produced))
+    attrs = {**conv_group.attrs, "body": fuse_body("two_readers", graph.nodes, external, graph.outputs)}
+    group = group_to_te(Node("fused", external, list(graph.outputs), attrs, "two_readers"))
+    schedule = schedule_group(group, target, ConfigSpace())
+    kernel = build(schedule, group.inputs + group.outputs, target="llvm", name=group.name)
+    env = {**{v: feeds[v.name] for v in graph.inputs}, **graph.params}
+    outputs = [np.zeros(v.type.shape, v.type.dtype) for v in graph.outputs]
+    kernel(*[np.array(env[v], copy=True) for v in external], *outputs)
+    for value, actual in zip(graph.outputs, outputs):
+        np.testing.assert_allclose(actual, expected[value.name], rtol=1e-4, atol=1e-5, err_msg=value.name)
+    tir = kernel.source("tir")
+    assert re.search(r"allocate winograd_columns: float32\[[^\]]*\] global", tir), tir  # not a thread's registers
+    # the input transform, the matmuls, A^T M, then the outputs (one launch here: they share a grid)
+    assert len(split_launches(kernel.func)) == 4
 
 
 @pytest.mark.parametrize("target", GPU_TARGETS)
