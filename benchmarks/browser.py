@@ -178,13 +178,13 @@ def _load_in_fresh_page(context, url: str, which: str, backend: str, name: str, 
     return page, result
 
 
-def _load_both(context, url: str, backend: str, name: str, case: dict, arguments) -> tuple[dict, tuple[dict, dict]]:
-    """`arguments.loads` interleaved fresh-page loads of each side, every first output checked against onnxruntime:
+def _load_both(context, url: str, backend: str, name: str, case: dict, loads: int) -> tuple[dict, tuple[dict, dict]]:
+    """`loads` interleaved fresh-page loads of each side, every first output checked against onnxruntime:
     the pages of the last loads, and the sides' first-result times and fetched bytes."""
     firsts = {"tessel": [], "ort": []}
     phases = []
     sizes, pages, ran = {}, {}, {}
-    for _ in range(arguments.loads):
+    for _ in range(loads):
         for which in ("tessel", "ort"):
             if which in pages:
                 pages[which].close()
@@ -244,22 +244,24 @@ def main() -> None:
             probe.close()
             for name in arguments.models:
                 case = cases[name]
-                pages, loads = {}, {}  # loads: per busy_core, the firsts and sizes of the loads made under it
+                pages, made = {}, {}  # per busy_core: the firsts and sizes of the loads made under it
                 for key in arguments.patterns:
                     pattern = PATTERNS[key]
                     print(f"{name}: {pattern.title}, on {adapter}...", file=sys.stderr, flush=True)
                     hog = busy_core() if pattern.busy_core else None
                     try:
-                        if pattern.busy_core not in loads:
+                        if pattern.busy_core not in made:
                             for page in pages.values():
                                 page.close()
-                            pages, loads[pattern.busy_core] = _load_both(context, url, backend, name, case, arguments)
+                            pages, made[pattern.busy_core] = _load_both(
+                                context, url, backend, name, case, arguments.loads
+                            )
                         times = _time_runs(pages, arguments.repeat, pattern.interval_s)
                     finally:
                         if hog is not None:
                             hog.terminate()
                             hog.wait()
-                    firsts, sizes = loads[pattern.busy_core]
+                    firsts, sizes = made[pattern.busy_core]
                     ours, theirs = summary(times["tessel"]), summary(times["ort"])
                     first_ours, first_theirs = statistics.median(firsts["tessel"]), statistics.median(firsts["ort"])
                     rows.append(
