@@ -23,7 +23,7 @@ from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
 from compiler.tune.space import TuningWarning
 from compiler.tune.task import task_of
-from tests.model_checks import assert_close_to_onnxruntime
+from tests.model_checks import assert_close_in_range
 
 SLOW_MODELS = ("mobilenet_v2", "resnet18")
 
@@ -44,7 +44,7 @@ def test_zoo_model_matches_onnxruntime(name, target):
     expected = _onnxruntime(model, feeds)
     assert [spec.name for spec in module.outputs] == [output.name for output in model.graph.output]
     for (output, actual), wanted in zip(results.items(), expected):
-        assert_close_to_onnxruntime(actual, wanted, err_msg=f"{name} {target} {output}")
+        assert_close_in_range(actual, wanted, err_msg=f"{name} {target} {output}")
     assert module.manifest["memory"]["arena_bytes"] <= module.manifest["memory"]["intermediate_bytes"]
 
 

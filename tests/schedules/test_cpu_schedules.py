@@ -30,6 +30,7 @@ from compiler.te.tensor import children, substitute
 from compiler.tir.nodes import For, ForKind, Prefetch, Stmt
 from compiler.tir.simplify import simplify
 from compiler.tune.space import ConfigSpace
+from tests.model_checks import assert_close_in_range
 
 TARGETS = ["llvm", "wasm"]
 RNG = np.random.default_rng(0)
@@ -60,10 +61,7 @@ def check(graph: Graph, feeds: dict, target: str, config: dict | None = None, pa
     expected = run_reference(graph, feeds)
     actual, kernels = compile_and_run(graph, feeds, target, config, packed)
     for name, value in expected.items():
-        # a float32 sum's rounding grows with its terms, not its result: an output that cancels to near 0 among
-        # outputs of magnitude 50 is off by more than 1e-5 in any summation order
-        scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
-        np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+        assert_close_in_range(actual[name], value, err_msg=name)
     return kernels
 
 

@@ -24,6 +24,7 @@ from compiler.target import Target
 from compiler.tir.gpu import split_launches
 from compiler.tir.nodes import Allocate, For, ForKind, Store, walk_stmts
 from compiler.tune.space import ConfigSpace
+from tests.model_checks import assert_close_in_range
 
 RNG = np.random.default_rng(0)
 GPU_TARGETS = ["webgpu", "opencl", "cuda"]
@@ -55,8 +56,7 @@ def check(graph: Graph, feeds: dict, target: str = "webgpu", config=None, device
     expected = run_reference(graph, feeds)
     actual, kernels = compile_and_run(graph, feeds, target, config, device)
     for name, value in expected.items():
-        scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
-        np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+        assert_close_in_range(actual[name], value, err_msg=name)
     for kernel, _ in kernels:
         for part in split_launches(kernel.func):
             assert_within_limits(part, Target.parse(target))
