@@ -3,7 +3,8 @@
 Each compute mirrors the numpy reference of its registry entry (`compiler/graph/ops/nn.py`, whose geometry helpers it
 reuses) and tags its stages so `compiler/schedules/` can pick a template: the anchors are tagged "conv2d",
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
-"conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", the Winograd convs'
+"conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "dense_packed" (MatMulPacked),
+the Winograd convs'
 "winograd_input", "winograd_gemm" and "winograd_output", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
 LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues
@@ -675,6 +676,23 @@ def matmul(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]
     return [_cast(result, a.dtype)]
 
 
+def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """A by a weight packed into column panels (compiler/graph/ops/nn.py, pack_dense_weight): column j of B is lane
+    j % panel of panel j // panel, so a schedule that tiles the columns by the panel reads each panel at unit stride."""
+    a, w = inputs[:2]
+    shape = output_types[0].shape
+    acc = _accumulator(a.dtype)
+    panel = w.shape[-1]
+    k = te.reduce_axis((0, a.shape[-1]), "k")
+
+    def body(*index):
+        *rows, j = index
+        return te.sum(a[(*rows, k)].astype(acc) * w[j // panel, k, j % panel].astype(acc), axis=k)
+
+    result = te.compute(shape, body, name="dense_packed", tag="dense_packed")
+    return [_cast(result, a.dtype)]
+
+
 # -- pooling --------------------------------------------------------------------------------------------------------
 
 
@@ -1312,6 +1330,7 @@ set_compute("ConvTranspose", conv_transpose)
 set_compute("ConvTransposeNCHWc", conv_transpose_nchwc)
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)
+set_compute("MatMulPacked", matmul_packed)
 set_compute("MaxPool", max_pool)
 set_compute("AveragePool", _average_pool(blocked=False))
 set_compute("AveragePoolNCHWc", _average_pool(blocked=True))

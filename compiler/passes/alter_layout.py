@@ -8,8 +8,11 @@ and activations broadcast per channel, such as the SE scale (N, C, 1, 1)); max a
 AveragePoolNCHWc); a group-1 ConvTranspose (ConvTransposeNCHWc); global pools (a mean or max over the two spatial axes); Concat, Split and Slice on channels in
 whole blocks; spatial Pad and Resize; ShuffleNet's channel shuffle (ChannelShuffleNCHWc). LayoutTransform nodes convert only where the layout must change: into the
 first blocked op, and back to NCHW before an op that needs it (Flatten, a softmax, a graph output). Hands fusion a
-graph whose convolution groups read and write blocked tensors. A Gemm with transB gets the target's float32 vector
-width as its split_lanes attribute (see alter_layout).
+graph whose convolution groups read and write blocked tensors.
+
+A MatMul or Gemm whose B is a param and whose A has more than one row becomes a MatMulPacked over B packed at compile
+time into panels of the target's dense column tile (pack_dense), so the dense template's register block reads B at
+unit stride. Another Gemm with transB gets the target's float32 vector width as its split_lanes attribute.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
-from compiler.graph.ops.nn import ASPECT_POLICIES, attr_string, block_channels, pack_transposed_weight, resize_plan
+from compiler.graph.ops.nn import (
+    ASPECT_POLICIES,
+    attr_string,
+    block_channels,
+    pack_dense_weight,
+    pack_transposed_weight,
+    resize_plan,
+)
 from compiler.graph.ops.transform import pad_widths, slice_plan
 from compiler.target import Target
 
@@ -33,6 +43,11 @@ BLOCK_BY_VECTOR_BYTES = {64: 16, 32: 8, 16: 8}
 # (9 per element) loses more to the conversions than it gains, and so do tiny convs (digits: 74K in all)
 ISOLATED_MACS_PER_ELEMENT = 64
 ISOLATED_MIN_MACS = 1 << 22
+
+# the columns of a packed dense weight's panel, by the target's vector width in bytes: the dense template's register
+# block is tile_m rows x one panel (compiler/schedules/cpu.py, "dense_packed"): four AVX-512 vectors, two of AVX2,
+# two of wasm SIMD128 or NEON (XNNPACK's 4 x 8 wasm tile)
+DENSE_PANEL_COLUMNS = {64: 64, 32: 16, 16: 8}
 
 # ops that compute each element from the same element of their operands: they run in any layout
 UNARY_OPS = (
@@ -71,6 +86,7 @@ def alter_layout(graph: Graph, target: Target | str = "llvm") -> Graph:
     result = first.run()
     isolated = first.isolated_convs()
     result = _Rewriter(graph, block, isolated).run() if isolated else result
+    result = pack_dense(result, target)
     lanes = max(4, target.vector_bytes // 4)
     for node in result.nodes:
         if node.op == "Gemm" and node.attrs.get("transB", 0):
@@ -79,6 +95,65 @@ def alter_layout(graph: Graph, target: Target | str = "llvm") -> Graph:
             # with 8; 4 in wasm, 0.107 ms against 0.143 with 16)
             node.attrs = {**node.attrs, "split_lanes": lanes}
     return result
+
+
+def dense_panel(target: Target, columns: int) -> int:
+    """The columns of a packed dense weight's panel for `target`: DENSE_PANEL_COLUMNS, or N rounded up to whole
+    vectors when N is narrower."""
+    widest = DENSE_PANEL_COLUMNS.get(target.vector_bytes, 8)
+    vector = max(4, target.vector_bytes // 4)
+    return min(widest, -(-columns // vector) * vector)
+
+
+def pack_dense(graph: Graph, target: Target) -> Graph:
+    """Every MatMul of a float32 A with more than one row by a 2-D float32 param B, and every Gemm of that kind
+    (transA 0, alpha 1, its C added with beta 1), becomes a MatMulPacked over B packed once into column panels
+    (pack_dense_weight); a Gemm's C becomes an Add after it, which fusion makes the kernel's epilogue. A single row
+    (a classifier's head, a decode step) keeps its MatMul."""
+    result = graph.copy()
+    packed: dict[tuple[Value, int], Value] = {}
+    nodes = []
+    for node in result.nodes:
+        weight = _dense_weight(result, node)
+        if weight is None:
+            nodes.append(node)
+            continue
+        array = result.params[weight]
+        transposed = node.op == "Gemm" and int(node.attrs.get("transB", 0))
+        columns = array.shape[0] if transposed else array.shape[1]
+        panel = dense_panel(target, columns)
+        key = (weight, panel, transposed)
+        if key not in packed:
+            packed[key] = result.add_param(
+                f"{weight.name}_panels{panel}", pack_dense_weight(array.T if transposed else array, panel)
+            )
+        addend = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else None
+        (output,) = node.outputs
+        product = Value(result.fresh_name(f"{output.name}_product"), output.type) if addend is not None else output
+        nodes.append(Node("MatMulPacked", [node.inputs[0], packed[key]], [product], {"columns": columns}, node.name))
+        if addend is not None:
+            nodes.append(Node("Add", [product, addend], [output], {}, f"{node.name}_bias"))
+    result.nodes = nodes
+    return result
+
+
+def _dense_weight(graph: Graph, node: Node) -> Value | None:
+    """The param B of a MatMul or Gemm that pack_dense packs, else None."""
+    if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or len(node.outputs) != 1:
+        return None
+    a, weight = node.inputs[:2]
+    array = graph.params.get(weight)
+    if array is None or array.ndim != 2 or array.dtype != np.float32 or a is None or a.type.dtype != "float32":
+        return None
+    if len(a.type.shape) < 2 or a.type.shape[-2] < 2:
+        return None
+    if node.op == "Gemm":
+        attrs = node.attrs
+        addend = node.inputs[2] if len(node.inputs) > 2 else None
+        beta = float(attrs.get("beta", 1.0)) if addend is not None else 1.0
+        if int(attrs.get("transA", 0)) or float(attrs.get("alpha", 1.0)) != 1.0 or beta != 1.0:
+            return None
+    return weight
 
 
 def gpu_layout(graph: Graph, target: Target | str = "webgpu") -> Graph:

@@ -124,24 +124,36 @@ class _Grouping:
         return allowed and not self._creates_cycle([*self.members[group], index], index)
 
     def _read_only_by_epilogue(self, v: Value, group: int, index: int) -> bool:
-        """Whether every reader of `v` besides node `index` is already in `group`, or is one later elementwise
-        node that closes a diamond: it reads an output of node `index`, and besides those only `v` and values no
-        node makes (params, graph inputs), keeping the shape. x * sigmoid(x) after a conv (SiLU) is such a
-        diamond: Sigmoid joins first, then the Mul, which by then finds every other reader of x in the group."""
+        """Whether every reader of `v` besides node `index` is already in `group`, or they are later elementwise
+        nodes of a diamond that closes (_closes_diamond). x * sigmoid(x) after a conv (SiLU) is such a diamond:
+        Sigmoid joins first, then the Mul, which by then finds every other reader of x in the group; so are GELU's
+        x * 0.5 * (1 + erf(x / sqrt 2)), whose Div, Erf and Add join one by one before the Mul, and its tanh form,
+        which reads x four times."""
         others = [c for c in self.consumers[v] if c != index and self.group_of[c] != group]
         if not others:
             return True
-        if len(others) > 1:
+        return min(others) > index and self._closes_diamond(v, index, max(others), group)
+
+    def _closes_diamond(self, v: Value, index: int, closing: int, group: int) -> bool:
+        """Whether the nodes from `index` to `closing` that read `v` or each other's outputs form a region that each
+        of them joins in turn: all elementwise and of v's shape, fed only by v, each other and values no node makes
+        (params, graph inputs), and read from outside only through `closing`."""
+        region = {index}
+        for position in range(index + 1, closing + 1):
+            node = self.nodes[position]
+            made = [u for u in node.inputs if u is not None and u is not v and u in self.producer]
+            if v not in node.inputs and not any(self.producer[u] in region for u in made):
+                continue
+            if any(self.producer[u] not in region for u in made) or self.patterns[position] > Pattern.BROADCAST:
+                return False
+            if any(out.type.shape != v.type.shape for out in node.outputs):
+                return False
+            region.add(position)
+        if closing not in region or len(self.members[group]) + len(region) > MAX_GROUP_OPS:
             return False
-        (closing,) = others
-        closer = self.nodes[closing]
-        joined = self.nodes[index].outputs
-        return (
-            closing > index
-            and any(u in joined for u in closer.inputs)
-            and self.patterns[closing] <= Pattern.BROADCAST
-            and all(out.type.shape == v.type.shape for out in closer.outputs)
-            and all(u is None or u is v or u in joined or u not in self.producer for u in closer.inputs)
+        inner = [out for position in region - {closing} for out in self.nodes[position].outputs]
+        return all(
+            out not in self.graph.outputs and all(c in region for c in self.consumers.get(out, [])) for out in inner
         )
 
     def _creates_cycle(self, united: list[int], last: int) -> bool:

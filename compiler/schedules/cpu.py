@@ -31,7 +31,8 @@ from compiler.tune.space import ConfigSpace, divisors, run_template
 # 9: a ragged MatMul's space adds tile_order and parallel
 # 10: a MatMul's tile_m may be the fallback's balanced tiling with a shorter last tile (77 rows: 6), not only a
 #     divisor
-SPACE_VERSION = 11
+# 12: a MatMul by a param weight is a MatMulPacked with a template of its own ("dense_packed")
+SPACE_VERSION = 12
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the
 # largest one that divides the loop); `padding` is where a conv's padded input is read from: "in_place" (the pad is
@@ -109,6 +110,10 @@ DEFAULTS: dict[str, dict[str, object]] = {
         # accumulators instead of growing past the registers
         "keep_accumulators": 0,
     },
+    # a MatMulPacked's register block: tile_m rows x one panel of B (its columns, alter_layout's DENSE_PANEL_COLUMNS),
+    # over the whole k, unrolled by unroll_k; tile_order (1, 0) walks the panels outermost, so a panel stays in cache
+    # while every row tile reads it. Measured in docs/benchmarks.md, "Dense kernels at the machine's peak"
+    "dense_packed": {"tile_m": 4, "unroll_k": 4, "unroll_m": 1, "tile_order": (1, 0), "parallel": "tiles"},
     # an NCHW[x]c pool's register tile: tile_ow output columns, each a channel block's vector
     "pool_max": {"tile_ow": 8},
     # a blocked ConvTranspose's register tile: tile_ow output columns, each a filter block's vector (not measured
@@ -184,6 +189,8 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # (1.51), mlp 0.080 in all four. The search chose 7 x 48 with unroll_k 4 and 11 x 32 with 8 for
         # odd_transformer's 200 x 700 and 700 x 200 MatMuls (1.3-1.4x their old fallback)
         "dense": {"tile_n": 48, "unroll_k": 4},
+        # 6 rows x a 64-column panel (24 accumulators, B's 4 vectors and A's broadcast in 32 registers)
+        "dense_packed": {"tile_m": 6},
     },
     # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
     # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two
@@ -228,6 +235,8 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         # thread, 2.92 -> 2.16 ms (1.70 with unroll_k 4, onnxruntime 1.74; docs/benchmarks.md, "MatMuls on an
         # AVX2 host")
         "dense": {"tile_m": 6, "tile_n": 16, "parallel": "outer", "pack_b": 1},
+        # 6 rows x a 16-column panel: 12 accumulators, B's 2 vectors and A's broadcast in 16 registers
+        "dense_packed": {"tile_m": 6},
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16},
         # not measured: the dense block's 12 accumulators
         "conv1d": {"tile_oc": 6, "tile_ow": 16},
@@ -249,9 +258,19 @@ CONV_TAGS = ("conv2d", "group_conv2d")
 CONV1D_TAGS = ("conv1d", "group_conv1d")
 BLOCKED_CONV_TAGS = ("conv2d_nchwc", "depthwise_conv2d_nchwc")
 DENSE_TAGS = ("dense", "batch_matmul")
+PACKED_DENSE_TAG = "dense_packed"
 POOL_TAGS = ("pool_max", "pool_avg")
 TRANSPOSED_TAG = "conv2d_transpose_nchwc"
-TILED_TAGS = (*CONV_TAGS, *CONV1D_TAGS, "depthwise_conv2d", *BLOCKED_CONV_TAGS, *DENSE_TAGS, *POOL_TAGS, TRANSPOSED_TAG)
+TILED_TAGS = (
+    *CONV_TAGS,
+    *CONV1D_TAGS,
+    "depthwise_conv2d",
+    *BLOCKED_CONV_TAGS,
+    *DENSE_TAGS,
+    PACKED_DENSE_TAG,
+    *POOL_TAGS,
+    TRANSPOSED_TAG,
+)
 
 
 def fallback(kind: str, target: Target | None = None) -> dict[str, object]:
@@ -393,7 +412,9 @@ def _anchor_reduction(schedule: Schedule) -> te.Tensor | None:
             continue
         if op.tag in POOL_TAGS and len(op.axis) not in (4, 5):
             continue  # 1-D and 3-D pools keep the generic reduction schedule
-        if len(op.axis) in (2, 4, 5) or op.tag in CONV1D_TAGS or (op.tag == "batch_matmul" and len(op.axis) > 2):
+        if len(op.axis) in (2, 4, 5) or op.tag in (*CONV1D_TAGS, PACKED_DENSE_TAG):
+            return op.output(0)
+        if op.tag == "batch_matmul" and len(op.axis) > 2:
             return op.output(0)
     return None
 
@@ -1215,6 +1236,55 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
 OUTER_TASKS = 8
 
 
+def _dense_packed(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """A MatMulPacked group (compiler/ops/nn.py, matmul_packed): a register block of tile_m rows by one panel of B,
+    made over the whole k and copied out through the group's epilogue. B's panels were packed at compile time, so the
+    block reads its panel at unit stride (whatever N is) and A's rows one broadcast element at a time. A last row tile
+    shorter than tile_m, and a last panel past N, are pieces of their own (partitioned), so the other tiles test
+    nothing. The search may change the rows, the k loop's unrolling, the order of the tile loops and which of them run
+    in parallel; the panel is a layout decision, made by alter_layout."""
+    values = fallback(PACKED_DENSE_TAG, target)
+    (k,) = dense.op.reduce_axis
+    loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
+    panel = next(node.tensor for node in loads if len(node.indices) == 3 and node.indices[1] is k).shape[-1]
+    *batch, i, j = output.op.axis
+    vectors = -(-panel // lanes(target, output.op.dtype))
+    most = max(size for size in range(1, i.extent + 1) if size == 1 or _dense_fits_registers(target, size, vectors))
+    default = tile_or_tail(i.extent, min(values["tile_m"], most), least=1.0)
+    cfg.define_split("tile_m", i, policy=list(range(1, most + 1)), default=default)
+    cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
+    i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
+    j_outer, j_inner = output.split(j, panel)
+    cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
+    tiles = cfg["tile_order"].permute([i_outer, j_outer])
+    output.reorder(*batch, *tiles, i_inner, j_inner)
+    cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
+    if cfg["parallel"].val == "tiles":
+        fused = row_loop = panel_loop = output.fuse(*batch, *tiles)
+        output.parallel(fused)
+    else:
+        outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
+        output.parallel(outer)
+        fused = tiles[1]
+        row_loop, panel_loop = (outer, fused) if tiles[0] is i_outer else (fused, outer)
+    if i.extent % cfg["tile_m"].size[-1]:
+        output.partition(row_loop)
+    if j.extent % panel:
+        output.partition(panel_loop)
+    output.vectorize(j_inner)
+    dense.set_scope("local")
+    dense.compute_at(output, fused)
+    *dense_batch, rows, columns = dense.op.axis
+    unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
+    cfg.define_split("unroll_k", k, policy=unrolls, default=max(size for size in unrolls if size <= values["unroll_k"]))
+    k_axes = list(cfg["unroll_k"].apply(schedule, dense, k))
+    dense.reorder(*dense_batch, *k_axes, rows, columns)
+    dense.unroll(k_axes[-1])
+    if cfg["unroll_m"].val:
+        dense.unroll(rows)
+    dense.vectorize(columns)
+
+
 WINOGRAD_GEMM = "winograd_gemm"
 
 
@@ -1460,6 +1530,7 @@ TEMPLATES = {
     "conv2d_nchwc": _conv_nchwc,
     "depthwise_conv2d_nchwc": _conv_nchwc,
     "dense": _dense,
+    PACKED_DENSE_TAG: _dense_packed,
     "pool_max": _pool,
     "pool_avg": _pool,
     TRANSPOSED_TAG: _transposed_conv_nchwc,

@@ -6,7 +6,7 @@ import pytest
 
 from compiler.errors import ShapeError
 from compiler.graph.ir import Graph, TensorType
-from compiler.graph.ops.nn import block_channels, unblock_channels
+from compiler.graph.ops.nn import block_channels, pack_dense_weight, unblock_channels, unpack_dense_weight
 from compiler.graph.registry import get_op
 from compiler.passes.alter_layout import alter_layout, channel_block, pack_weight
 from compiler.passes.eliminate_dead import eliminate_dead
@@ -257,10 +257,10 @@ def test_layout_ops_reject_bad_shapes():
     ],
 )
 def test_transposed_gemm_sums_one_vector_of_partial_products(target, lanes, assert_same_results):
-    """A Gemm with transB gets the target's float32 vector width as split_lanes; one without keeps its attrs; the
-    compiled result is checked against onnxruntime in tests/test_model_build.py (mlp)."""
+    """A single-row Gemm with transB gets the target's float32 vector width as split_lanes; one without keeps its
+    attrs; the compiled result is checked against onnxruntime in tests/test_model_build.py (mlp)."""
     graph = Graph()
-    x = graph.add_input("x", TensorType((2, 64), "float32"))
+    x = graph.add_input("x", TensorType((1, 64), "float32"))
     (y,) = graph.add_node("Gemm", [x, param(graph, (32, 64), "w"), param(graph, (32,), "b")], {"transB": 1})
     (z,) = graph.add_node("Gemm", [y, param(graph, (32, 8), "v")])
     graph.outputs = [z]
@@ -269,6 +269,69 @@ def test_transposed_gemm_sums_one_vector_of_partial_products(target, lanes, asse
     assert first.attrs == {"transB": 1, "split_lanes": lanes}
     assert second.attrs == {}
     assert_same_results(graph, altered)
+
+
+@pytest.mark.parametrize(
+    ("target", "panel"),
+    [("wasm", 8), ("llvm -mcpu=haswell -mattr=-avx512f", 16), ("llvm -mcpu=znver4 -mattr=+avx512f", 64)],
+)
+def test_matmuls_by_param_weights_read_panels_packed_at_compile_time(target, panel, assert_same_results):
+    """A MatMul of several rows by a param (K, N), and a Gemm of that kind (transB, its C an Add after it), become
+    MatMulPackeds over the weight packed once into panels of the target's column tile, N padded with zero columns;
+    two readers of one weight share its packing; a single row, a Gemm with alpha or transA, and a MatMul by a computed
+    B keep their ops."""
+    graph = Graph()
+    rng = np.random.default_rng(1)  # not the module's RNG: the other tests' weights stay as they were
+
+    def param(graph: Graph, shape, name):
+        return graph.add_param(name, rng.standard_normal(shape).astype(np.float32))
+
+    x = graph.add_input("x", TensorType((1, 5, 24), "float32"))
+    tied = param(graph, (24, 100), "w")
+    (y,) = graph.add_node("MatMul", [x, tied])
+    (y2,) = graph.add_node("MatMul", [x, tied])
+    (flat,) = graph.add_node("Reshape", [y], {"shape": (5, 100)})
+    (z,) = graph.add_node("Gemm", [flat, param(graph, (30, 100), "g"), param(graph, (30,), "c")], {"transB": 1})
+    (scaled,) = graph.add_node("Gemm", [z, param(graph, (30, 7), "s")], {"alpha": 0.5})
+    row = graph.add_input("row", TensorType((1, 24), "float32"))
+    (single,) = graph.add_node("MatMul", [row, param(graph, (24, 9), "r")])
+    (computed,) = graph.add_node("MatMul", [x, graph.add_input("b", TensorType((24, 3), "float32"))])
+    graph.outputs = [y2, scaled, single, computed]
+    altered = eliminate_dead(alter_layout(graph, target))
+    assert ops(altered) == [
+        "MatMulPacked",
+        "MatMulPacked",
+        "Reshape",
+        "MatMulPacked",
+        "Add",
+        "Gemm",
+        "MatMul",
+        "MatMul",
+    ]
+    first, second, _, gemm, *_ = altered.nodes
+    assert first.inputs[1] is second.inputs[1]
+    assert altered.params[first.inputs[1]].shape == (-(-100 // panel), 24, panel)
+    assert first.attrs == {"columns": 100} and gemm.attrs == {"columns": 30}
+    assert altered.params[gemm.inputs[1]].shape == (-(-30 // panel), 100, min(panel, 32))
+    assert_same_results(graph, altered, rtol=1e-4, atol=1e-5)
+
+
+def test_packed_dense_weights_round_trip():
+    weight = np.arange(7 * 21, dtype=np.float32).reshape(7, 21)
+    packed = pack_dense_weight(weight, 8)
+    assert packed.shape == (3, 7, 8)
+    np.testing.assert_array_equal(packed[2, :, 5:], 0)
+    np.testing.assert_array_equal(unpack_dense_weight(packed, 21), weight)
+
+
+def test_matmul_packed_rejects_weights_it_cannot_read():
+    op = get_op("MatMulPacked")
+    a = TensorType((4, 24), "float32")
+    with pytest.raises(ShapeError, match="packed"):
+        op.infer([a, TensorType((24, 8), "float32")], {"columns": 8})
+    with pytest.raises(ShapeError, match="columns=17"):
+        op.infer([a, TensorType((2, 24, 8), "float32")], {"columns": 17})
+    assert op.infer([a, TensorType((3, 24, 8), "float32")], {"columns": 17})[0].shape == (4, 17)
 
 
 @pytest.mark.parametrize("target", ["webgpu", "opencl", "cuda"])

@@ -1,6 +1,7 @@
 """fuse_ops: groups follow TVM's pattern rules; every node of the result is a verified "fused" group."""
 
 import numpy as np
+import pytest
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.passes.fold_batchnorm import fold_batchnorm
@@ -280,7 +281,9 @@ def test_silu_after_a_conv_closes_a_diamond_into_its_group(assert_same_results):
     assert fused.nodes[0].outputs == graph.outputs
 
 
-def test_a_diamond_whose_anchor_output_has_a_third_reader_stays_apart(assert_same_results):
+def test_a_diamond_whose_anchor_output_has_a_third_elementwise_reader_closes_at_the_last(assert_same_results):
+    """silu + x: the Add reads the conv's output too, and it is elementwise, so the region of Sigmoid, Mul and Add
+    closes at the Add and every reader of x joins the conv's group."""
     graph = Graph()
     x = graph.add_input("x", IMAGE)
     features = conv(graph, x, "conv")
@@ -288,7 +291,42 @@ def test_a_diamond_whose_anchor_output_has_a_third_reader_stays_apart(assert_sam
     (silu,) = graph.add_node("Mul", [features, gate])
     graph.outputs = graph.add_node("Add", [silu, features])
     fused = fuse_checked(graph, assert_same_results)
-    assert [members for _, _, members in group_summary(fused)] == [["Conv"], ["Sigmoid", "Mul", "Add"]]
+    assert [members for _, _, members in group_summary(fused)] == [["Conv", "Sigmoid", "Mul", "Add"]]
+
+
+def test_gelu_after_a_matmul_closes_a_diamond_of_several_steps(assert_same_results):
+    """GELU as exporters decompose it, x * 0.5 * (1 + erf(x / sqrt 2)): Div, Erf and Add join the MatMul's group one by
+    one, then the Mul that reads x again."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType((4, 8), "float32"))
+    (y,) = graph.add_node("MatMul", [x, graph.add_param("w", RNG.standard_normal((8, 8)).astype(np.float32))])
+    (scaled,) = graph.add_node("Div", [y, graph.add_param("root2", np.array(np.sqrt(2), np.float32))])
+    (erf,) = graph.add_node("Erf", [scaled])
+    (shifted,) = graph.add_node("Add", [erf, graph.add_param("one", np.array(1, np.float32))])
+    (doubled,) = graph.add_node("Mul", [y, shifted])
+    graph.outputs = graph.add_node("Mul", [doubled, graph.add_param("half", np.array(0.5, np.float32))])
+    fused = fuse_checked(graph, assert_same_results)
+    assert [members for _, _, members in group_summary(fused)] == [["MatMul", "Div", "Erf", "Add", "Mul", "Mul"]]
+
+
+@pytest.mark.parametrize("leak", ["output", "conv", "reduction"])
+def test_a_diamond_that_does_not_close_stays_apart(leak, assert_same_results):
+    """The region after the conv is read from outside before it closes (a graph output, a second conv, a reduction):
+    the conv's output must reach memory, so the region stays a group of its own."""
+    graph = Graph()
+    x = graph.add_input("x", IMAGE)
+    features = conv(graph, x, "conv")
+    (gate,) = graph.add_node("Sigmoid", [features])
+    outputs = list(graph.add_node("Mul", [features, gate]))
+    if leak == "output":
+        outputs.append(gate)
+    elif leak == "conv":
+        outputs.append(conv(graph, gate, "second"))
+    else:
+        outputs += graph.add_node("ReduceMean", [gate], {"axes": (2, 3)})
+    graph.outputs = outputs
+    fused = fuse_checked(graph, assert_same_results)
+    assert ["Conv"] in [members for _, _, members in group_summary(fused)]
 
 
 def test_a_conv_takes_in_the_layout_transform_only_it_reads(assert_same_results):

@@ -268,6 +268,62 @@ def test_batched_matmul_is_register_blocked(target, a_shape, b_shape):
     assert ") vectorized {" in tir
 
 
+def gelu(graph: Graph, y, form: str):
+    """GELU as torch's exporter writes it: erf (x * 0.5 * (1 + erf(x / sqrt 2))) or tanh's approximation."""
+
+    def scalar(value: float):
+        return graph.add_param("c", np.array(value, np.float32))
+
+    if form == "erf":
+        (scaled,) = graph.add_node("Div", [y, scalar(np.sqrt(2.0))])
+        (inner,) = graph.add_node("Erf", [scaled])
+    else:
+        (cube,) = graph.add_node("Mul", [y, y])
+        (cube,) = graph.add_node("Mul", [cube, y])
+        (cube,) = graph.add_node("Mul", [cube, scalar(0.044715)])
+        (inner,) = graph.add_node("Add", [y, cube])
+        (inner,) = graph.add_node("Mul", [inner, scalar(np.sqrt(2.0 / np.pi))])
+        (inner,) = graph.add_node("Tanh", [inner])
+    (inner,) = graph.add_node("Add", [inner, scalar(1.0)])
+    (y,) = graph.add_node("Mul", [y, inner])
+    (y,) = graph.add_node("Mul", [y, scalar(0.5)])
+    return y
+
+
+@pytest.mark.parametrize("target", [*TARGETS, "llvm -mattr=-avx512f"])
+@pytest.mark.parametrize(
+    ("a_shape", "columns", "epilogue"),
+    [
+        ((1, 13, 48), 100, "bias_gelu_erf"),
+        ((1, 13, 48), 100, "bias_gelu_tanh"),
+        ((2, 7, 32), 64, "bias_residual"),
+        ((9, 40), 24, "scale"),
+    ],
+)
+def test_matmul_by_a_param_weight_is_one_packed_kernel_with_its_epilogue(target, a_shape, columns, epilogue):
+    """A projection of a transformer: the MatMul by a param weight reads B in panels packed at compile time, and its
+    bias, GELU (either form), residual add or scale are the same kernel's epilogue, stored from the register block;
+    13 rows and 100 columns leave a shorter last row tile and a last panel past N, each a piece of its own, so no
+    test is left inside the vector loops."""
+    graph = Graph()
+    x = graph.add_input("x", TensorType(a_shape, "float32"))
+    (y,) = graph.add_node("MatMul", [x, param(graph, (a_shape[-1], columns))])
+    if epilogue.startswith("bias"):
+        (y,) = graph.add_node("Add", [y, param(graph, (columns,))])
+    if epilogue.startswith("bias_gelu"):
+        y = gelu(graph, y, epilogue.rsplit("_", 1)[1])
+    elif epilogue == "bias_residual":
+        residual = graph.add_input("residual", TensorType(y.type.shape, "float32"))
+        (y,) = graph.add_node("Add", [y, residual])
+    elif epilogue == "scale":
+        (y,) = graph.add_node("Mul", [y, graph.add_param("s", np.array(0.125, np.float32))])
+    graph.outputs = [y]
+    feeds = {v.name: RNG.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    tir = anchor_kernel(check(graph, feeds, target, packed=True))
+    assert_tile_epilogue(tir, "dense_packed")
+    assert not re.search(r"(unrolled|vectorized) \{\n\s*if", tir), tir
+
+
 def ragged_tile(target: Target, rows: int, columns: int) -> int:
     """The column tile of a row no whole vectors divide, in a block of `rows`: the fallback's tile_n, a vector less
     while the block's accumulators, the vectors of B and A's broadcast do not fit the vector registers, then the

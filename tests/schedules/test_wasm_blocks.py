@@ -1,6 +1,7 @@
 """Register blocks sized for V8's 16 registers on wasm (compiler/schedules/cpu.py, VECTOR_DEFAULTS[16]): the dense
-template's 4 rows x 8 columns, a row tile above 4 (77 rows: 7) with fewer columns so the block keeps its accumulators,
-and an NCHW conv's 2 channels x 16 columns; odd shapes against onnxruntime."""
+template's 4 rows x 8 columns (attention's MatMuls of two computed operands), a row tile above 4 (77 rows: 7) with
+fewer columns so the block keeps its accumulators, a MatMul by a param weight's 4 rows x one packed panel of 8
+columns, and an NCHW conv's 2 channels x 16 columns; odd shapes against onnxruntime."""
 
 import re
 
@@ -13,31 +14,46 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.build import compile_model
 
 
-def matmul_add(rows: int, depth: int, columns: int) -> onnx.ModelProto:
+def matmul_add(rows: int, depth: int, columns: int, weight_input: bool = False) -> tuple[onnx.ModelProto, np.ndarray]:
+    """x @ w + b; w a param, or (weight_input) an input of the model as attention's second operand is."""
     rng = np.random.default_rng(rows * columns)
     weights = {
         "w": (rng.standard_normal((depth, columns)) / np.sqrt(depth)).astype(np.float32),
         "b": rng.standard_normal(columns).astype(np.float32),
     }
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, depth])]
+    if weight_input:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [depth, columns]))
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["out"])],
         "matmul",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, depth])],
+        inputs,
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(array, name) for name, array in weights.items()],
+        [numpy_helper.from_array(array, name) for name, array in weights.items() if not (weight_input and name == "w")],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), weights["w"]
 
 
+@pytest.mark.parametrize("weight_input", [True, False])
 @pytest.mark.parametrize(
-    ("rows", "depth", "columns", "block"),
-    [(128, 40, 24, (4, 8)), (77, 50, 700, (7, 4)), (77, 30, 36, (7, 4)), (21, 33, 40, (3, 8))],
+    ("rows", "depth", "columns", "block", "packed_block"),
+    [
+        (128, 40, 24, (4, 8), (4, 8)),
+        (77, 50, 700, (7, 4), (4, 8)),
+        (77, 30, 36, (7, 4), (4, 8)),
+        (21, 33, 40, (3, 8), (4, 8)),
+    ],
 )
-def test_wasm_dense_block_fits_the_registers_and_matches_onnxruntime(rows, depth, columns, block):
-    model = matmul_add(rows, depth, columns)
+def test_wasm_dense_block_fits_the_registers_and_matches_onnxruntime(
+    rows, depth, columns, block, packed_block, weight_input
+):
+    model, weight = matmul_add(rows, depth, columns, weight_input)
     module = compile_model(model, target="wasm")
-    assert re.search(rf"allocate batch_matmul: float32\[1, {block[0]}, {block[1]}\] local", module.source("tir"))
+    anchor, (block_rows, block_columns) = ("batch_matmul", block) if weight_input else ("dense_packed", packed_block)
+    assert re.search(rf"allocate {anchor}: float32\[1, {block_rows}, {block_columns}\] local", module.source("tir"))
     feeds = {"x": np.random.default_rng(4).standard_normal((1, rows, depth)).astype(np.float32)}
+    if weight_input:
+        feeds["w"] = weight
     (expected,) = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
     np.testing.assert_allclose(module.run(feeds)["out"], expected, rtol=1e-4, atol=1e-5)
 

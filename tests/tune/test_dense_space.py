@@ -32,14 +32,16 @@ AVX512 = "llvm -mattr=+avx512f"
 # vit_tiny's since a ragged row's MatMul takes the tile order and parallel loop of every other (SPACE_VERSION 9);
 # the 32-byte ones since AVX2 packs B's panel once per column tile, the column tiles in parallel, and vit_tiny's
 # again for its attention's 7 x 8 blocks taking 11 rows (_fill_block), and again for its 77 rows taking 6-row tiles
-# and a 5-row last one where 77's divisor 7 made 7 x 16 blocks, beyond 16 registers (SPACE_VERSION 10)
+# and a 5-row last one where 77's divisor 7 made 7 x 16 blocks, beyond 16 registers (SPACE_VERSION 10); all since
+# their MatMuls by param weights are MatMulPackeds (SPACE_VERSION 12): the digests are of their attention's MatMuls
+# alone, whose code is byte for byte what it was
 DENSE_DIGESTS = {
-    ("bert_tiny", 64): "3c4191397bbb8ff0e0662747f61fd124fd338c9eeb6c7dbc315500558204bd82",
-    ("bert_tiny", 32): "e3c37f5ecdb89b6ea8daa6f0e5281ef2377c0822b39776dcc50ba131079ecf64",
-    ("bert_tiny", 16): "9d08d1588bc1af47943b349c42f557b565b7d789fdd67cd369e0c67ce7288b1c",
-    ("vit_tiny", 64): "817af0b47fcfbfe56d06bed58a4f33d466f2516665f83d006c7402993e3cb2b6",
-    ("vit_tiny", 32): "c86578a5ccdad9934d5921000471e6d66386a79616194800f8ad0e2d7a48c11c",
-    ("vit_tiny", 16): "050088957c4228d39c428d835ac479db2f59c422fed963be230dbfa016056f37",
+    ("bert_tiny", 64): "6989ae70e9092aa1c372d652079f8081ab3a4c677385004375f9b5d98cd50696",
+    ("bert_tiny", 32): "f3a5c06df7f7fe55c291c813c88693807ba4ad65b25475a0ac4c1e4fddb4f5ce",
+    ("bert_tiny", 16): "52e8c2ecdccc81d02bbb7e1858d4d07fc514205514e218af213ecca338691e59",
+    ("vit_tiny", 64): "5abc68932d027d010421ab5bb85ec8c3898a1d28e44945dae08e6a770135620d",
+    ("vit_tiny", 32): "0932e6cc64fb2cfdc39c7bb3ef0018399cf02711292af67f4e49799a78227953",
+    ("vit_tiny", 16): "d368961599d6d119e01710f4f2b9ecac5d6e925c8f27db27261b27120880fcf5",
 }
 
 
@@ -180,3 +182,52 @@ def test_a_block_starved_of_accumulators_takes_more_rows_rolled():
         fallback_config = space.fallback
         assert fallback_config["tile_m"].size[-1] == rows and fallback_config["tile_n"].size[-1] == columns, target
         assert fallback_config["unroll_m"].val == unrolled, target
+
+
+def packed_node(a_shape, b_shape, target):
+    """A MatMul (+Relu) of an input by a param weight through the target's layout pass: a MatMulPacked group."""
+    graph = Graph()
+    a = graph.add_input("a", TensorType(a_shape, "float32"))
+    (y,) = graph.add_node("MatMul", [a, graph.add_param("b", RNG.standard_normal(b_shape).astype(np.float32))])
+    (y,) = graph.add_node("Relu", [y])
+    graph.outputs = [y]
+    fused = optimize(graph, target=target)
+    (node,) = fused.nodes
+    return graph, fused, node
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f", "wasm"])
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((1, 13, 24), (24, 100)), ((2, 6, 16), (16, 64))])
+def test_every_packed_dense_config_computes_the_matmul(a_shape, b_shape, target):
+    """The MatMulPacked template's space (compiler/schedules/cpu.py, _dense_packed): rows, the k loop's unrolling, the
+    tile order and the parallel loop, each value among the configs built and run; 13 rows and 100 columns leave a
+    shorter last row tile and a last panel past N."""
+    graph, fused, node = packed_node(a_shape, b_shape, target)
+    space = ConfigSpace()
+    schedule_group(group_to_te(node), target, space)
+    assert space.template == "dense_packed"
+    assert set(space.knobs) == {"tile_m", "unroll_m", "tile_order", "parallel", "unroll_k"}
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    expected = np.maximum(a @ next(iter(graph.params.values())), 0)
+    valid = list(space.valid_configs())
+    tried = valid[:: max(1, len(valid) // 6)]
+    for knob in ("unroll_m", "tile_order", "parallel", "unroll_k"):
+        for value in range(len(space.knobs[knob].choices)):
+            tried += [config for config in valid if config.choices[knob] == value][:1]
+    for config in dict.fromkeys(tried):
+        group = group_to_te(node)
+        kernel = build(schedule_group(group, target, config.to_json()), [*group.inputs, *group.outputs], target)
+        y = np.full(expected.shape, np.nan, np.float32)
+        kernel(a, fused.params[node.inputs[1]], y)
+        np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=str(config.to_json()))
+
+
+@pytest.mark.parametrize(("target", "rows", "most"), [(AVX512, 6, 6), ("llvm -mattr=-avx512f", 6, 6), ("wasm", 4, 14)])
+def test_packed_dense_rows_fill_the_registers_around_one_panel(target, rows, most):
+    """The fallback block is tile_m rows by one panel (AVX-512: 6 x 64 columns, 24 accumulators; AVX2 6 x 16; wasm
+    4 x 8); the search may take rows while the block, the panel's vectors and a broadcast fit the registers."""
+    _, _, node = packed_node((1, 128, 64), (64, 512), target)
+    space = ConfigSpace()
+    schedule_group(group_to_te(node), target, space)
+    assert space.fallback["tile_m"].size[-1] == rows
+    assert max(choice[-1] for choice in space.knobs["tile_m"].choices) == most

@@ -735,6 +735,45 @@ def _matmul(a, b, **_):
 register_op("MatMul", infer=_infer_matmul, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul)
 
 
+# -- MatMulPacked (CPU): a MatMul whose constant B was packed into column panels at compile time ----------------------
+
+
+def pack_dense_weight(weight: np.ndarray, panel: int) -> np.ndarray:
+    """(K, N) -> (ceil(N / panel), K, panel): each panel's K rows of `panel` columns contiguous, so a register block
+    reads B at unit stride whatever N is; columns past N are zeros."""
+    inner, columns = weight.shape
+    padded = np.pad(weight, [(0, 0), (0, -columns % panel)])
+    return np.ascontiguousarray(padded.reshape(inner, -1, panel).transpose(1, 0, 2))
+
+
+def unpack_dense_weight(packed: np.ndarray, columns: int) -> np.ndarray:
+    """The (K, N) weight a MatMulPacked's (N / panel, K, panel) weight stands for."""
+    panels, inner, panel = packed.shape
+    return packed.transpose(1, 0, 2).reshape(inner, panels * panel)[:, :columns]
+
+
+def _infer_matmul_packed(types, attrs):
+    a, w = _inputs("MatMulPacked", types, 2, 2)
+    columns = int(attrs.get("columns", 0))
+    if len(a.shape) < 2 or len(w.shape) != 3 or a.shape[-1] != w.shape[1]:
+        raise ShapeError(
+            f"MatMulPacked needs A of rank >= 2 and a packed (N / panel, K, panel) weight with A's K, got "
+            f"{list(a.shape)} and {list(w.shape)}"
+        )
+    if not (w.shape[0] - 1) * w.shape[2] < columns <= w.shape[0] * w.shape[2]:
+        raise ShapeError(f"MatMulPacked's columns={columns} does not fit its weight's panels {list(w.shape)}")
+    if a.dtype != w.dtype:
+        raise ShapeError(f"MatMulPacked operands have dtypes {a.dtype} and {w.dtype}; they must agree")
+    return [TensorType((*a.shape[:-1], columns), a.dtype)]
+
+
+def _matmul_packed(a, w, *, columns, **_):
+    return _matmul(a, unpack_dense_weight(w, columns))
+
+
+register_op("MatMulPacked", infer=_infer_matmul_packed, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul_packed)
+
+
 # -- normalisation ------------------------------------------------------------------------------------------------
 
 
