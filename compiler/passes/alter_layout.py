@@ -106,10 +106,10 @@ def dense_panel(target: Target, columns: int) -> int:
 
 
 def pack_dense(graph: Graph, target: Target) -> Graph:
-    """Every MatMul of a float32 A with more than one row by a 2-D float32 param B, and every Gemm of that kind
-    (transA 0, alpha 1, its C added with beta 1), becomes a MatMulPacked over B packed once into column panels
-    (pack_dense_weight); a Gemm's C becomes an Add after it, which fusion makes the kernel's epilogue. A single row
-    (a classifier's head, a decode step) keeps its MatMul."""
+    """Every MatMul of a float32 A of more than one row (counting its leading axes) by a 2-D float32 param B, and every
+    Gemm of that kind (transA 0, alpha 1, its C added with beta 1), becomes a MatMulPacked over B packed once into
+    column panels (pack_dense_weight); a Gemm's C becomes an Add after it, which fusion makes the kernel's epilogue.
+    A single row (a classifier's head, a decode step) keeps its MatMul."""
     result = graph.copy()
     packed: dict[tuple[Value, int], Value] = {}
     nodes = []
@@ -145,7 +145,7 @@ def _dense_weight(graph: Graph, node: Node) -> Value | None:
     array = graph.params.get(weight)
     if array is None or array.ndim != 2 or array.dtype != np.float32 or a is None or a.type.dtype != "float32":
         return None
-    if len(a.type.shape) < 2 or a.type.shape[-2] < 2:
+    if len(a.type.shape) < 2 or math.prod(a.type.shape[:-1]) < 2:
         return None
     if node.op == "Gemm":
         attrs = node.attrs

@@ -168,6 +168,8 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
             "tile_order": (0, 1),
             "keep_accumulators": 1,
         },
+        # 4 rows x a panel of 8 columns, the k loop rolled: V8 spilled the block unrolled by 4
+        "dense_packed": {"unroll_k": 1},
         # not measured: the register budget of the dense block above (16 accumulators)
         "conv1d": {"tile_oc": 4, "tile_ow": 16},
         # an NCHW conv's 8 x 16 (32 accumulators) spills in V8 too; at most 2 channels x 16 columns (8): Node 20,
@@ -1247,7 +1249,11 @@ def _dense_packed(schedule: Schedule, dense: Stage, output: Stage, target: Targe
     (k,) = dense.op.reduce_axis
     loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
     panel = next(node.tensor for node in loads if len(node.indices) == 3 and node.indices[1] is k).shape[-1]
-    *batch, i, j = output.op.axis
+    # the rows are A's last axis before K of more than one element: a sequence-first projection ((tokens, 1, K), as
+    # torch's MultiheadAttention exports it) tiles its tokens, not its single-row matrices
+    *lead, j = output.op.axis
+    row = max((position for position, axis in enumerate(lead) if axis.extent > 1), default=len(lead) - 1)
+    i, batch = lead[row], [axis for position, axis in enumerate(lead) if position != row]
     vectors = -(-panel // lanes(target, output.op.dtype))
     most = max(size for size in range(1, i.extent + 1) if size == 1 or _dense_fits_registers(target, size, vectors))
     default = tile_or_tail(i.extent, min(values["tile_m"], most), least=1.0)
@@ -1274,7 +1280,8 @@ def _dense_packed(schedule: Schedule, dense: Stage, output: Stage, target: Targe
     output.vectorize(j_inner)
     dense.set_scope("local")
     dense.compute_at(output, fused)
-    *dense_batch, rows, columns = dense.op.axis
+    *dense_lead, columns = dense.op.axis
+    rows, dense_batch = dense_lead[row], [axis for position, axis in enumerate(dense_lead) if position != row]
     unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
     cfg.define_split("unroll_k", k, policy=unrolls, default=max(size for size in unrolls if size <= values["unroll_k"]))
     k_axes = list(cfg["unroll_k"].apply(schedule, dense, k))

@@ -21,6 +21,7 @@ from compiler.schedules.cpu import (
     fallback,
     lanes,
     schedule_group,
+    tile_or_tail,
     vector_factor,
     vector_registers,
 )
@@ -298,13 +299,15 @@ def gelu(graph: Graph, y, form: str):
         ((1, 13, 48), 100, "bias_gelu_tanh"),
         ((2, 7, 32), 64, "bias_residual"),
         ((9, 40), 24, "scale"),
+        ((11, 1, 24), 40, "bias"),
     ],
 )
 def test_matmul_by_a_param_weight_is_one_packed_kernel_with_its_epilogue(target, a_shape, columns, epilogue):
     """A projection of a transformer: the MatMul by a param weight reads B in panels packed at compile time, and its
     bias, GELU (either form), residual add or scale are the same kernel's epilogue, stored from the register block;
     13 rows and 100 columns leave a shorter last row tile and a last panel past N, each a piece of its own, so no
-    test is left inside the vector loops."""
+    test is left inside the vector loops. A sequence-first A (tokens, 1, K), as torch's MultiheadAttention exports
+    its projections, tiles its tokens as the rows."""
     graph = Graph()
     x = graph.add_input("x", TensorType(a_shape, "float32"))
     (y,) = graph.add_node("MatMul", [x, param(graph, (a_shape[-1], columns))])
@@ -321,6 +324,9 @@ def test_matmul_by_a_param_weight_is_one_packed_kernel_with_its_epilogue(target,
     feeds = {v.name: RNG.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
     tir = anchor_kernel(check(graph, feeds, target, packed=True))
     assert_tile_epilogue(tir, "dense_packed")
+    extent = next(size for size in reversed(a_shape[:-1]) if size > 1)
+    rows = tile_or_tail(extent, fallback("dense_packed", Target.parse(target))["tile_m"], least=1.0)
+    assert re.search(rf"allocate dense_packed: float32\[({rows}, 1|(1, )?{rows}), \d+\] local", tir), tir
     assert not re.search(r"(unrolled|vectorized) \{\n\s*if", tir), tir
 
 
