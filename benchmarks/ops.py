@@ -1,8 +1,12 @@
 """Single ops and small blocks that transformer models are made of, Tessel against onnxruntime natively, side by side
 in one process: each case is an ONNX model built here, compiled for the host, checked against onnxruntime's output,
 then timed interleaved (A B A B ...) on the same input with the same thread count. The zoo models of cpu.py have no
-softmax, layer norm or batched matmul; these cases keep those kernels measured.
-Run: .venv/bin/python benchmarks/ops.py [--threads 1] [--cases ...] [--repeat 30]"""
+softmax, layer norm or batched matmul; these cases keep those kernels measured. A MatMul case also prints its
+GFLOP/s and their share of the FMA peak that common.fma_peak_gflops measures on as many threads, in the same run
+(the dense target: 85% of it at one thread for 128, 197 and 1500 rows by 768 x 768 and 768 x 3072). With --wasm the
+cases run in Node instead, Tessel's plain-SIMD bundle on one thread against onnxruntime-web's (benchmarks/wasm.py's
+harness).
+Run: .venv/bin/python benchmarks/ops.py [--threads 1] [--cases ...] [--repeat 30] [--wasm]"""
 
 from __future__ import annotations
 
@@ -12,7 +16,17 @@ from functools import partial
 
 import numpy as np
 import onnxruntime as ort
-from common import check_close, interleaved, onnxruntime_session, print_table, ratio, spread, summary
+from common import (
+    check_close,
+    fma_peak_gflops,
+    interleaved,
+    onnxruntime_session,
+    print_table,
+    ratio,
+    run_in_node,
+    spread,
+    summary,
+)
 from cpu import machine
 from onnx import TensorProto, helper, numpy_helper
 
@@ -33,6 +47,44 @@ def _model(nodes, inputs: dict, outputs: dict, weights: dict | None = None):
         [numpy_helper.from_array(value, name) for name, value in (weights or {}).items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _matmul(rows: int, inner: int, columns: int):
+    """x (1, rows, inner) @ a weight (inner, columns), as a transformer's projection."""
+    return _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        {"x": [1, rows, inner]},
+        {"y": [1, rows, columns]},
+        {"w": _weight(inner, columns)},
+    )
+
+
+def _attention(heads: int, tokens: int, depth: int):
+    """softmax(Q K^T / sqrt(depth)) V over `heads` heads, as torch's scaled_dot_product_attention exports it."""
+    shape = [1, heads, tokens, depth]
+    return _model(
+        [
+            helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+            helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+            helper.make_node("Softmax", ["scaled"], ["weights"], axis=-1),
+            helper.make_node("MatMul", ["weights", "v"], ["y"]),
+        ],
+        {"q": shape, "kt": [1, heads, depth, tokens], "v": shape},
+        {"y": shape},
+        {"scale": np.array(depth**-0.5, np.float32)},
+    )
+
+
+def flops(model) -> int:
+    """Multiply-add flops of a case's MatMuls (0 when it has none): 2 x M x K x N each."""
+    shapes = {value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim] for value in model.graph.input}
+    shapes.update({init.name: list(init.dims) for init in model.graph.initializer})
+    total = 0
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and all(name in shapes for name in node.input):
+            a, b = (shapes[name] for name in node.input)
+            total += 2 * int(np.prod(a[:-1])) * a[-1] * b[-1]
+    return total
 
 
 def _weight(*shape: int) -> np.ndarray:
@@ -68,15 +120,14 @@ def cases() -> dict:
             {name: np.array(value) for name, value in constants.items()},
         ),
         "exp 12x128x128": _unary("Exp", ATTENTION),
-        "matmul 128x768 @ 768x768": _model(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": HIDDEN}, {"y": HIDDEN}, {"w": _weight(WIDTH, WIDTH)}
-        ),
-        "matmul 128x768 @ 768x3072": _model(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])],
-            {"x": HIDDEN},
-            {"y": [1, TOKENS, 4 * WIDTH]},
-            {"w": _weight(WIDTH, 4 * WIDTH)},
-        ),
+        "matmul 128x768 @ 768x768": _matmul(128, 768, 768),
+        "matmul 128x768 @ 768x3072": _matmul(128, 768, 3072),
+        "matmul 197x768 @ 768x768": _matmul(197, 768, 768),
+        "matmul 197x768 @ 768x3072": _matmul(197, 768, 3072),
+        "matmul 1500x768 @ 768x768": _matmul(1500, 768, 768),
+        "matmul 1500x768 @ 768x3072": _matmul(1500, 768, 3072),
+        "attention 12 heads x 197 tokens x 64": _attention(12, 197, 64),
+        "attention 6 heads x 1500 tokens x 64": _attention(6, 1500, 64),
         "attention scores 12x128x64 @ 12x64x128": _model(
             [helper.make_node("MatMul", ["q", "k"], ["y"])],
             {"q": [1, HEADS, TOKENS, 64], "k": [1, HEADS, 64, TOKENS]},
@@ -118,8 +169,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads for both Tessel and onnxruntime")
     parser.add_argument("--cases", nargs="+", default=list(every), choices=list(every), metavar="CASE")
     parser.add_argument("--repeat", type=int, default=30, help="timed runs of each, after warm-up (at least 30)")
+    parser.add_argument("--wasm", action="store_true", help="Tessel's wasm bundle against onnxruntime-web in Node")
     arguments = parser.parse_args()
     threads, repeat = arguments.threads, max(30, arguments.repeat)
+    if arguments.wasm:
+        return wasm_main(every, arguments.cases, repeat)
+    peak = fma_peak_gflops(threads)
     rows = []
     for name in arguments.cases:
         model = every[name]
@@ -131,16 +186,54 @@ def main() -> None:
         tessel, rival = map(
             summary, interleaved([partial(module.run, feeds), partial(session.run, None, feeds)], repeat)
         )
+        work = flops(model)
+        speed = f"{work / tessel['median'] / 1e6:.0f} ({work / tessel['median'] / 1e6 / peak:.0%})" if work else ""
         rows.append(
             [
                 name,
                 spread(tessel, 3, ("median", "min")),
                 spread(rival, 3, ("median", "min")),
                 ratio(tessel["median"], rival["median"]),
+                speed,
             ]
         )
-    print(f"{datetime.date.today()}, {machine()}, onnxruntime {ort.__version__}, {threads} thread(s)\n")
-    print_table(["case", "Tessel ms (median / min)", "onnxruntime ms (median / min)", "Tessel / onnxruntime"], rows)
+    print(
+        f"{datetime.date.today()}, {machine()}, onnxruntime {ort.__version__}, {threads} thread(s), "
+        f"FMA peak {peak:.0f} GFLOP/s\n"
+    )
+    header = ["case", "Tessel ms (median / min)", "onnxruntime ms (median / min)", "Tessel / onnxruntime"]
+    print_table([*header, "Tessel GFLOP/s (share of peak)"], rows)
+
+
+def wasm_main(every: dict, names: list[str], repeat: int) -> None:
+    """Each case's plain-SIMD wasm bundle on one thread against onnxruntime-web on one thread, in one Node process."""
+    entries = []
+    for name in names:
+        model = every[name]
+        model.ir_version = 8  # onnxruntime-web 1.23 takes no later IR version
+        module = compiler.compile_model(model, target="wasm")
+        feeds = {spec.name: RNG.standard_normal(spec.shape).astype(np.float32) for spec in module.inputs}
+        entries.append((name, model, module, feeds))
+    report = run_in_node(entries, repeat=repeat)
+    rows = []
+    for (name, model, _, _), result in zip(entries, report["results"]):
+        tessel, rival = summary(result["tessel"]), summary(result["onnxruntime_web"])
+        work = flops(model)
+        rows.append(
+            [
+                name,
+                spread(tessel, 3, ("median", "min")),
+                spread(rival, 3, ("median", "min")),
+                ratio(tessel["median"], rival["median"]),
+                f"{work / tessel['median'] / 1e6:.1f}" if work else "",
+            ]
+        )
+    versions = report["versions"]
+    print(
+        f"{datetime.date.today()}, {machine()}, Node {versions.get('node')}, onnxruntime-web {versions.get('onnxruntime_web')}\n"
+    )
+    header = ["case", "Tessel wasm ms (median / min)", "onnxruntime-web ms (median / min)", "Tessel / onnxruntime-web"]
+    print_table([*header, "Tessel GFLOP/s"], rows)
 
 
 if __name__ == "__main__":

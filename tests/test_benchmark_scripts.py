@@ -2,9 +2,12 @@
 before it times anything, and prints its table, the reference timings and the slowest groups. Nothing here looks
 at the times themselves (speed is measured by the scripts, never asserted by tests)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,13 +25,20 @@ def test_cpu_benchmark_prints_its_table_for_mlp_at_two_threads():
     assert any("Gemm+Relu" in line for line in lines), "the slowest groups are missing"
 
 
-def test_ops_benchmark_prints_its_table_for_one_case():
-    case = "reduce_mean last axis 12x128x128"
-    command = [sys.executable, "benchmarks/ops.py", "--cases", case, "--repeat", "30"]
+@pytest.mark.parametrize("wasm", [False, True])
+def test_ops_benchmark_prints_its_table_and_a_matmuls_speed(wasm):
+    cases = ["reduce_mean last axis 12x128x128", "matmul 128x768 @ 768x768"]
+    command = [sys.executable, "benchmarks/ops.py", "--cases", *cases, "--repeat", "30", *(["--wasm"] if wasm else [])]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    (row,) = [line for line in result.stdout.splitlines() if line.startswith(f"| {case} |")]
-    assert row.rstrip(" |").endswith("×")
+    for case in cases:
+        (row,) = [line for line in result.stdout.splitlines() if line.startswith(f"| {case} |")]
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[3].endswith("×") and float(cells[3][:-1]) > 0
+        assert bool(cells[4]) == case.startswith("matmul"), cells
+    if not wasm:
+        assert "FMA peak" in result.stdout.splitlines()[0]
+        assert re.fullmatch(r"\d+ \(\d+%\)", cells[4]), cells
 
 
 def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():

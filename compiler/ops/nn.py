@@ -4,7 +4,7 @@ Each compute mirrors the numpy reference of its registry entry (`compiler/graph/
 reuses) and tags its stages so `compiler/schedules/` can pick a template: the anchors are tagged "conv2d",
 "group_conv2d", "depthwise_conv2d", their blocked forms "conv2d_nchwc" and "depthwise_conv2d_nchwc" (ConvNCHWc),
 "conv2d_transpose", "dense" (its split-K partial sums "dense_partial"), "batch_matmul", "dense_packed" (MatMulPacked),
-the Winograd convs'
+Attention's "attention_scores", "attention_max", "attention_exp", "attention_sum" and "attention", the Winograd convs'
 "winograd_input", "winograd_gemm" and "winograd_output", "pool_max", "pool_avg",
 "global_pool", "softmax", "log_softmax", "layer_norm"; other reductions "reduce", padding stages and
 LayoutTransform into NCHW[x]c "injective", back to NCHW "layout_nchw" (a loop order of its own), epilogues
@@ -693,6 +693,67 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
     return [_cast(result, a.dtype)]
 
 
+def attention(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """softmax(Q Kt * scale + mask) V in stages a schedule can make per tile of query rows: the scores
+    ("attention_scores"), their row maximum ("attention_max"), the exponentials ("attention_exp"), their row sum
+    ("attention_sum"), the exponentials' product with V ("attention"), divided by the sum as it is stored: each
+    output is one division, not one per key. With nan_to_zero a row whose weights are NaN (every key masked) is
+    zeros, as Where(IsNaN(p), 0, p) before the product makes it."""
+    q, kt, v, mask = (list(inputs) + [None])[:4]
+    *batch, rows, depth = q.shape
+    columns, width = kt.shape[-1], v.shape[-1]
+    acc = _accumulator(q.dtype)
+    scale = float(attrs.get("scale", 1.0))
+    k = te.reduce_axis((0, depth), "k")
+    scores = te.compute(
+        (*batch, rows, columns),
+        lambda *i: te.sum(q[(*i[:-1], k)].astype(acc) * kt[(*i[:-2], k, i[-1])].astype(acc), axis=k),
+        name="attention_scores",
+        tag="attention_scores",
+    )
+
+    def logit(index):
+        value = scores[index] * scale if scale != 1.0 else scores[index]
+        if mask is None:
+            return value
+        lead = len(index) - mask.ndim
+        return value + mask[tuple(0 if size == 1 else index[lead + d] for d, size in enumerate(mask.shape))].astype(acc)
+
+    first = te.reduce_axis((0, columns), "n")
+    largest = te.compute(
+        (*batch, rows), lambda *i: te.max(logit((*i, first)), axis=first), name="attention_max", tag="attention_max"
+    )
+    exponentials = te.compute(
+        (*batch, rows, columns),
+        lambda *i: te.exp(logit(i) - largest[i[:-1]]),
+        name="attention_exp",
+        tag="attention_exp",
+    )
+    second = te.reduce_axis((0, columns), "n")
+    total = te.compute(
+        (*batch, rows),
+        lambda *i: te.sum(exponentials[(*i, second)], axis=second),
+        name="attention_sum",
+        tag="attention_sum",
+    )
+    third = te.reduce_axis((0, columns), "n")
+    weighted = te.compute(
+        (*batch, rows, width),
+        lambda *i: te.sum(exponentials[(*i[:-1], third)] * v[(*i[:-2], third, i[-1])].astype(acc), axis=third),
+        name="attention",
+        tag="attention",
+    )
+
+    def normalised(*i):
+        # a row's weights are NaN all together or not at all (its maximum NaN or infinite), and then so is its sum
+        value = weighted[i] / total[i[:-1]]
+        guarded = Compare("ne", total[i[:-1]], total[i[:-1]])
+        return te.select(guarded, Const(0.0, acc), value) if attrs.get("nan_to_zero") else value
+
+    result = te.compute((*batch, rows, width), normalised, name="attention_out", tag="elemwise")
+    return [_cast(result, q.dtype)]
+
+
 # -- pooling --------------------------------------------------------------------------------------------------------
 
 
@@ -1331,6 +1392,7 @@ set_compute("ConvTransposeNCHWc", conv_transpose_nchwc)
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)
 set_compute("MatMulPacked", matmul_packed)
+set_compute("Attention", attention)
 set_compute("MaxPool", max_pool)
 set_compute("AveragePool", _average_pool(blocked=False))
 set_compute("AveragePoolNCHWc", _average_pool(blocked=True))

@@ -14,6 +14,7 @@ from compiler.passes.alter_layout import alter_layout, gpu_layout
 from compiler.passes.eliminate_dead import eliminate_dead
 from compiler.passes.fold_batchnorm import fold_batchnorm
 from compiler.passes.fold_constants import fold_constants
+from compiler.passes.fuse_attention import fuse_attention
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.passes.narrow_int64 import narrow_int64
 from compiler.passes.simplify import simplify
@@ -32,11 +33,12 @@ PASSES = [
 
 
 # The layout passes of each target family, after PASSES. NCHW[x]c (alter_layout) is a CPU decision: a block of
-# channels is a vector register; so is Winograd (winograd), whose transforms are vector adds over a block. GPU
+# channels is a vector register; so is Winograd (winograd), whose transforms are vector adds over a block, and one
+# Attention op per attention block (fuse_attention), whose template has no GPU counterpart yet. GPU
 # kernels keep the ONNX layout and spread threads over it (gpu_layout), and store int64 tensors as int32 on a device
 # without int64 (narrow_int64: a no-op where the device has it).
 LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {
-    "cpu": [alter_layout, winograd],
+    "cpu": [fuse_attention, alter_layout, winograd],
     "gpu": [gpu_layout, winograd_gpu, narrow_int64],
 }
 

@@ -114,6 +114,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
     # over the whole k, unrolled by unroll_k; tile_order (1, 0) walks the panels outermost, so a panel stays in cache
     # while every row tile reads it. Measured in docs/benchmarks.md, "Dense kernels at the machine's peak"
     "dense_packed": {"tile_m": 4, "unroll_k": 4, "unroll_m": 1, "tile_order": (1, 0), "parallel": "tiles"},
+    # an Attention's tasks: tile_m query rows each, whose scores are tile_n keys at a time in registers over the
+    # head's depth (the dense template's block), the output tile_d columns at a time over the keys
+    "attention": {"tile_m": 4, "tile_n": 16, "tile_d": 16},
     # an NCHW[x]c pool's register tile: tile_ow output columns, each a channel block's vector
     "pool_max": {"tile_ow": 8},
     # a blocked ConvTranspose's register tile: tile_ow output columns, each a filter block's vector (not measured
@@ -170,6 +173,7 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         },
         # 4 rows x a panel of 8 columns, the k loop rolled: V8 spilled the block unrolled by 4
         "dense_packed": {"unroll_k": 1},
+        "attention": {"tile_n": 8, "tile_d": 8},
         # not measured: the register budget of the dense block above (16 accumulators)
         "conv1d": {"tile_oc": 4, "tile_ow": 16},
         # an NCHW conv's 8 x 16 (32 accumulators) spills in V8 too; at most 2 channels x 16 columns (8): Node 20,
@@ -193,6 +197,7 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         "dense": {"tile_n": 48, "unroll_k": 4},
         # 6 rows x a 64-column panel (24 accumulators, B's 4 vectors and A's broadcast in 32 registers)
         "dense_packed": {"tile_m": 6},
+        "attention": {"tile_m": 6, "tile_n": 64, "tile_d": 64},
     },
     # AVX2 (16 registers of 8 floats), measured with -mcpu=haswell -mattr=-avx512f on the same machine: 6 x 16
     # (12 accumulators) 1.93 ms on the 768 x 768 matmul; 8 x 32 spills (4.27 ms). dwconv_block's 2 x 16 (two
@@ -239,6 +244,7 @@ VECTOR_DEFAULTS: dict[int, dict[str, dict[str, object]]] = {
         "dense": {"tile_m": 6, "tile_n": 16, "parallel": "outer", "pack_b": 1},
         # 6 rows x a 16-column panel: 12 accumulators, B's 2 vectors and A's broadcast in 16 registers
         "dense_packed": {"tile_m": 6},
+        "attention": {"tile_m": 6, "tile_n": 16, "tile_d": 16},
         "depthwise_conv2d": {"tile_oh": 2, "tile_ow": 16},
         # not measured: the dense block's 12 accumulators
         "conv1d": {"tile_oc": 6, "tile_ow": 16},
@@ -366,6 +372,10 @@ def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
     if any(stage.op.tag == WINOGRAD_GEMM for stage in schedule.stages if isinstance(stage.op, ComputeOp)):
         cfg.template = "winograd"
         _winograd(schedule, target, cfg)
+        return schedule
+    if any(getattr(stage.op, "tag", "") == ATTENTION_TAG for stage in schedule.stages):
+        cfg.template = ATTENTION_TAG
+        _attention(schedule, target, cfg)
         return schedule
     anchor = _anchor_reduction(schedule)
     if anchor is not None and anchor.op.tag in POOL_TAGS and len(anchor.op.axis) == 4 and len(outputs) > 1:
@@ -1293,6 +1303,7 @@ def _dense_packed(schedule: Schedule, dense: Stage, output: Stage, target: Targe
 
 
 WINOGRAD_GEMM = "winograd_gemm"
+ATTENTION_TAG = "attention"
 
 
 def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
@@ -1333,6 +1344,63 @@ def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
             stage.partition(column_inner)
             stage.vectorize(inner)
             stage.parallel(stage.fuse(n, outer, row_outer))
+
+
+def _attention(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
+    """An Attention group (compiler/ops/nn.py, attention): parallel over (batch, tiles of tile_m query rows). Per task,
+    in local buffers: the tile's scores against every key, tile_n keys at a time in registers over the head's depth
+    (the dense template's block); their row maxima, exponentials and row sums (vectors of partials, as a softmax's);
+    then the output, tile_d columns at a time in registers over the keys, divided by the row's sum as it is stored.
+    A shorter last row, key or column tile is a piece of its own."""
+    values = fallback(ATTENTION_TAG, target)
+    by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
+    (output,) = (stage for stage in schedule.stages if stage.is_output)
+    block, scores, largest = by_tag[ATTENTION_TAG], by_tag["attention_scores"], by_tag["attention_max"]
+    exponentials, total = by_tag["attention_exp"], by_tag["attention_sum"]
+    partials = [_factor_row(schedule, stage, target, cfg) for stage in (largest, total)]
+    width = lanes(target, output.op.dtype)
+    *batch, i, d = output.op.axis
+    columns = scores.op.axis[-1]
+    rows = tile_or_tail(i.extent, values["tile_m"], least=1.0)
+    cfg.define_split("tile_m", i, policy=list(range(1, min(i.extent, 16) + 1)), default=rows)
+    keys = _ragged_tiles(columns.extent, width)
+    cfg.define_split("tile_n", columns, policy=keys, default=max(size for size in keys if size <= values["tile_n"]))
+    depths = _ragged_tiles(d.extent, width)
+    cfg.define_split("tile_d", d, policy=depths, default=max(size for size in depths if size <= values["tile_d"]))
+    _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
+    _limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_d")
+    i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
+    d_outer, d_inner = cfg["tile_d"].apply(schedule, output, d)
+    output.reorder(*batch, i_outer, d_outer, i_inner, d_inner)
+    tasks = output.fuse(*batch, i_outer) if batch else i_outer
+    output.parallel(tasks)
+    if i.extent % cfg["tile_m"].size[-1]:
+        output.partition(tasks)
+    if d.extent % cfg["tile_d"].size[-1]:
+        output.partition(d_outer)
+    output.vectorize(d_inner)
+    for stage in (scores, largest, exponentials, total):
+        stage.set_scope("local")
+        stage.compute_at(output, tasks)
+    for lanes_stage, reduction in zip(partials, (largest, total)):
+        # made per row inside the reduction's row loop: a buffer of the tile's rows would put a row's lanes apart
+        _schedule_partials(lanes_stage, reduction, reduction.op.axis[-1])
+    *_, score_rows, score_columns = scores.op.axis
+    (k,) = scores.op.reduce_axis
+    keys_outer, keys_inner = cfg["tile_n"].apply(schedule, scores, score_columns)
+    scores.reorder(keys_outer, k, score_rows, keys_inner)
+    scores.unroll(score_rows)
+    scores.vectorize(keys_inner)
+    if columns.extent % cfg["tile_n"].size[-1]:
+        scores.partition(keys_outer)
+    _vectorize_row(exponentials, width)
+    block.set_scope("local")
+    block.compute_at(output, d_outer)
+    *_, block_rows, block_columns = block.op.axis
+    (n,) = block.op.reduce_axis
+    block.reorder(n, block_rows, block_columns)
+    block.unroll(block_rows)
+    block.vectorize(block_columns)
 
 
 def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:

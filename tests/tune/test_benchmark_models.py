@@ -1,6 +1,6 @@
 """benchmarks/tune.py's own models (shapes nobody tuned for): transformer77 compiles and agrees with onnxruntime
-with its fallback configs and with a record that moves its largest MatMul to other points of the new dense knobs
-(unroll_k, parallel, pack_b), and its MatMuls are the odd shapes it promises."""
+with its fallback configs and with records that move each of its MatMuls and its attention away from the fallback,
+and its MatMuls are the odd shapes it promises."""
 
 import importlib.util
 import json
@@ -37,31 +37,31 @@ def expected_outputs(model, feeds):
 
 def test_transformer77_has_the_shapes_it_promises(tune_benchmark):
     model, _ = tune_benchmark.model_of("transformer77")
-    dense = [task for task in extract_tasks(model, "llvm") if task.template == "dense"]
-    shapes = {tuple(map(tuple, (task.workload["inputs"][0][0], task.workload["inputs"][1][0]))) for task in dense}
-    assert ((1, 77, 120), (120, 420)) in shapes and ((1, 77, 420), (420, 120)) in shapes
-    assert ((1, 5, 77, 24), (1, 5, 24, 77)) in shapes
+    tasks = extract_tasks(model, "llvm")
+    projections = {
+        (tuple(task.workload["inputs"][0][0]), task.workload["ops"][0]["outputs"][0][0][-1])
+        for task in tasks
+        if task.template == "dense_packed"
+    }
+    assert ((1, 77, 120), 420) in projections and ((1, 77, 420), 120) in projections
+    (attention,) = {tuple(task.workload["inputs"][0][0]) for task in tasks if task.template == "attention"}
+    assert attention == (1, 5, 77, 24)
 
 
 @pytest.mark.parametrize("target", ["llvm", "wasm"])
-def test_transformer77_with_other_dense_configs_agrees_with_onnxruntime(tune_benchmark, target, tmp_path):
+def test_transformer77_with_other_matmul_configs_agrees_with_onnxruntime(tune_benchmark, target, tmp_path):
     model, feeds = tune_benchmark.model_of("transformer77")
     expected = expected_outputs(model, feeds)
-    tasks = [task for task in extract_tasks(model, target) if task.template == "dense"]
+    tasks = [task for task in extract_tasks(model, target) if task.template in ("dense_packed", "attention")]
+    assert {task.template for task in tasks} == {"dense_packed", "attention"}
     records = tmp_path / "records.jsonl"
     with records.open("w") as log:
         for number, task in enumerate(tasks):
-            # every MatMul away from its fallback: packed panels, k unrolled, the outer tile loop alone parallel
-            # where the space has it
-            unroll_k = 2 if (task.space.knobs["unroll_k"].extent % 2 == 0) else 1
-            fitting = [
-                config
-                for config in task.space.valid_configs()
-                if config["pack_b"].val == 1
-                and config["unroll_k"].size[-1] == unroll_k
-                and ("parallel" not in task.space.knobs or config["parallel"].val == "outer")
+            # every MatMul and attention away from its fallback
+            others = [
+                config for config in task.space.valid_configs() if config.to_json() != task.space.fallback.to_json()
             ]
-            config = fitting[number % len(fitting)]
+            config = others[(number * 7) % len(others)]
             record = {"task": task.to_json(), "config": config.to_json(), "seconds": 1e-3, "error": None}
             log.write(json.dumps(record) + "\n")
     module = compiler.compile_model(model, target=target, tuning_records=records)

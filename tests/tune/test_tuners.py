@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from compiler import zoo
 from compiler.errors import TuningError
@@ -34,15 +34,18 @@ def bert_tasks():
 
 @pytest.fixture(scope="module")
 def dense():
-    """A batched MatMul (1, 16, 33) x (33, 48): tile_m x tile_n x unroll_m x tile_order x parallel x pack_b (k = 33
-    leaves unroll_k one choice), 800 configs of which the register filter keeps 784: a zoo MatMul's space, 16 times
-    larger with unroll_k, would make these tests slow rather than sharper."""
+    """A batched MatMul of two inputs (1, 16, 33) x (33, 48): tile_m x tile_n x unroll_m x tile_order x parallel x
+    pack_b (k = 33 leaves unroll_k one choice), 800 configs of which the register filter keeps 784: a zoo MatMul's
+    space, 16 times larger with unroll_k, would make these tests slow rather than sharper. (A param weight would make
+    it a MatMulPacked, whose space is smaller.)"""
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["input", "weight"], ["output"])],
         "matmul",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 16, 33])],
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 16, 33]),
+            helper.make_tensor_value_info("weight", TensorProto.FLOAT, [33, 48]),
+        ],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 16, 48])],
-        [numpy_helper.from_array(np.ones((33, 48), np.float32), "weight")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     (task,) = extract_tasks(model, "llvm")
@@ -182,7 +185,7 @@ def test_split_budget_is_proportional_within_caps():
 
 def test_tune_model_measures_each_fallback_and_gives_the_heavy_task_more(bert_tasks):
     """Three tasks of bert_tiny whose synthetic fallback times differ by 10x: the budget follows weight x time."""
-    tasks = [task for task in bert_tasks if task.template == "dense"][:3]
+    tasks = [task for task in bert_tasks if task.template == "dense_packed"][:3]
     scale = {task.key: factor for task, factor in zip(tasks, (10.0, 1.0, 1.0))}
     costs = {}
 
@@ -241,7 +244,7 @@ def test_a_space_too_large_to_list_is_sampled(dense, monkeypatch):
 
 
 def test_tune_model_resumes_from_history_without_measuring_it_again(bert_tasks):
-    tasks = [task for task in bert_tasks if task.template == "dense"][:2]
+    tasks = [task for task in bert_tasks if task.template == "dense_packed"][:2]
     costs = {task.key: Bowl(task.space, seed=number) for number, task in enumerate(tasks)}
 
     class Measurer:

@@ -774,6 +774,53 @@ def _matmul_packed(a, w, *, columns, **_):
 register_op("MatMulPacked", infer=_infer_matmul_packed, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul_packed)
 
 
+# -- Attention (CPU): softmax(Q Kt * scale + mask) V as one op, made by compiler/passes/fuse_attention.py ---------------
+
+
+def attention_types(q: TensorType, kt: TensorType, v: TensorType) -> tuple[int, ...]:
+    """The scores' shape (..., M, N) of an Attention over Q (..., M, D), Kt (..., D, N) and V (..., N, Dv), which share
+    their leading axes; ShapeError otherwise."""
+    ranks = {len(q.shape), len(kt.shape), len(v.shape)}
+    if len(ranks) != 1 or min(ranks) < 2 or not q.shape[:-2] == kt.shape[:-2] == v.shape[:-2]:
+        raise ShapeError(
+            f"Attention needs Q, Kt and V of one rank with the same leading axes, got {list(q.shape)}, "
+            f"{list(kt.shape)} and {list(v.shape)}"
+        )
+    if q.shape[-1] != kt.shape[-2] or kt.shape[-1] != v.shape[-2]:
+        raise ShapeError(
+            f"Attention's products do not chain: Q {list(q.shape)}, Kt {list(kt.shape)}, V {list(v.shape)}"
+        )
+    return (*q.shape[:-1], kt.shape[-1])
+
+
+def _infer_attention(types, attrs):
+    q, kt, v, mask = _inputs("Attention", types, 3, 4)
+    scores = attention_types(q, kt, v)
+    if mask is not None and broadcast_shapes(mask.shape, scores) != scores:
+        raise ShapeError(f"Attention's mask {list(mask.shape)} does not broadcast to its scores {list(scores)}")
+    if len({t.dtype for t in (q, kt, v, mask) if t is not None}) != 1:
+        raise ShapeError("Attention's operands must share one dtype")
+    return [TensorType((*q.shape[:-1], v.shape[-1]), q.dtype)]
+
+
+def _attention(q, kt, v, mask=None, *, scale=1.0, nan_to_zero=0, **_):
+    dtype = _compute_dtype(q.dtype)
+    scores = np.matmul(q.astype(dtype), kt.astype(dtype))
+    if scale != 1.0:
+        scores = scores * np.asarray(scale, dtype)
+    if mask is not None:
+        scores = scores + mask.astype(dtype)
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = exps / exps.sum(axis=-1, keepdims=True)
+    if nan_to_zero:
+        weights = np.where(np.isnan(weights), np.asarray(0, dtype), weights)
+    return np.matmul(weights, v.astype(dtype)).astype(q.dtype)
+
+
+register_op("Attention", infer=_infer_attention, pattern=Pattern.OPAQUE, reference=_attention)
+
+
 # -- normalisation ------------------------------------------------------------------------------------------------
 
 
