@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from compiler import te
 from compiler.graph.ir import TensorType
 from compiler.graph.ops.common import normalize_axis
-from compiler.graph.ops.reduce import reduced_axes
+from compiler.graph.ops.reduce import cumsum_axis, reduced_axes
 from compiler.graph.registry import set_compute
 from compiler.ops.elementwise import constant, is_nan
 from compiler.te.expr import Compare, Const, Expr, Logical, is_float
@@ -321,3 +321,31 @@ def _topk(inputs, attrs, output_types):
 
 
 set_compute("TopK", _topk)
+
+
+def _cumsum(inputs, attrs, output_types):
+    """Each output element a sum over the whole axis of the elements it takes (those before it, or after it with
+    reverse; itself unless exclusive), the others read as 0: no scan in TE, so the work grows with the square of the
+    axis's length, which is small where exporters write CumSum (position ids over a few hundred tokens)."""
+    (x,), (output,) = inputs, output_types
+    axis = cumsum_axis(attrs, len(x.shape))
+    exclusive, reverse = attrs.get("exclusive", 0), attrs.get("reverse", 0)
+    wide = _accumulator(x.dtype)
+
+    def body(*index):
+        k = te.reduce_axis((0, x.shape[axis]), name="k")
+        position = index[axis]
+        if reverse:
+            taken = k > position if exclusive else k >= position
+        else:
+            taken = k < position if exclusive else k <= position
+        value = x[(*index[:axis], k, *index[axis + 1 :])].astype(wide)
+        return te.sum(te.select(taken, value, constant(0, wide)), axis=k)
+
+    total = te.compute(x.shape, body, name="cumsum", tag="reduce")
+    if wide == output.dtype:
+        return [total]
+    return [te.compute(x.shape, lambda *index: total[index].astype(output.dtype), name="cumsum_cast", tag="elemwise")]
+
+
+set_compute("CumSum", _cumsum)

@@ -1,4 +1,4 @@
-"""Reductions and ArgMax/ArgMin: shape rules and numpy references against onnxruntime."""
+"""Reductions, ArgMax/ArgMin and CumSum: shape rules and numpy references against onnxruntime."""
 
 import numpy as np
 import pytest
@@ -101,6 +101,27 @@ def test_repeated_axis_is_a_shape_error():
         get_op("ReduceMean").infer([TensorType((2, 3), "float32")], {"axes": (1, -1)})
 
 
-@pytest.mark.parametrize("op", [*REDUCTIONS, "ArgMax", "ArgMin"])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cumsum(axis, exclusive, reverse):
+    check_op("CumSum", [data(3, 4, 5), np.array(axis, np.int64)], {"exclusive": exclusive, "reverse": reverse})
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_cumsum_on_integers_with_an_int32_axis(dtype):
+    # RoBERTa's position ids: a running count of the tokens that are not padding
+    check_op("CumSum", [RNG.integers(0, 2, (2, 9)).astype(dtype), np.array([1], np.int32)], {"exclusive": 1})
+
+
+def test_cumsum_axis_out_of_range_or_missing_is_a_shape_error():
+    cumsum = get_op("CumSum")
+    with pytest.raises(ShapeError, match="CumSum axis 2 is out of range"):
+        cumsum.infer([TensorType((2, 3), "float32")], {"axis": np.array(2)})
+    with pytest.raises(ShapeError, match="axis .its second input. as a constant"):
+        cumsum.infer([TensorType((2, 3), "float32")], {})
+
+
+@pytest.mark.parametrize("op", [*REDUCTIONS, "ArgMax", "ArgMin", "CumSum"])
 def test_reductions_have_reduce_pattern(op):
     assert get_op(op).pattern_of({}) == Pattern.REDUCE

@@ -1,4 +1,4 @@
-"""Reduction computes (ReduceX, ArgMax/ArgMin, TopK), compiled for llvm and wasm, against the numpy references."""
+"""Reduction computes (ReduceX, ArgMax/ArgMin, TopK, CumSum), compiled for llvm and wasm, against the numpy references."""
 
 import numpy as np
 import pytest
@@ -132,3 +132,21 @@ def test_topk_k_larger_than_the_axis_is_refused():
     graph, (x,) = _graph({"x": TensorType((2, 5), "float32")})
     with pytest.raises(ShapeError, match="TopK's k is 6, but the axis it selects from has 5 elements"):
         graph.add_node("TopK", [x], {"k": np.array([6]), "axis": 1})
+
+
+def test_cumsum_every_direction_and_roberta_position_ids():
+    """Inclusive and exclusive, forward and reversed, along each axis; and the position ids RoBERTa's exporter
+    writes: a running count of the tokens that are not padding, masked and shifted by the pad id."""
+    graph, (x, ids) = _graph({"x": TensorType((3, 5, 4), "float32"), "ids": TensorType((2, 9), "int64")})
+    outputs = []
+    for axis, exclusive, reverse in [(1, 0, 0), (1, 1, 0), (-1, 0, 1), (0, 1, 1)]:
+        attrs = {"axis": np.array(axis, np.int64), "exclusive": exclusive, "reverse": reverse}
+        outputs += graph.add_node("CumSum", [x], attrs)
+    (not_pad,) = graph.add_node("Not", graph.add_node("Equal", [ids, graph.add_param("pad", np.array(1, np.int64))]))
+    (mask,) = graph.add_node("Cast", [not_pad], {"to": "int32"})
+    (count,) = graph.add_node("CumSum", [mask], {"axis": np.array(1, np.int32)})
+    (positions,) = graph.add_node("Mul", [count, mask])
+    graph.outputs = [*outputs, positions]
+    tokens = RNG.integers(2, 50, (2, 9))
+    tokens[:, 6:] = 1
+    check(graph, {"x": RNG.standard_normal((3, 5, 4)).astype(np.float32), "ids": tokens}, rtol=1e-5, atol=1e-5)

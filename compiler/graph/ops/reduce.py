@@ -1,4 +1,4 @@
-"""Reductions (ReduceX, ArgMax/ArgMin) and TopK: their shape rules, REDUCE pattern and numpy references.
+"""Reductions (ReduceX, ArgMax/ArgMin), TopK and CumSum: their shape rules, REDUCE pattern and numpy references.
 
 Axes arrive as the `axes` attribute (the frontend moves the constant input there); the fusion pass
 lets a reduction absorb its injective producers, and the kernel stage attaches each compute.
@@ -168,3 +168,35 @@ def _topk(x, k=None, axis=-1, largest=1, sorted=1, **_):  # noqa: A002 (ONNX's a
 
 
 register_op("TopK", infer=_topk_infer, pattern=Pattern.REDUCE, reference=_topk, const_inputs=((1, "k"),))
+
+
+def cumsum_axis(attrs, rank: int) -> int:
+    """CumSum's axis: its second input, a constant holding one value, normalised for a tensor of `rank`."""
+    axis = attrs.get("axis")
+    if axis is None:
+        raise ShapeError("CumSum needs its axis (its second input) as a constant; give the model a constant axis")
+    values = np.asarray(axis).reshape(-1)
+    if values.size != 1:
+        raise ShapeError(f"CumSum's axis must hold one value, got {values.size}")
+    return normalize_axis(int(values[0]), rank, "CumSum axis")
+
+
+def _cumsum_infer(types, attrs):
+    (data,) = types
+    cumsum_axis(attrs, len(data.shape))
+    return [data]
+
+
+def _cumsum(x, axis=None, exclusive=0, reverse=0, **_):
+    """Running sums along `axis`: from the end with `reverse`, each leaving its own element out with `exclusive`."""
+    axis = cumsum_axis({"axis": axis}, x.ndim)
+    source = np.flip(x, axis) if reverse else x
+    total = np.cumsum(source, axis=axis, dtype=_accumulator(x.dtype) or x.dtype)
+    if exclusive:
+        # each position takes the sum before it: shift the running sums one place along the axis, 0 first
+        before = np.zeros_like(np.take(total, [0], axis=axis))
+        total = np.concatenate([before, np.take(total, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    return np.ascontiguousarray(np.flip(total, axis) if reverse else total).astype(x.dtype)
+
+
+register_op("CumSum", infer=_cumsum_infer, pattern=Pattern.REDUCE, reference=_cumsum, const_inputs=((1, "axis"),))
