@@ -122,6 +122,42 @@ def test_cumsum_axis_out_of_range_or_missing_is_a_shape_error():
         cumsum.infer([TensorType((2, 3), "float32")], {})
 
 
-@pytest.mark.parametrize("op", [*REDUCTIONS, "ArgMax", "ArgMin", "CumSum"])
+EINSUMS = [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhid, bhjd -> bhij", [(1, 2, 3, 4), (1, 2, 5, 4)]),  # attention's scores, as MaxViT's torch.einsum writes them
+    ("...ij,...jk", [(2, 1, 3, 4), (1, 5, 4, 2)]),  # implicit output, the ellipsis broadcast
+    ("ii->i", [(4, 4)]),
+    ("ij->", [(3, 4)]),
+    ("i,j->ji", [(3,), (4,)]),
+    ("ijk->kij", [(2, 3, 4)]),
+]
+
+
+@pytest.mark.parametrize("equation, shapes", EINSUMS, ids=[equation for equation, _ in EINSUMS])
+def test_einsum(equation, shapes):
+    check_op("Einsum", [data(*shape) for shape in shapes], {"equation": equation})
+
+
+def test_einsum_on_integers():
+    x = RNG.integers(-4, 5, (3, 4)).astype(np.int64)
+    check_op("Einsum", [x, x], {"equation": "ij,kj->ik"})
+
+
+@pytest.mark.parametrize(
+    "equation, shapes, message",
+    [
+        ("ij,jk->ik", [(2, 3)], "names 2 inputs, the node has 1"),
+        ("ij,jk->ik", [(2, 3), (4, 5)], "'j' of 'ij,jk->ik' is 3 and 4 long"),
+        ("ij->i", [(2, 3, 4)], "does not fit an input of shape"),
+        ("...i->i", [(2, 3)], "drops the '...' dimensions"),
+        ("ij->iz", [(2, 3)], "must name input letters once each"),
+    ],
+)
+def test_einsum_equations_that_do_not_fit_are_shape_errors(equation, shapes, message):
+    with pytest.raises(ShapeError, match=message):
+        get_op("Einsum").infer([TensorType(shape, "float32") for shape in shapes], {"equation": equation})
+
+
+@pytest.mark.parametrize("op", [*REDUCTIONS, "ArgMax", "ArgMin", "CumSum", "Einsum"])
 def test_reductions_have_reduce_pattern(op):
     assert get_op(op).pattern_of({}) == Pattern.REDUCE
