@@ -11,7 +11,7 @@ SYSTEM_PACKAGES := qemu-user-static libc6-arm64-cross libc6-armhf-cross chromium
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,torch,opencl,webgpu,cuda,tune,ray]' 'torch==2.13.0'
+	$(PY) -m pip install --quiet -e '.[test,torch,real,opencl,webgpu,cuda,tune,ray]' 'torch==2.13.0'
 	touch $(STAMP)
 
 # Debian packages the suite runs generated code with; installed only when missing (CI runs as root).

@@ -180,13 +180,13 @@ def summary(times_ms: list[float]) -> dict[str, float]:
     return {"median": statistics.median(times_ms), "min": min(times_ms), "max": max(times_ms)}
 
 
-def check_close(label: str, ours: list[np.ndarray], theirs: list[np.ndarray]) -> None:
+def check_close(label: str, ours: list[np.ndarray], theirs: list[np.ndarray], range_tolerance: float = 1e-5) -> None:
     """Stop the benchmark when the outputs disagree: a fast wrong answer measures nothing. The absolute tolerance
-    scales with the output's range, as the zoo test's does: Winograd convs round differently from a direct sum
-    (yolo_neck: 2.4e-5 of outputs up to 6.4)."""
+    scales with the output's range (`range_tolerance` of it), as the zoo test's does: Winograd convs round differently
+    from a direct sum (yolo_neck: 2.4e-5 of outputs up to 6.4)."""
     for position, (left, right) in enumerate(zip(ours, theirs)):
         scale = max(1.0, float(np.max(np.abs(right)))) if np.size(right) else 1.0
-        if not np.allclose(left, right, rtol=1e-4, atol=1e-5 * scale):
+        if not np.allclose(left, right, rtol=1e-4, atol=range_tolerance * scale):
             error = float(np.max(np.abs(left.astype(np.float64) - right)))
             raise SystemExit(f"{label}: output {position} disagrees (max abs error {error:.3g}); not timing it")
 
@@ -228,6 +228,7 @@ def print_slowest(title: str, profile: list[dict], count: int) -> None:
 
 
 def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSession:
+    """A session on `threads` threads for a ModelProto, or for an .onnx path (whose external data lies beside it)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -235,7 +236,8 @@ def onnxruntime_session(model, threads: int, spins: bool) -> ort.InferenceSessio
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if not spins:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    source = str(model) if isinstance(model, str | Path) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def interleaved(
@@ -335,11 +337,13 @@ def run_in_node(
     tessel_options: list[dict] | None = None,
     ort_threads: int = 1,
     node_flags: tuple[str, ...] = (),
+    range_tolerance: float = 1e-5,
 ) -> dict:
     """Time wasm Modules in Node against onnxruntime-web (benchmarks/node_bench.mjs), `block` runs of each in turn
     with `pause_ms` idle after each block and, with `settle`, settling runs before it (as `interleaved`). `entries`
-    are (name, ModelProto, wasm Module, feeds); Tessel's outputs in Node are checked against onnxruntime's CPU
-    provider here, and against onnxruntime-web's in Node, before timing.
+    are (name, ModelProto, wasm Module, feeds), the feeds in the Module's input dtypes; Tessel's outputs in Node are
+    checked against onnxruntime's CPU provider here, and against onnxruntime-web's in Node, before timing, within
+    `range_tolerance` of each output's range (check_close).
     Each bundle is loaded once per entry of `tessel_options` (tessel.load's options, e.g. {"threads": 2}), and
     onnxruntime-web runs on `ort_threads` threads; `node_flags` go to node (e.g. --experimental-wasm-relaxed-simd).
     Returns node_bench.mjs's report: {"versions": ..., "results":
@@ -355,8 +359,8 @@ def run_in_node(
             inputs = []
             for spec in module.inputs:
                 path = work / f"{name}.{spec.name}.bin"
-                path.write_bytes(np.ascontiguousarray(feeds[spec.name], np.float32).tobytes())
-                inputs.append({"name": spec.name, "file": str(path), "shape": list(spec.shape)})
+                path.write_bytes(np.ascontiguousarray(feeds[spec.name], spec.dtype).tobytes())
+                inputs.append({"name": spec.name, "file": str(path), "shape": list(spec.shape), "dtype": spec.dtype})
             specs.append(
                 {
                     "name": name,
@@ -379,6 +383,7 @@ def run_in_node(
                     "settle": {"runs": SETTLE_RUNS, "ms": SETTLE_S * 1000} if settle else None,
                     "tesselOptions": tessel_options or [{}],
                     "ortThreads": ort_threads,
+                    "rangeTolerance": range_tolerance,
                 }
             )
         )
@@ -390,8 +395,8 @@ def run_in_node(
         for name, model, module, feeds in entries:
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             in_node = [
-                np.fromfile(work / f"{name}.output{position}.bin", np.float32).reshape(spec.shape)
+                np.fromfile(work / f"{name}.output{position}.bin", spec.dtype).reshape(spec.shape)
                 for position, spec in enumerate(module.outputs)
             ]
-            check_close(f"{name} (Tessel in Node)", in_node, session.run(None, feeds))
+            check_close(f"{name} (Tessel in Node)", in_node, session.run(None, feeds), range_tolerance)
     return json.loads(node.stdout)

@@ -18,20 +18,25 @@ ort.env.wasm.numThreads = job.ortThreads ?? 1;
 // Read the runtime's .wasm from node_modules: the benchmark machine has no network beyond the npm registry.
 ort.env.wasm.wasmPaths = `${path.join(here, "node_modules", "onnxruntime-web", "dist")}/`;
 
-async function floats(file) {
-  const bytes = await readFile(file);
-  return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+// The input dtypes the benchmarks feed: images and features as float32, token ids and masks as int64.
+const TYPED_ARRAYS = { float32: Float32Array, int32: Int32Array, int64: BigInt64Array };
+
+async function tensorData(file, dtype) {
+  const Type = TYPED_ARRAYS[dtype];
+  // copied into an ArrayBuffer of its own: a BigInt64Array needs an 8-byte aligned start, which a Buffer may lack
+  const bytes = new Uint8Array(await readFile(file));
+  return new Type(bytes.buffer, 0, bytes.byteLength / Type.BYTES_PER_ELEMENT);
 }
 
-// The absolute tolerance scales with the output's range, as common.check_close's does: Winograd convs round
-// differently from a direct sum (inception_block: 1.2e-5 on outputs up to 12).
-function disagreement(ours, theirs) {
+// The absolute tolerance scales with the output's range (`rangeTolerance` of it), as common.check_close's does:
+// Winograd convs round differently from a direct sum (inception_block: 1.2e-5 on outputs up to 12).
+function disagreement(ours, theirs, rangeTolerance) {
   let scale = 1;
   for (const value of theirs) scale = Math.max(scale, Math.abs(value));
   let worst = 0;
   for (let index = 0; index < ours.length; index++) {
     const error = Math.abs(ours[index] - theirs[index]);
-    if (!(error <= 1e-5 * scale + 1e-4 * Math.abs(theirs[index]))) worst = Math.max(worst, error || Infinity);
+    if (!(error <= rangeTolerance * scale + 1e-4 * Math.abs(theirs[index]))) worst = Math.max(worst, error || Infinity);
   }
   return worst;
 }
@@ -52,15 +57,16 @@ async function benchmark(job, spec) {
   const tesselFeeds = {};
   const ortFeeds = {};
   for (const input of spec.inputs) {
-    const data = await floats(input.file);
+    const dtype = input.dtype ?? "float32";
+    const data = await tensorData(input.file, dtype);
     tesselFeeds[input.name] = data;
-    ortFeeds[input.name] = new ort.Tensor("float32", data, input.shape);
+    ortFeeds[input.name] = new ort.Tensor(dtype, data, input.shape);
   }
   const theirs = await session.run(ortFeeds);
   for (const [index, model] of models.entries()) {
     const ours = await model.run(tesselFeeds);
     for (const [position, name] of spec.outputs.entries()) {
-      const worst = disagreement(ours[name].data, theirs[name].data);
+      const worst = disagreement(ours[name].data, theirs[name].data, job.rangeTolerance ?? 1e-5);
       if (worst > 0) {
         throw new Error(`${spec.name} (${model.variant.code}): output ${name} disagrees with onnxruntime-web (${worst})`);
       }

@@ -65,6 +65,34 @@ def test_zoo_benchmark_prints_its_columns_geometric_means_and_slowest_groups():
     assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"
 
 
+def test_real_benchmark_prints_ratios_to_both_rivals_and_their_geometric_means(tmp_path):
+    """A text model (int64 token ids and mask) and a convnet at their small sizes, natively against onnxruntime and
+    OpenVINO, then the text model in wasm in Node against onnxruntime-web."""
+    command = [sys.executable, "benchmarks/real.py", "--models", "minilm", "squeezenet1_1", "--size", "small"]
+    command += ["--repeat", "2", "--slowest", "2", "--cache", str(tmp_path)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("minilm: compiled for llvm in ") for line in lines)
+    for name in ("minilm", "squeezenet1_1"):
+        (row,) = [line for line in lines if line.startswith(f"| {name} |")]
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and len(cells) == 8
+        for times, versus_onnxruntime, versus_openvino in (cells[2:5], cells[5:8]):
+            assert all(float(ms) > 0 for ms in times.split(" / "))
+            assert versus_onnxruntime.endswith("×") and versus_openvino.endswith("×")
+    (means,) = [line for line in lines if line.startswith("| geometric mean |")]
+    assert means.count("×") == 4
+    assert any(line.startswith("| fused_") for line in lines), "the slowest groups are missing"
+
+    command = [sys.executable, "benchmarks/real.py", "--models", "minilm", "--size", "small", "--repeat", "2"]
+    command += ["--wasm", "--cache", str(tmp_path)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| minilm |")]
+    assert row.rstrip(" |").endswith("×")
+
+
 def test_threads_benchmark_prints_a_row_per_model_and_pattern():
     command = [sys.executable, "benchmarks/threads.py", "--models", "mlp", "small_convnet", "--rounds", "2"]
     command += ["--patterns", "back-to-back", "every 50 ms"]

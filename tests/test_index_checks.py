@@ -1,4 +1,4 @@
-"""Data-dependent indices (Gather, GatherElements, GatherND, ScatterND) are checked at run time: one out of range makes the run
+"""Data-dependent indices (Gather, GatherElements, GatherND, ScatterND, ScatterElements) are checked at run time: one out of range makes the run
 raise RunError naming the op, natively and in wasm, where onnxruntime raises INVALID_ARGUMENT (or FAIL);
 int64 indices are compared in 64 bits, so 2**40 and 2**32 + 1 do not wrap into range; negatives in range
 count from the end and match onnxruntime."""
@@ -138,6 +138,34 @@ def test_scatter_nd_matches_onnxruntime_and_checks_every_index(target, data_shap
         with pytest.raises(Exception, match="INVALID_ARGUMENT|invalid ind|out of bounds"):
             session.run(None, damaged)
         with pytest.raises(RunError, match="index is out of range in ScatterND"):
+            module.run(damaged)
+
+
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_scatter_elements_matches_onnxruntime_and_checks_every_index(target):
+    graph = helper.make_graph(
+        [helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=1)],
+        "scatter_elements",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3]),
+            helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, 3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    module = compile_model(model, target)
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 5)).astype(np.float32), "i": np.array([[0, -1, 2], [4, 3, -5]])}
+    feeds["u"] = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(module.run(feeds)["y"], session.run(None, feeds)[0])
+    for bad in BAD:
+        damaged = {**feeds, "i": feeds["i"].copy()}
+        damaged["i"][1, 2] = bad
+        with pytest.raises(Exception, match="INVALID_ARGUMENT|invalid ind|out of bounds|out of range"):
+            session.run(None, damaged)
+        with pytest.raises(RunError, match="index is out of range in ScatterElements"):
             module.run(damaged)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from compiler import te
 from compiler.graph.ir import TensorType
 from compiler.graph.ops.common import normalize_axis
-from compiler.graph.ops.reduce import reduced_axes
+from compiler.graph.ops.reduce import cumsum_axis, einsum_plan, reduced_axes
 from compiler.graph.registry import set_compute
 from compiler.ops.elementwise import constant, is_nan
 from compiler.te.expr import Compare, Const, Expr, Logical, is_float
@@ -321,3 +321,80 @@ def _topk(inputs, attrs, output_types):
 
 
 set_compute("TopK", _topk)
+
+
+def _cumsum(inputs, attrs, output_types):
+    """Each output element a sum over the whole axis of the elements it takes (those before it, or after it with
+    reverse; itself unless exclusive), the others read as 0: no scan in TE, so the work grows with the square of the
+    axis's length, which is small where exporters write CumSum (position ids over a few hundred tokens)."""
+    (x,), (output,) = inputs, output_types
+    axis = cumsum_axis(attrs, len(x.shape))
+    exclusive, reverse = attrs.get("exclusive", 0), attrs.get("reverse", 0)
+    wide = _accumulator(x.dtype)
+
+    def body(*index):
+        k = te.reduce_axis((0, x.shape[axis]), name="k")
+        position = index[axis]
+        if reverse:
+            taken = k > position if exclusive else k >= position
+        else:
+            taken = k < position if exclusive else k <= position
+        value = x[(*index[:axis], k, *index[axis + 1 :])].astype(wide)
+        return te.sum(te.select(taken, value, constant(0, wide)), axis=k)
+
+    total = te.compute(x.shape, body, name="cumsum", tag="reduce")
+    if wide == output.dtype:
+        return [total]
+    return [te.compute(x.shape, lambda *index: total[index].astype(output.dtype), name="cumsum_cast", tag="elemwise")]
+
+
+set_compute("CumSum", _cumsum)
+
+
+def _einsum(inputs, attrs, output_types):
+    """The product of the inputs read at each output element's letters, summed over the letters the output drops
+    (one reduce axis each); a letter repeated in a term reads that input's diagonal, and an input's '...' dimensions
+    broadcast against the others' from the right. One stage, scheduled as any reduction: an Einsum written as a
+    batched matrix product runs as that, not through the matmul templates."""
+    (output,) = output_types
+    plan = einsum_plan(str(attrs.get("equation", "")), [tuple(tensor.shape) for tensor in inputs])
+    wide = _accumulator(output.dtype)
+    summed = plan.summed()
+
+    def body(*index):
+        places = {letter: te.reduce_axis((0, plan.sizes[letter]), name=f"k_{letter}") for letter in summed}
+        reduce_axes = list(places.values())
+        if not index and not reduce_axes:
+            # a scalar copied ("->"): a reduction of one element, which the GPU templates place where they have no
+            # axis of an elementwise stage to bind a thread to
+            reduce_axes = [te.reduce_axis((0, 1), name="k")]
+        broadcast_index = []
+        for letter, place in zip(plan.output, index, strict=True):
+            if letter == ".":
+                broadcast_index.append(place)
+            else:
+                places[letter] = place
+        product = None
+        for tensor, term in zip(inputs, plan.inputs, strict=True):
+            # this input's '...' dimensions are the last of the broadcast ones; a dimension of 1 is read at 0
+            own = iter(broadcast_index[len(broadcast_index) - term.count(".") :])
+            position = []
+            for letter, dim in zip(term, tensor.shape, strict=True):
+                if letter == ".":
+                    place = next(own)
+                    position.append(Const(0, "int32") if dim == 1 else place)
+                else:
+                    position.append(places[letter])
+            value = tensor[tuple(position)].astype(wide)
+            product = value if product is None else product * value
+        return te.sum(product, axis=reduce_axes) if reduce_axes else product
+
+    total = te.compute(output.shape, body, name="einsum", tag="reduce" if summed or not output.shape else "elemwise")
+    if wide == output.dtype:
+        return [total]
+    return [
+        te.compute(output.shape, lambda *index: total[index].astype(output.dtype), name="einsum_cast", tag="elemwise")
+    ]
+
+
+set_compute("Einsum", _einsum)

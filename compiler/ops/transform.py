@@ -17,6 +17,7 @@ from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import set_compute
 from compiler.ops.elementwise import broadcast_read, constant
 from compiler.te.expr import Compare, Const, Expr
+from compiler.te.tensor import identity_element
 
 _TAG = "injective"
 
@@ -280,6 +281,70 @@ def _scatter_nd(inputs, attrs, output_types):
 
 
 set_compute("ScatterND", _scatter_nd)
+
+
+def _scatter_elements(inputs, attrs, output_types):
+    """For each data element, the updates on its line along the axis whose (checked) index names it: the last of them
+    (a max reduction over the line's positions) with reduction none, else all of them summed, or their max or min,
+    then combined with the data. Positions past the indices' extent off the axis take the data as it is. The work is
+    the data's size times the indices' extent along the axis."""
+    data, indices, updates = inputs
+    reduction = attrs.get("reduction", "none")
+    axis = graph_transform.scatter_elements_axis(
+        data.shape, indices.shape, updates.shape, attrs.get("axis", 0), reduction
+    )
+    line, dim = indices.shape[axis], data.shape[axis]
+    shorter = [position for position in range(len(data.shape)) if indices.shape[position] < data.shape[position]]
+
+    def source(index, k) -> tuple:
+        # clamped so that every read is in bounds; `covered` says whether the position has updates at all
+        held = [
+            clamp(place, 0, indices.shape[position] - 1) if position in shorter else place
+            for position, place in enumerate(index)
+        ]
+        held[axis] = k
+        return tuple(held)
+
+    def named(index, k) -> Expr:
+        hit = Compare("eq", _checked(indices[source(index, k)], dim), index[axis])
+        covered = [index[position] < indices.shape[position] for position in shorter if position != axis]
+        return te.all(hit, *covered) if covered else hit
+
+    def last_body(*index):
+        k = te.reduce_axis((0, line), name="k")
+        return te.max(te.select(named(index, k), k, _int(-1)), axis=k)
+
+    if reduction == "none":
+        last = te.compute(data.shape, last_body, name="scatter_elements_last", tag="reduce")
+
+        def body(*index):
+            row = last[index]
+            return te.select(row >= 0, updates[source(index, te.maximum(row, 0))], data[index])
+
+        return [te.compute(data.shape, body, name="scatter_elements", tag=_TAG)]
+
+    combiner = {"add": "sum", "max": "max", "min": "min"}[reduction]
+    empty = identity_element(combiner, data.dtype)
+
+    def combined_body(*index):
+        k = te.reduce_axis((0, line), name="k")
+        value = te.select(named(index, k), updates[source(index, k)], empty)
+        return {"sum": te.sum, "max": te.max, "min": te.min}[combiner](value, axis=k)
+
+    combined = te.compute(data.shape, combined_body, name="scatter_elements_updates", tag="reduce")
+    if combiner == "sum":
+        return [te.compute(data.shape, lambda *index: data[index] + combined[index], name="scatter_elements", tag=_TAG)]
+    # the max (min) of no updates is the dtype's lowest (highest) value, which must leave the data as it is
+    last = te.compute(data.shape, last_body, name="scatter_elements_last", tag="reduce")
+    merge = te.maximum if combiner == "max" else te.minimum
+
+    def merged_body(*index):
+        return te.select(last[index] >= 0, merge(data[index], combined[index]), data[index])
+
+    return [te.compute(data.shape, merged_body, name="scatter_elements", tag=_TAG)]
+
+
+set_compute("ScatterElements", _scatter_elements)
 
 
 def _one_hot(inputs, attrs, output_types):

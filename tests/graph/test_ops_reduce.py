@@ -1,4 +1,4 @@
-"""Reductions and ArgMax/ArgMin: shape rules and numpy references against onnxruntime."""
+"""Reductions, ArgMax/ArgMin and CumSum: shape rules and numpy references against onnxruntime."""
 
 import numpy as np
 import pytest
@@ -101,6 +101,63 @@ def test_repeated_axis_is_a_shape_error():
         get_op("ReduceMean").infer([TensorType((2, 3), "float32")], {"axes": (1, -1)})
 
 
-@pytest.mark.parametrize("op", [*REDUCTIONS, "ArgMax", "ArgMin"])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cumsum(axis, exclusive, reverse):
+    check_op("CumSum", [data(3, 4, 5), np.array(axis, np.int64)], {"exclusive": exclusive, "reverse": reverse})
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_cumsum_on_integers_with_an_int32_axis(dtype):
+    # RoBERTa's position ids: a running count of the tokens that are not padding
+    check_op("CumSum", [RNG.integers(0, 2, (2, 9)).astype(dtype), np.array([1], np.int32)], {"exclusive": 1})
+
+
+def test_cumsum_axis_out_of_range_or_missing_is_a_shape_error():
+    cumsum = get_op("CumSum")
+    with pytest.raises(ShapeError, match="CumSum axis 2 is out of range"):
+        cumsum.infer([TensorType((2, 3), "float32")], {"axis": np.array(2)})
+    with pytest.raises(ShapeError, match="axis .its second input. as a constant"):
+        cumsum.infer([TensorType((2, 3), "float32")], {})
+
+
+EINSUMS = [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhid, bhjd -> bhij", [(1, 2, 3, 4), (1, 2, 5, 4)]),  # attention's scores, as MaxViT's torch.einsum writes them
+    ("...ij,...jk", [(2, 1, 3, 4), (1, 5, 4, 2)]),  # implicit output, the ellipsis broadcast
+    ("ii->i", [(4, 4)]),
+    ("ij->", [(3, 4)]),
+    ("i,j->ji", [(3,), (4,)]),
+    ("ijk->kij", [(2, 3, 4)]),
+]
+
+
+@pytest.mark.parametrize("equation, shapes", EINSUMS, ids=[equation for equation, _ in EINSUMS])
+def test_einsum(equation, shapes):
+    check_op("Einsum", [data(*shape) for shape in shapes], {"equation": equation})
+
+
+def test_einsum_on_integers():
+    x = RNG.integers(-4, 5, (3, 4)).astype(np.int64)
+    check_op("Einsum", [x, x], {"equation": "ij,kj->ik"})
+
+
+@pytest.mark.parametrize(
+    "equation, shapes, message",
+    [
+        ("ij,jk->ik", [(2, 3)], "names 2 inputs, the node has 1"),
+        ("ij,jk->ik", [(2, 3), (4, 5)], "'j' of 'ij,jk->ik' is 3 and 4 long"),
+        ("ij->i", [(2, 3, 4)], "does not fit an input of shape"),
+        ("...i->i", [(2, 3)], "drops the '...' dimensions"),
+        ("ij->iz", [(2, 3)], "must name input letters once each"),
+    ],
+)
+def test_einsum_equations_that_do_not_fit_are_shape_errors(equation, shapes, message):
+    with pytest.raises(ShapeError, match=message):
+        get_op("Einsum").infer([TensorType(shape, "float32") for shape in shapes], {"equation": equation})
+
+
+@pytest.mark.parametrize("op", [*REDUCTIONS, "ArgMax", "ArgMin", "CumSum", "Einsum"])
 def test_reductions_have_reduce_pattern(op):
     assert get_op(op).pattern_of({}) == Pattern.REDUCE

@@ -5,7 +5,7 @@ import pytest
 from onnx import numpy_helper
 from single_node import check_op
 
-from compiler.errors import ShapeError
+from compiler.errors import ShapeError, UnsupportedOpError
 from compiler.graph.ir import TensorType
 from compiler.graph.registry import Pattern, get_op
 
@@ -165,6 +165,33 @@ def test_gather(axis, indices):
 def test_gather_elements(axis):
     indices = RNG.integers(-3, 3, (3, 3)).astype(np.int64)
     check_op("GatherElements", [data(3, 3), indices], {"axis": axis})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_scatter_elements(axis, dtype):
+    """Distinct positions along each line (ONNX leaves repeats undefined without a reduction), some counted from the
+    end; indices shorter than the data off the axis leave the rest as it is."""
+    line = RNG.permutation(4)[:3] - np.array([4, 0, 4])
+    indices = np.moveaxis(np.broadcast_to(line, (2, 3)), -1, axis if axis >= 0 else 1).astype(dtype)
+    shape = (4, 5) if axis == 0 else (5, 4)
+    check_op("ScatterElements", [data(*shape), indices, data(*indices.shape)], {"axis": axis})
+
+
+@pytest.mark.parametrize("reduction", ["add", "max", "min"])
+def test_scatter_elements_reductions_combine_repeated_positions(reduction):
+    indices = np.array([[0, 2, 2, 0], [1, 1, 1, 3]], np.int64)
+    check_op("ScatterElements", [data(2, 4), indices, data(2, 4)], {"axis": 1, "reduction": reduction}, opset=18)
+
+
+def test_scatter_elements_mul_and_mismatched_updates_are_refused():
+    scatter = get_op("ScatterElements")
+    types = [TensorType((2, 4), "float32"), TensorType((2, 3), "int64"), TensorType((2, 3), "float32")]
+    with pytest.raises(UnsupportedOpError, match="reduction='mul' is not supported"):
+        scatter.infer(types, {"reduction": "mul"})
+    with pytest.raises(ShapeError, match="do not address data of shape"):
+        scatter.infer([*types[:2], TensorType((2, 2), "float32")], {})
+    assert scatter.pattern_of({}) == Pattern.REDUCE
 
 
 @pytest.mark.parametrize(("start", "end"), [(None, None), (1, None), (-2, None), (0, -1), (-10, 10), (3, 1)])

@@ -1,4 +1,4 @@
-"""Reduction computes (ReduceX, ArgMax/ArgMin, TopK), compiled for llvm and wasm, against the numpy references."""
+"""Reduction computes (ReduceX, ArgMax/ArgMin, TopK, CumSum, Einsum), compiled for llvm and wasm, against the numpy references."""
 
 import numpy as np
 import pytest
@@ -132,3 +132,45 @@ def test_topk_k_larger_than_the_axis_is_refused():
     graph, (x,) = _graph({"x": TensorType((2, 5), "float32")})
     with pytest.raises(ShapeError, match="TopK's k is 6, but the axis it selects from has 5 elements"):
         graph.add_node("TopK", [x], {"k": np.array([6]), "axis": 1})
+
+
+def test_cumsum_every_direction_and_roberta_position_ids():
+    """Inclusive and exclusive, forward and reversed, along each axis; and the position ids RoBERTa's exporter
+    writes: a running count of the tokens that are not padding, masked and shifted by the pad id."""
+    graph, (x, ids) = _graph({"x": TensorType((3, 5, 4), "float32"), "ids": TensorType((2, 9), "int64")})
+    outputs = []
+    for axis, exclusive, reverse in [(1, 0, 0), (1, 1, 0), (-1, 0, 1), (0, 1, 1)]:
+        attrs = {"axis": np.array(axis, np.int64), "exclusive": exclusive, "reverse": reverse}
+        outputs += graph.add_node("CumSum", [x], attrs)
+    (not_pad,) = graph.add_node("Not", graph.add_node("Equal", [ids, graph.add_param("pad", np.array(1, np.int64))]))
+    (mask,) = graph.add_node("Cast", [not_pad], {"to": "int32"})
+    (count,) = graph.add_node("CumSum", [mask], {"axis": np.array(1, np.int32)})
+    (positions,) = graph.add_node("Mul", [count, mask])
+    graph.outputs = [*outputs, positions]
+    tokens = RNG.integers(2, 50, (2, 9))
+    tokens[:, 6:] = 1
+    check(graph, {"x": RNG.standard_normal((3, 5, 4)).astype(np.float32), "ids": tokens}, rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_contractions_diagonals_and_broadcasts():
+    """Batched products (MaxViT's attention scores), an implicit output, a broadcast '...', a diagonal, a sum to a
+    scalar and an outer product; the first fused with the Mul that feeds it."""
+    shapes = {"q": (1, 2, 5, 4), "k": (1, 2, 6, 4), "x": (3, 3)}
+    graph, (q, k, x) = _graph({name: TensorType(shape, "float32") for name, shape in shapes.items()})
+    (scaled,) = graph.add_node("Mul", [q, graph.add_param("scale", np.array(0.5, np.float32))])
+    nodes = [
+        ("Einsum", [scaled, k], {"equation": "bhid,bhjd->bhij"}),
+        ("Einsum", [x, x], {"equation": "ij,jk"}),
+        ("Einsum", [q, k], {"equation": "...id,...jd->...ij"}),
+        ("Einsum", [x], {"equation": "ii->i"}),
+        ("Einsum", [x], {"equation": "ij->"}),
+        ("Einsum", [x, x], {"equation": "ij,kl->ikjl"}),
+    ]
+    inputs = {name: RNG.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    check(_outputs(graph, nodes), inputs, rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_sums_float16_in_float32():
+    graph, (h,) = _graph({"h": TensorType((2, 64), "float16")})
+    graph = _outputs(graph, [("Einsum", [h, h], {"equation": "ij,kj->ik"})])
+    check(graph, {"h": RNG.standard_normal((2, 64)).astype(np.float16)}, rtol=2e-3, atol=1e-3)

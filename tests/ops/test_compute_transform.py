@@ -140,3 +140,22 @@ def test_fused_transpose_reshape_is_one_kernel():
     (biased,) = graph.add_node("Add", [flat, flat])
     graph.outputs = [biased]
     check(graph, {"x": _data((2, 6, 4))})
+
+
+def test_scatter_elements_every_reduction_and_shorter_indices():
+    """The last update wins along each line without a reduction; add, max and min combine repeats with the data;
+    indices shorter than the data off the axis (BART's decoder ids: the first column of the ids shifted right)."""
+    graph, (x, ids) = _graph({"x": TensorType((3, 5), "float32"), "ids": TensorType((2, 6), "int64")})
+    repeats = graph.add_param("repeats", np.array([[0, 4, 4], [2, 2, -5], [1, 3, 0]], np.int64))
+    updates = graph.add_param("updates", RNG.standard_normal((3, 3)).astype(np.float32))
+    nodes = [
+        ("ScatterElements", [x, repeats, updates], {"axis": 1, "reduction": reduction})
+        for reduction in ("none", "add", "max", "min")
+    ]
+    rows = graph.add_param("rows", np.array([[2, 0, 1, 1, 2]], np.int32))
+    nodes.append(("ScatterElements", [x, rows, graph.add_param("row", _data((1, 5)))], {"axis": 0}))
+    first = graph.add_param("first", np.zeros((2, 1), np.int64))
+    start = graph.add_param("start", np.full((2, 1), 2, np.int64))
+    nodes.append(("ScatterElements", [ids, first, start], {"axis": 1}))
+    graph = _outputs(graph, nodes)
+    check(graph, {"x": _data((3, 5)), "ids": RNG.integers(3, 50, (2, 6)).astype(np.int64)})

@@ -1,4 +1,5 @@
-"""Reductions (ReduceX, ArgMax/ArgMin) and TopK: their shape rules, REDUCE pattern and numpy references.
+"""Reductions (ReduceX, ArgMax/ArgMin), TopK, CumSum and Einsum: their shape rules, REDUCE pattern and numpy
+references.
 
 Axes arrive as the `axes` attribute (the frontend moves the constant input there); the fusion pass
 lets a reduction absorb its injective producers, and the kernel stage attaches each compute.
@@ -6,11 +7,14 @@ lets a reduction absorb its injective producers, and the kernel stage attaches e
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 import numpy as np
 
 from compiler.errors import ShapeError
 from compiler.graph.ir import TensorType
-from compiler.graph.ops.common import normalize_axes, normalize_axis
+from compiler.graph.ops.common import broadcast_shapes, normalize_axes, normalize_axis
 from compiler.graph.registry import Pattern, register_op
 
 
@@ -168,3 +172,111 @@ def _topk(x, k=None, axis=-1, largest=1, sorted=1, **_):  # noqa: A002 (ONNX's a
 
 
 register_op("TopK", infer=_topk_infer, pattern=Pattern.REDUCE, reference=_topk, const_inputs=((1, "k"),))
+
+
+def cumsum_axis(attrs, rank: int) -> int:
+    """CumSum's axis: its second input, a constant holding one value, normalised for a tensor of `rank`."""
+    axis = attrs.get("axis")
+    if axis is None:
+        raise ShapeError("CumSum needs its axis (its second input) as a constant; give the model a constant axis")
+    values = np.asarray(axis).reshape(-1)
+    if values.size != 1:
+        raise ShapeError(f"CumSum's axis must hold one value, got {values.size}")
+    return normalize_axis(int(values[0]), rank, "CumSum axis")
+
+
+def _cumsum_infer(types, attrs):
+    (data,) = types
+    cumsum_axis(attrs, len(data.shape))
+    return [data]
+
+
+def _cumsum(x, axis=None, exclusive=0, reverse=0, **_):
+    """Running sums along `axis`: from the end with `reverse`, each leaving its own element out with `exclusive`."""
+    axis = cumsum_axis({"axis": axis}, x.ndim)
+    source = np.flip(x, axis) if reverse else x
+    total = np.cumsum(source, axis=axis, dtype=_accumulator(x.dtype) or x.dtype)
+    if exclusive:
+        # each position takes the sum before it: shift the running sums one place along the axis, 0 first
+        before = np.zeros_like(np.take(total, [0], axis=axis))
+        total = np.concatenate([before, np.take(total, np.arange(x.shape[axis] - 1), axis=axis)], axis=axis)
+    return np.ascontiguousarray(np.flip(total, axis) if reverse else total).astype(x.dtype)
+
+
+register_op("CumSum", infer=_cumsum_infer, pattern=Pattern.REDUCE, reference=_cumsum, const_inputs=((1, "axis"),))
+
+
+@dataclass(frozen=True)
+class EinsumPlan:
+    """An Einsum equation resolved against its inputs' shapes: each input's subscripts and the output's, with "."
+    standing for the ellipsis's broadcast dimensions (in `broadcast`), and the size of every letter."""
+
+    inputs: tuple[str, ...]
+    output: str
+    sizes: dict[str, int]
+    broadcast: tuple[int, ...]
+
+    def summed(self) -> list[str]:
+        """The letters no output dimension keeps, each summed over once."""
+        return sorted({letter for term in self.inputs for letter in term} - set(self.output) - {"."})
+
+
+def einsum_plan(equation: str, shapes: list[tuple[int, ...]]) -> EinsumPlan:
+    """Parse `equation` (numpy's notation: letters, at most one "..." a term, "->" and the output, or the implicit
+    output of the letters met once, in alphabetical order, after the ellipsis) for inputs of `shapes`."""
+    text = equation.replace(" ", "")
+    left, arrow, right = text.partition("->")
+    terms = left.split(",")
+    if len(terms) != len(shapes):
+        raise ShapeError(f"Einsum equation {equation!r} names {len(terms)} inputs, the node has {len(shapes)}")
+    sizes: dict[str, int] = {}
+    broadcast: tuple[int, ...] = ()
+    inputs = []
+    for term, shape in zip(terms, shapes, strict=True):
+        letters = term.replace("...", "")
+        if not letters.isalpha() and letters or term.count("...") > 1 or "." in letters:
+            raise ShapeError(f"Einsum term {term!r} of {equation!r} may hold letters and one '...', nothing else")
+        extra = len(shape) - len(letters)
+        if extra < 0 or (extra and "..." not in term):
+            raise ShapeError(f"Einsum term {term!r} of {equation!r} does not fit an input of shape {list(shape)}")
+        head = term.index("...") if "..." in term else len(letters)
+        broadcast = broadcast_shapes(broadcast, shape[head : head + extra])
+        inputs.append(letters[:head] + "." * extra + letters[head:])
+        for letter, dim in zip(inputs[-1], shape, strict=True):
+            if letter != "." and sizes.setdefault(letter, dim) != dim:
+                raise ShapeError(f"Einsum subscript {letter!r} of {equation!r} is {sizes[letter]} and {dim} long")
+    if arrow:
+        letters = right.replace("...", "")
+        if not letters.isalpha() and letters or len(set(letters)) != len(letters) or set(letters) - set(sizes):
+            raise ShapeError(f"Einsum output {right!r} of {equation!r} must name input letters once each")
+        if "..." not in right and broadcast:
+            raise ShapeError(f"Einsum output {right!r} of {equation!r} drops the '...' dimensions; keep them")
+        head = right.index("...") if "..." in right else len(letters)
+        output = letters[:head] + ("." * len(broadcast) if "..." in right else "") + letters[head:]
+    else:
+        counts = Counter(letter for term in inputs for letter in term if letter != ".")
+        output = "." * len(broadcast) + "".join(sorted(letter for letter, count in counts.items() if count == 1))
+    return EinsumPlan(tuple(inputs), output, sizes, broadcast)
+
+
+def einsum_output_shape(plan: EinsumPlan) -> tuple[int, ...]:
+    dims = iter(plan.broadcast)
+    return tuple(next(dims) if letter == "." else plan.sizes[letter] for letter in plan.output)
+
+
+def _einsum_infer(types, attrs):
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        raise ShapeError(f"Einsum inputs must share one dtype, got {sorted(dtypes)}")
+    plan = einsum_plan(str(attrs.get("equation", "")), [t.shape for t in types])
+    return [TensorType(einsum_output_shape(plan), types[0].dtype)]
+
+
+def _einsum(*arrays, equation="", **_):
+    einsum_plan(str(equation), [array.shape for array in arrays])
+    dtype = arrays[0].dtype
+    wide = _accumulator(dtype) or dtype
+    return np.asarray(np.einsum(str(equation), *(array.astype(wide) for array in arrays))).astype(dtype)
+
+
+register_op("Einsum", infer=_einsum_infer, pattern=Pattern.REDUCE, reference=_einsum)

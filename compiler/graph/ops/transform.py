@@ -378,6 +378,60 @@ register_op(
 )
 
 
+SCATTER_REDUCTIONS = ("none", "add", "max", "min")
+
+
+def scatter_elements_axis(data_shape, indices_shape, updates_shape, axis=0, reduction="none") -> int:
+    """ScatterElements' axis, normalised, after checking its reduction and that the indices and updates (one shape,
+    the data's rank, no longer than the data off the axis) address the data."""
+    if reduction not in SCATTER_REDUCTIONS:
+        raise UnsupportedOpError(
+            f"ScatterElements with reduction={reduction!r} is not supported; Tessel has {', '.join(SCATTER_REDUCTIONS)}",
+            {"ScatterElements": []},
+        )
+    axis = normalize_axis(axis, len(data_shape), "ScatterElements axis")
+    fits = all(extent <= data_shape[position] for position, extent in enumerate(indices_shape) if position != axis)
+    if tuple(indices_shape) != tuple(updates_shape) or len(indices_shape) != len(data_shape) or not fits:
+        raise ShapeError(
+            f"ScatterElements indices of shape {list(indices_shape)} and updates of shape {list(updates_shape)} do "
+            f"not address data of shape {list(data_shape)} along axis {axis}"
+        )
+    return axis
+
+
+def _infer_scatter_elements(types, axis=0, reduction="none", **_):
+    data, indices, updates = types
+    if indices.dtype not in ("int32", "int64") or updates.dtype != data.dtype:
+        raise ShapeError(
+            f"ScatterElements takes int32 or int64 indices and updates of the data's dtype, got {indices}, {updates}"
+        )
+    scatter_elements_axis(data.shape, indices.shape, updates.shape, axis, reduction)
+    return [TensorType(data.shape, data.dtype)]
+
+
+def _scatter_elements(data, indices, updates, axis=0, reduction="none", **_):
+    """Each update written at its own position with the axis's coordinate replaced by its index: where several name
+    one element, the last in row-major order stays (reduction none), or all are combined with the data's."""
+    axis = scatter_elements_axis(data.shape, indices.shape, updates.shape, axis, reduction)
+    target = list(np.indices(indices.shape, sparse=True))
+    target[axis] = _in_range(indices, data.shape[axis], "ScatterElements")
+    result = data.copy()
+    if reduction == "none":
+        # numpy's assignment through repeated indices keeps the last value, as the compute does
+        result[tuple(target)] = updates
+    else:
+        {"add": np.add, "max": np.maximum, "min": np.minimum}[reduction].at(result, tuple(target), updates)
+    return result
+
+
+register_op(
+    "ScatterElements",
+    infer=lambda types, attrs: _infer_scatter_elements(types, **attrs),
+    pattern=Pattern.REDUCE,
+    reference=_scatter_elements,
+)
+
+
 def one_hot_depth(depth) -> int:
     """OneHot's depth input (a scalar or one element, of any numeric type) as a count of classes."""
     values = np.asarray(depth).reshape(-1)
