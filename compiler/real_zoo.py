@@ -8,6 +8,7 @@ lower resolution, for the test suite). `export` writes a model as a user would, 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -102,15 +103,17 @@ def _seeded(build: Callable[..., Any]) -> Callable[[str], Any]:
 def _calibrate_batch_norms(torch, module, shape: tuple[int, ...]):
     """Running statistics measured on random images, as training would leave them. torchvision's fresh statistics
     (mean 0, variance 1) normalise nothing: with random weights, activations grow or shrink layer after layer and
-    the batch-norm fold multiplies by 1. Two images, so a norm after a global pool still has two values a channel."""
+    the batch-norm fold multiplies by 1. Enough images that a norm past the usual 32x downsampling still averages 32
+    values a channel: at 32x32 that is one value an image, and statistics of two made MNASNet's logits reach 1e11."""
     norms = [layer for layer in module.modules() if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm)]
     for norm in norms:
         norm.reset_running_stats()
         norm.momentum = None  # a plain average over the calibration batch
     generator = torch.Generator().manual_seed(SEED + 1)
+    images = max(2, math.ceil(32 * 32 * 32 / (shape[-2] * shape[-1])))
     module.train()
     with torch.no_grad():
-        module(torch.randn((2, *shape[1:]), generator=generator))
+        module(torch.randn((images, *shape[1:]), generator=generator))
     return module.eval()
 
 
@@ -338,6 +341,22 @@ def _convnet(full: Callable[[Any], Any], small: Callable[[Any], Any] | None, sha
     return build
 
 
+def _efficientnet_b0_shallow(models):
+    """EfficientNet-B0's stages (expansion, kernel, stride, channels in and out, blocks) with one block each."""
+    stages = [(1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3)]
+    stages += [(6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1)]
+    config = models.efficientnet.MBConvConfig
+    return models.EfficientNet([config(*stage, width_mult=1.0, depth_mult=0.25) for stage in stages], dropout=0.2)
+
+
+def _regnet_y_400mf_shallow(models):
+    """RegNetY-400MF's width rule (w_0 48, w_a 27.89, w_m 2.09, groups of 8, squeeze-excite 1/4) over 6 blocks."""
+    blocks = models.regnet.BlockParams.from_init_params(
+        depth=6, w_0=48, w_a=27.89, w_m=2.09, group_width=8, se_ratio=0.25
+    )
+    return models.RegNet(blocks)
+
+
 def _deeplab(models):
     return models.segmentation.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=21)
 
@@ -361,6 +380,9 @@ def _pixels(name: str, shapes: dict[str, tuple[int, ...]]):
 
 
 _IMAGENET = {"full": (1, 3, 224, 224), "small": (1, 3, 64, 64)}
+# where 64x64 costs a model's tests much more compile time: each of its distinct convs is a kernel of its own, compiled
+# for llvm and for wasm (GoogLeNet's 57: 50 s at 64x64, 23 s at 32x32; MobileViT-XXS 22 s and 9 s)
+_SMALL_32 = {"full": (1, 3, 224, 224), "small": (1, 3, 32, 32)}
 _BERT_VOCABULARY = {"full": 30522, "small": 1000}
 
 _ENTRIES = [
@@ -473,9 +495,9 @@ _ENTRIES = [
         "mobilevit_s",
         "vision",
         "timm",
-        "MobileViT-S, 256x256 (small size: MobileViT-XXS)",
+        "MobileViT-S, 256x256 (small: MobileViT-XXS at 32x32)",
         _seeded(_mobilevit),
-        _pixels("x", {"full": (1, 3, 256, 256), "small": (1, 3, 64, 64)}),
+        _pixels("x", {"full": (1, 3, 256, 256), "small": (1, 3, 32, 32)}),
     ),
     RealModel(
         "segformer_b0",
@@ -490,28 +512,39 @@ _ENTRIES = [
         for name, summary, full, small, shapes in [
             (
                 "resnet50",
-                "ResNet-50, 224x224 (small: one bottleneck a stage)",
+                "ResNet-50, 224x224 (small: one bottleneck a stage, 32x32)",
                 lambda models: models.resnet50(weights=None),
                 lambda models: models.ResNet(models.resnet.Bottleneck, [1, 1, 1, 1]),
-                _IMAGENET,
+                _SMALL_32,
             ),
             (
                 "googlenet",
                 "GoogLeNet (no auxiliary heads), 224x224 (small: 32x32)",
                 lambda models: models.googlenet(weights=None, aux_logits=False, init_weights=True),
                 None,
-                # its 57 convs, each a kernel of its own, compile in 50 s at 64x64 and 23 s at 32x32 (llvm and wasm)
-                {"full": (1, 3, 224, 224), "small": (1, 3, 32, 32)},
+                _SMALL_32,
             ),
             (
                 "mobilenet_v3_large",
-                "MobileNetV3-Large, 224x224",
+                "MobileNetV3-Large, 224x224 (small: 32x32)",
                 lambda models: models.mobilenet_v3_large(),
                 None,
+                _SMALL_32,
+            ),
+            (
+                "efficientnet_b0",
+                "EfficientNet-B0, 224x224 (small: one block a stage)",
+                lambda models: models.efficientnet_b0(),
+                _efficientnet_b0_shallow,
                 _IMAGENET,
             ),
-            ("efficientnet_b0", "EfficientNet-B0, 224x224", lambda models: models.efficientnet_b0(), None, _IMAGENET),
-            ("regnet_y_400mf", "RegNetY-400MF, 224x224", lambda models: models.regnet_y_400mf(), None, _IMAGENET),
+            (
+                "regnet_y_400mf",
+                "RegNetY-400MF, 224x224 (small: 6 blocks of its 16)",
+                lambda models: models.regnet_y_400mf(),
+                _regnet_y_400mf_shallow,
+                _IMAGENET,
+            ),
             (
                 "densenet121",
                 "DenseNet-121, 224x224 (small: growth 8, two layers a block)",
@@ -521,10 +554,10 @@ _ENTRIES = [
             ),
             (
                 "mnasnet1_0",
-                "MNASNet 1.0, 224x224 (small: MNASNet 0.5)",
+                "MNASNet 1.0, 224x224 (small: MNASNet 0.5 at 32x32)",
                 lambda models: models.mnasnet1_0(),
                 lambda models: models.MNASNet(0.5),
-                _IMAGENET,
+                _SMALL_32,
             ),
             ("squeezenet1_1", "SqueezeNet 1.1, 224x224", lambda models: models.squeezenet1_1(), None, _IMAGENET),
             (
@@ -536,10 +569,10 @@ _ENTRIES = [
             ),
             (
                 "deeplabv3_mobilenet_v3",
-                "DeepLabV3 on MobileNetV3-Large, 21 classes, 256x256",
+                "DeepLabV3 on MobileNetV3-Large, 21 classes, 256x256 (small: 32x32)",
                 _deeplab,
                 None,
-                {"full": (1, 3, 256, 256), "small": (1, 3, 64, 64)},
+                {"full": (1, 3, 256, 256), "small": (1, 3, 32, 32)},
             ),
         ]
     ),
