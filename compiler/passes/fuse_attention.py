@@ -50,13 +50,14 @@ class _Blocks:
                 if value is not None:
                     self.readers.setdefault(value, []).append(node)
 
-    def private(self, value: Value, count: int = 1) -> bool:
-        """Whether `value` is read by `count` nodes and is not a graph output."""
-        return len(self.readers.get(value, [])) == count and value not in self.graph.outputs
+    def private(self, value: Value) -> bool:
+        """Whether `value` is read by one node and is not a graph output."""
+        return len(self.readers.get(value, [])) == 1 and value not in self.graph.outputs
 
     def scalar(self, value: Value | None) -> float | None:
+        """The value of a one-element param, else None."""
         array = self.graph.params.get(value)
-        return float(array) if array is not None and array.size == 1 else None
+        return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
 
     def match(self, softmax: Node) -> tuple[Node, list[Node]] | None:
         """(the Attention node, the nodes it replaces in graph order) for the block around `softmax`, or None."""
