@@ -50,7 +50,7 @@ from compiler.tune.measure import LocalBuilder, LocalRunner, Measurer  # noqa: E
 from compiler.tune.records import RecordLog  # noqa: E402
 from compiler.tune.report import plot_curves, summarize  # noqa: E402
 from compiler.tune.session import history  # noqa: E402
-from compiler.tune.space import Config  # noqa: E402
+from compiler.schedules.space import Config  # noqa: E402
 from compiler.tune.task import Task, extract_tasks  # noqa: E402
 from compiler.tune.tuners import make_tuner, tune_model  # noqa: E402
 

@@ -4,6 +4,7 @@ checks, the CLI and the server read BACKENDS, so a new backend registers here an
 
 from __future__ import annotations
 
+import ctypes
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,14 +18,14 @@ from compiler.codegen.cuda import generate_cuda
 from compiler.codegen.llvm import compile_funcs
 from compiler.codegen.opencl import generate_opencl
 from compiler.codegen.wgsl import Layout, generate_wgsl, limits_used, model_shader
-from compiler.errors import TargetError
+from compiler.errors import TargetError, TuningError
 from compiler.link import link_shared, link_wasm
 from compiler.memory_plan import align
 from compiler.runtime import ArgSpec
 from compiler.runtime.cuda import CudaModel, CudaProgram
-from compiler.runtime.native import NativeLibrary, NativeModel
+from compiler.runtime.native import NativeLibrary, NativeModel, default_num_threads
 from compiler.runtime.opencl import OpenCLModel, OpenCLProgram
-from compiler.runtime.wasm import WasmInstance, WasmModel, memory_import
+from compiler.runtime.wasm import WasmInstance, WasmModel, direct_call, memory_import
 from compiler.runtime.webgpu import WebGPUKernels, WebGPUModel
 from compiler.target import Target
 from compiler.tir.gpu import dispatch_list, lower_gpu, split_launches
@@ -68,6 +69,52 @@ class ModelImage:
     binding: str | None = None
 
 
+# How a tuning runner calls one kernel over arrays placed once: (call(), read() -> its outputs' copies).
+Binding = tuple[Callable[[], None], Callable[[], list[np.ndarray]]]
+
+
+def _read_back(arrays: list[np.ndarray], outputs: int) -> Callable[[], list[np.ndarray]]:
+    return lambda: [array.copy() for array in arrays[len(arrays) - outputs :]]
+
+
+def _bind_native(library: bytes, name: str, arrays: list[np.ndarray], outputs: int, num_threads: int | None) -> Binding:
+    """The kernel called through ctypes on the arrays' own memory."""
+    loaded = NativeLibrary(library, default_num_threads() if num_threads is None else num_threads)
+    entry = getattr(loaded.handle, name)
+    entry.restype = None
+    entry.argtypes = [ctypes.c_void_p] * len(arrays)
+    pointers = [array.ctypes.data for array in arrays]
+
+    def call() -> None:
+        entry(*pointers)
+
+    call.library = loaded  # the library stays mapped while the call lives
+    return call, _read_back(arrays, outputs)
+
+
+def _bind_wasm(library: bytes, name: str, arrays: list[np.ndarray], outputs: int, num_threads: int | None) -> Binding:
+    """The arrays copied once into the instance's memory; each call runs on them there."""
+    instance = WasmInstance(library)
+    offsets = instance.reserve([array.nbytes for array in arrays])
+
+    def base() -> int:
+        return ctypes.addressof(instance.memory.data_ptr(instance.store).contents)
+
+    for offset, array in zip(offsets, arrays):
+        ctypes.memmove(base() + offset, array.ctypes.data, array.nbytes)
+    call = direct_call(instance, instance.exports[name], offsets)
+
+    def read() -> list[np.ndarray]:
+        results = []
+        for offset, array in list(zip(offsets, arrays))[len(arrays) - outputs :]:
+            result = np.empty_like(array)
+            ctypes.memmove(result.ctypes.data, base() + offset, array.nbytes)
+            results.append(result)
+        return results
+
+    return call, read
+
+
 @dataclass(frozen=True)
 class Backend:
     """How one target kind is compiled and run.
@@ -80,7 +127,10 @@ class Backend:
     - `model_runtime(image, target, num_threads)`: an object with `run(inputs) -> outputs` and `replay(inputs)`
       (build.Module.replay's kernel-at-a-time calls), or None when the target cannot run here.
     - `code_file` names the code in a bundle, `seal` the style of the seal build.py appends and load_module checks
-      (bundle.seal_code); `label` and `runs_in_browser` are what the server's page says of it."""
+      (bundle.seal_code); `label` and `runs_in_browser` are what the server's page says of it.
+    - `bind_arrays(library, name, arrays, outputs, num_threads)`: how a tuning runner calls one kernel over arrays
+      placed once (`bind`); None goes through `kernel_runtime`, which copies the arrays in and out on every call,
+      so a candidate's times include the transfers until the kind gets a binder of its own."""
 
     kind: str
     code_file: str
@@ -91,6 +141,26 @@ class Backend:
     model_runtime: Callable[[ModelImage, Target, int | None], object]
     label: str
     runs_in_browser: bool = False
+    bind_arrays: Callable[[bytes, str, list[np.ndarray], int, int | None], Binding] | None = None
+
+    def bind(
+        self, library: bytes, name: str, specs, arrays: list[np.ndarray], outputs: int, target: Target, num_threads
+    ) -> Binding:
+        """(call(), read()) of kernel `name` in `library` over `arrays` (the last `outputs` of them its outputs)."""
+        if target.kind == "llvm" and not target.can_run_here:
+            raise TuningError(f"candidates for {target.triple} cannot run on this machine; tune on such a device")
+        if self.bind_arrays is not None:
+            return self.bind_arrays(library, name, arrays, outputs, num_threads)
+        runtime = self.kernel_runtime(library, target, None)
+        if runtime is None:
+            raise TuningError(f"candidates for {target} cannot run on this machine; tune on such a device")
+        function = runtime.function(name, list(specs))
+
+        def call() -> None:
+            function(*arrays)
+
+        call.runtime = runtime
+        return call, _read_back(arrays, outputs)
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -102,8 +172,8 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
-def backend_for(target: Target | str) -> Backend:
-    kind = target.kind if isinstance(target, Target) else str(target).split(maxsplit=1)[0]
+def backend_for(target: Target) -> Backend:
+    kind = target.kind
     if kind not in BACKENDS:
         raise TargetError(f"target {kind!r} has no backend in this Tessel yet; choose one of {', '.join(BACKENDS)}")
     return BACKENDS[kind]
@@ -189,6 +259,7 @@ register(
         model_runtime=_wasm_model_runtime,
         label="WebAssembly + SIMD: runs in this browser",
         runs_in_browser=True,
+        bind_arrays=_bind_wasm,
     )
 )
 register(
@@ -201,6 +272,7 @@ register(
         build_model=partial(_llvm_model, _link_shared, _no_additions),
         model_runtime=_native_model_runtime,
         label="Native library (.so) for this server's CPU",
+        bind_arrays=_bind_native,
     )
 )
 

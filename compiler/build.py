@@ -312,9 +312,7 @@ def compile_model(
     for position, variant in enumerate(variants, 1):
         progress(f"generating the {'+'.join(variant['features'])} variant", 0.6 + share * position)
         attributes = ",".join(WASM_FEATURE_ATTRIBUTES[feature] for feature in variant["features"])
-        built = backend.build_model(
-            list(kernels.values()), run, manifest, Target.parse(f"{target} -mattr={attributes}")
-        )
+        built = backend.build_model(list(kernels.values()), run, manifest, target.with_features(attributes))
         variant_code[variant["code"]] = seal_code(backend.seal, built.code)
         variant["wasm_import"] = built.manifest["memory"]["wasm_import"]
     manifest = json.loads(json.dumps({**manifest, **code.manifest, **({"variants": variants} if variants else {})}))

@@ -6,7 +6,7 @@ target's `device` limits, so a kernel that would exceed them is refused at compi
 from __future__ import annotations
 
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.errors import TargetError
 
@@ -90,6 +90,46 @@ _CUDA = DeviceLimits(
 )
 GPU_KINDS = {"webgpu": ("webgpu", _WEBGPU), "opencl": ("spir64", _OPENCL), "cuda": ("nvptx64-nvidia-cuda", _CUDA)}
 _CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What code for a CPU target may assume beyond its triple and features; codegen/llvm.py and the linker read these
+    instead of testing the target's kind.
+
+    - `libm`: a C library's math to call (float64 exp, log, ...); else every function is expanded in IR.
+    - `half_conversions`: float16 <-> float32 instructions; else float16 is i16 bits converted by integer arithmetic.
+    - `gathers`: masked gathers of 4- and 8-byte elements; else a scalar load per lane.
+    - `prefetch`: a prefetch instruction.
+    - `scratch`: where a buffer too large for the stack lives: "heap" (allocated once and kept between calls) or
+      "static" (one array per buffer, so a parallel loop that holds one stays serial).
+    - `threads`: "pool" (parallel loops always go to the thread pool) or "atomics" (only with the +atomics feature:
+      threaded wasm; plain wasm runs them serially).
+    - `relocation`: the relocation model: "pic" for a shared library, "static" for a wasm module."""
+
+    libm: bool
+    half_conversions: bool
+    gathers: bool
+    prefetch: bool
+    scratch: str
+    threads: str
+    relocation: str
+
+
+MACHINES = {
+    "llvm": Machine(
+        libm=True, half_conversions=True, gathers=True, prefetch=True, scratch="heap", threads="pool", relocation="pic"
+    ),
+    "wasm": Machine(
+        libm=False,
+        half_conversions=False,
+        gathers=False,
+        prefetch=False,
+        scratch="static",
+        threads="atomics",
+        relocation="static",
+    ),
+}
 
 
 def _host_cpu() -> tuple[str, str, str]:
@@ -201,6 +241,36 @@ class Target:
     @property
     def pointer_bytes(self) -> int:
         return 4 if self.arch in ("wasm32", "armv7", "arm", "webgpu") else 8
+
+    @property
+    def machine(self) -> Machine:
+        """What code for this CPU target may assume (MACHINES); a GPU target has none."""
+        if self.kind not in MACHINES:
+            raise TargetError(f"target {self} is a GPU target; its kernels are not compiled by the CPU code generator")
+        return MACHINES[self.kind]
+
+    @property
+    def parallel(self) -> bool:
+        """Whether parallel loops run on threads: natively always, in wasm only with +atomics (threaded wasm)."""
+        return self.machine.threads == "pool" or "atomics" in self.feature_set
+
+    def with_features(self, attributes: str) -> Target:
+        """This target with `attributes` ("+atomics,+bulk-memory") added after its features, and to its options as
+        an -mattr, so str() names the variant."""
+        features = ",".join(item for item in (self.features, attributes) if item)
+        return replace(self, features=features, options=(*self.options, ("mattr", attributes)))
+
+    def to_json(self) -> dict:
+        """The machine a tuning record was measured for: the same features under another spelling are the same."""
+        return {"kind": self.kind, "triple": self.triple, "cpu": self.cpu, "features": sorted(self.feature_set)}
+
+    @staticmethod
+    def from_json(machine: dict) -> Target:
+        """The CPU target a record's `to_json` describes (never this host: its features are the record's)."""
+        if machine["kind"] not in MACHINES:
+            raise TargetError(f"a tuning record's target kind {machine['kind']!r} is not a CPU target")
+        features = ",".join(f"+{feature}" for feature in machine["features"])
+        return Target(machine["kind"], machine["triple"], machine["cpu"], features, is_host=False)
 
     @property
     def can_run_here(self) -> bool:

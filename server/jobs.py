@@ -24,7 +24,7 @@ from pathlib import Path
 
 from compiler.build import COMPILER_VERSION, EVERY_WASM_VARIANT
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
-from compiler.tune.space import TuningWarning
+from compiler.schedules.space import TuningWarning
 from server.store import Store
 from server.uploads import opened_model
 
@@ -348,7 +348,7 @@ def _context():
     # forkserver: workers fork from a clean process that has imported the compiler once, so a new worker
     # (after a timeout killed one) starts in milliseconds and never inherits the server's threads.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["compiler.build", "compiler.ops", "compiler.schedules.cpu", "server.jobs"])
+    context.set_forkserver_preload(["compiler.build", "compiler.compute", "compiler.schedules.cpu", "server.jobs"])
     return context
 
 

@@ -14,14 +14,14 @@ from onnx import TensorProto, helper, numpy_helper
 import compiler
 from compiler import zoo
 from compiler.build import compile_model, group_key
+from compiler.compute import group_to_te
 from compiler.errors import ShapeError, TargetError
 from compiler.frontend.onnx import load_onnx
-from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import schedule_group
+from compiler.schedules.space import TuningWarning
 from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
-from compiler.tune.space import TuningWarning
 from compiler.tune.task import task_of
 from tests.model_checks import assert_close_in_range
 

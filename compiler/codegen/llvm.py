@@ -90,9 +90,9 @@ def value_type(dtype: str) -> ir.Type:
 
 
 def storage_type(dtype: str, target: Target) -> ir.Type:
-    """The memory type: bool is a byte; float16 is i16 bits on wasm, which has no half conversions."""
+    """The memory type: bool is a byte; float16 is i16 bits where the machine has no half conversions."""
     if dtype == "float16":
-        return _I16 if target.kind == "wasm" else _F16
+        return _F16 if target.machine.half_conversions else _I16
     return _I8 if dtype == "bool" else value_type(dtype)
 
 
@@ -128,7 +128,7 @@ class _ModuleContext:
         self.pooled_work: dict[str, int] = {}  # per kernel, the work of the loops it hands to the pool (-1: unknown)
         # Parallel loops go to a thread pool natively and in threaded wasm (+atomics: link.py links
         # wasm_thread_pool.c over a shared memory); plain wasm runs them serially.
-        self.parallel = target.kind == "llvm" or "atomics" in target.feature_set
+        self.parallel = target.parallel
         if self.parallel:
             threads = ir.GlobalVariable(self.module, _I32, NUM_THREADS_GLOBAL)
             threads.initializer = ir.Constant(_I32, 0)
@@ -166,7 +166,7 @@ class _FunctionEmitter(StmtVisitor):
         entry = function.append_basic_block("entry")
         self.entry = ir.IRBuilder(entry)
         self.builder = ir.IRBuilder(function.append_basic_block("body"))
-        scalef = self.target.kind != "wasm" and "avx512f" in self.target.feature_set
+        scalef = "avx512f" in self.target.feature_set
         self.math = FastMath(self.builder, context.intrinsic, context.function, scalef)
         self.values: dict[Var, ir.Value] = {}
         self.buffers: dict[Buffer, ir.Value] = {}
@@ -237,7 +237,7 @@ class _FunctionEmitter(StmtVisitor):
 
     def to_half_and_back(self, value: ir.Value) -> ir.Value:
         """Round a float32 value to float16 precision, keeping the float32 register type."""
-        if self.target.kind == "wasm":
+        if not self.target.machine.half_conversions:
             return self.math.half_to_float(self.math.float_to_half(value))
         half = self.builder.fptrunc(value, _vector(_F16, _lanes(value)))
         return self.builder.fpext(half, value.type)
@@ -256,7 +256,7 @@ class _FunctionEmitter(StmtVisitor):
         if dtype == "bool":
             return b.icmp_unsigned("!=", raw, ir.Constant(raw.type, None))
         if dtype == "float16":
-            if self.target.kind == "wasm":
+            if not self.target.machine.half_conversions:
                 return self.math.half_to_float(raw)
             return b.fpext(raw, _vector(_F32, lanes))
         return raw
@@ -266,7 +266,7 @@ class _FunctionEmitter(StmtVisitor):
         if dtype == "bool":
             return b.zext(value, _vector(_I8, lanes))
         if dtype == "float16":
-            if self.target.kind == "wasm":
+            if not self.target.machine.half_conversions:
                 return self.math.float_to_half(value)
             return b.fptrunc(value, _vector(_F16, lanes))
         return value
@@ -433,7 +433,7 @@ class _FunctionEmitter(StmtVisitor):
         0.046 -> 0.029 (1 thread, AVX-512), no group slower beyond the noise. Else, and in wasm, a scalar load per lane."""
         b = self.builder
         lanes = _lanes(index)
-        if self.target.kind == "llvm" and element_bytes(buffer.dtype) in (4, 8):
+        if self.target.machine.gathers and element_bytes(buffer.dtype) in (4, 8):
             return self.from_memory(self.masked_gather(buffer, index), buffer.dtype)
         result = ir.Constant(ir.VectorType(value_type(buffer.dtype), lanes), ir.Undefined)
         for lane in range(lanes):
@@ -503,7 +503,7 @@ class _FunctionEmitter(StmtVisitor):
             storage = self.entry.alloca(array_type, name=buffer.name)
             storage.align = 64
             pointer = _opaque(storage)
-        elif self.target.kind == "wasm":
+        elif self.target.machine.scratch == "static":
             # A wasm instance runs one call at a time, so a static array cannot be shared by two calls; nor by two
             # threads: a parallel loop holding one stays serial (_holds_static_array).
             self.context.counter += 1
@@ -565,8 +565,8 @@ class _FunctionEmitter(StmtVisitor):
         return  # CPU: each thread-bound stage already runs to completion before the next one
 
     def visit_prefetch(self, node: Prefetch) -> None:
-        if self.target.kind == "wasm":
-            return  # wasm has no prefetch instruction
+        if not self.target.machine.prefetch:
+            return  # e.g. wasm, which has no prefetch instruction
         pointer = self.element_pointer(node.element.buffer, self.index(node.element.index))
         prefetch = self.context.function("llvm.prefetch.p0", ir.VoidType(), [_PTR, _I32, _I32, _I32])
         # a read (0) of data (1) into every cache level (locality 3: x86's prefetcht0; into the second level only,
@@ -630,7 +630,7 @@ class _FunctionEmitter(StmtVisitor):
             and self.context.parallel
             and self.parallel_depth == 0
             and worth_parallel(node)
-            and not (self.target.kind == "wasm" and _holds_static_array(node.body))
+            and not (self.target.machine.scratch == "static" and _holds_static_array(node.body))
         ):
             self.parallel_loop(node, start, extent)
             return
@@ -958,7 +958,7 @@ class _FunctionEmitter(StmtVisitor):
             root = self.call("sqrt", args[0])
             return b.fdiv(_one_like(root), root)
         polynomials = {"exp": self.math.exp, "log": self.math.log}
-        if _element(args[0].type) == _F64 and self.target.kind != "wasm":
+        if _element(args[0].type) == _F64 and self.target.machine.libm:
             return self.float64_call(name, args)
         if name not in polynomials:
             raise TypeError(f"codegen cannot handle intrinsic {name!r}")
@@ -1063,10 +1063,9 @@ def element_bytes(dtype: str) -> int:
     return {"float16": 2, "float64": 8, "int64": 8, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}.get(dtype, 4)
 
 
-def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str, str] | None = None) -> ir.Module:
+def generate_module(funcs: list[PrimFunc], target: Target, texts: dict[str, str] | None = None) -> ir.Module:
     """All `funcs` as external kernels of one module (plus their outlined parallel bodies), and for each of
     `texts` a function of that name returning a pointer to the NUL-terminated ASCII text."""
-    target = Target.parse(target)
     context = _ModuleContext(target)
     for name, text in (texts or {}).items():
         data = bytearray(text.encode("ascii") + b"\0")
@@ -1104,7 +1103,7 @@ def generate_module(funcs: list[PrimFunc], target: Target | str, texts: dict[str
             emitter.builder.store(ir.Constant(_I32, 0), context.failed_call)
             emitter.announce_run([call.func for call in func.body.stmts])
         # wasm has no C library, so its float64 math is expanded too (over float64 exp and log)
-        native = NATIVE_MATH if target.kind == "wasm" else NATIVE_MATH + LIBM_MATH
+        native = NATIVE_MATH + LIBM_MATH if target.machine.libm else NATIVE_MATH
         emitter.visit(expand_math(func.body, native))
         emitter.finish()
     return context.module
@@ -1142,13 +1141,13 @@ def target_machine(target: Target) -> llvm.TargetMachine:
         llvm_target = llvm.Target.from_triple(target.triple)
     except RuntimeError as error:
         raise TargetError(f"LLVM in llvmlite cannot generate code for {target.triple!r}: {error}") from error
-    reloc = "static" if target.kind == "wasm" else "pic"
-    return llvm_target.create_target_machine(cpu=target.cpu, features=target.features, opt=3, reloc=reloc)
+    return llvm_target.create_target_machine(
+        cpu=target.cpu, features=target.features, opt=3, reloc=target.machine.relocation
+    )
 
 
-def compile_module(module: ir.Module, target: Target | str) -> CompiledModule:
+def compile_module(module: ir.Module, target: Target) -> CompiledModule:
     """Verify, optimise at O3 (new pass manager, the target's features) and emit code."""
-    target = Target.parse(target)
     machine = target_machine(target)
     module.data_layout = str(machine.target_data)
     parsed = llvm.parse_assembly(str(module))
@@ -1161,5 +1160,5 @@ def compile_module(module: ir.Module, target: Target | str) -> CompiledModule:
     return CompiledModule(target, str(parsed), machine.emit_assembly(parsed), machine.emit_object(parsed))
 
 
-def compile_funcs(funcs: list[PrimFunc], target: Target | str, texts: dict[str, str] | None = None) -> CompiledModule:
+def compile_funcs(funcs: list[PrimFunc], target: Target, texts: dict[str, str] | None = None) -> CompiledModule:
     return compile_module(generate_module(funcs, target, texts), target)

@@ -1,5 +1,5 @@
 """The op registry: one entry per op with its shape rule, pattern kind, numpy reference and (filled
-by `compiler/ops/`, issue 4) its tensor-expression compute.
+by `compiler/compute/`, issue 4) its tensor-expression compute.
 
 Graph-level semantics live in `compiler/graph/ops/`; the kernel stage attaches `compute` later with
 `set_compute`, so the graph never imports the tensor-expression layer.

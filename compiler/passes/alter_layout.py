@@ -63,9 +63,9 @@ UNSAFE_ON_PADDING = ("Div", "Reciprocal")
 PADDED_WASTE = 8
 
 
-def channel_block(target: Target | str) -> int:
+def channel_block(target: Target) -> int:
     """The x of NCHW[x]c for `target`."""
-    return BLOCK_BY_VECTOR_BYTES.get(Target.parse(target).vector_bytes, 8)
+    return BLOCK_BY_VECTOR_BYTES.get(target.vector_bytes, 8)
 
 
 def pack_weight(weight: np.ndarray, block: int) -> np.ndarray:
@@ -74,13 +74,12 @@ def pack_weight(weight: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(weight.reshape(filters // block, block, *weight.shape[1:]), 1, -1))
 
 
-def alter_layout(graph: Graph, target: Target | str = "llvm") -> Graph:
+def alter_layout(graph: Graph, target: Target) -> Graph:
     """`graph` with its convolution chains in NCHW[x]c for `target`; outputs and their names unchanged. A conv
     that would be converted in and straight back out (no other blocked conv before or after it) stays NCHW unless
     it does enough work (ISOLATED_MACS_PER_ELEMENT per converted element, ISOLATED_MIN_MACS in all): the two
     conversions would cost more than the blocked layout saves. Being linked is mutual, so leaving such convs out
     isolates no other one."""
-    target = Target.parse(target)
     block = channel_block(target)
     first = _Rewriter(graph, block, excluded=set())
     result = first.run()
@@ -91,7 +90,7 @@ def alter_layout(graph: Graph, target: Target | str = "llvm") -> Graph:
     for node in result.nodes:
         if node.op == "Gemm" and node.attrs.get("transB", 0):
             # a transposed-B dense sums `split_lanes` interleaved partial products along the contiguous K
-            # (compiler/ops/nn.py): one float32 vector of the target (mlp: 16 on AVX-512, 0.028 ms against 0.037
+            # (compiler/compute/nn.py): one float32 vector of the target (mlp: 16 on AVX-512, 0.028 ms against 0.037
             # with 8; 4 in wasm, 0.107 ms against 0.143 with 16)
             node.attrs = {**node.attrs, "split_lanes": lanes}
     return result
@@ -156,10 +155,10 @@ def _dense_weight(graph: Graph, node: Node) -> Value | None:
     return weight
 
 
-def gpu_layout(graph: Graph, target: Target | str = "webgpu") -> Graph:
+def gpu_layout(graph: Graph, target: Target) -> Graph:
     """The GPU family's layout decisions: the ONNX layouts stay, and a transposed-B Gemm keeps one sum per output
     (split_lanes 1): its K is split over threads by the GPU templates, not over a vector's lanes, and the split-K
-    partial sums would be a second root stage that other blocks read (compiler/ops/nn.py defaults to 16)."""
+    partial sums would be a second root stage that other blocks read (compiler/compute/nn.py defaults to 16)."""
     result = graph.copy()
     for node in result.nodes:
         if node.op == "Gemm" and node.attrs.get("transB", 0):

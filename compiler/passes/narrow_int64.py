@@ -22,10 +22,9 @@ def fits_int32(array: np.ndarray) -> bool:
     return array.size == 0 or (INT32_RANGE[0] <= int(array.min()) and int(array.max()) <= INT32_RANGE[1])
 
 
-def narrow_int64(graph: Graph, target: Target | str) -> Graph:
+def narrow_int64(graph: Graph, target: Target) -> Graph:
     """`graph` with its int64 values in int32 when `target`'s device has no int64 (else `graph` itself); raises
     ModelError naming a param whose values do not fit in int32."""
-    target = Target.parse(target)
     if "int64" in target.device.dtypes or "int32" not in target.device.dtypes:
         return graph
     result = graph.copy()

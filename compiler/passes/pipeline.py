@@ -51,14 +51,13 @@ def _for_target(layout_pass: Callable[[Graph, Target], Graph], target: Target) -
     return run
 
 
-def optimize(graph: Graph, fuse: bool = True, target: Target | str | None = None) -> Graph:
+def optimize(graph: Graph, fuse: bool = True, target: Target | None = None) -> Graph:
     """Run every pass of PASSES, then the layout passes of `target`'s family (LAYOUT_PASSES; None keeps the ONNX
     layouts), each followed by eliminate_dead for the weights it replaced, then fuse_ops when `fuse`, verifying the
     graph before and after each one."""
     graph.verify()
     passes = list(PASSES)
     if target is not None:
-        target = Target.parse(target)
         for layout_pass in LAYOUT_PASSES[target.family]:
             passes += [_for_target(layout_pass, target), eliminate_dead]
     for graph_pass in [*passes, fuse_ops] if fuse else passes:

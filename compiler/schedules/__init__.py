@@ -13,9 +13,8 @@ from compiler.target import Target, family_of
 FAMILIES = {"cpu": "compiler.schedules.cpu", "gpu": "compiler.schedules.gpu"}
 
 
-def templates(target: Target | str) -> ModuleType:
+def templates(target: Target) -> ModuleType:
     """The template module of `target`'s family."""
-    target = Target.parse(target)
     if target.family not in FAMILIES:
         families = ", ".join(FAMILIES)
         raise TargetError(
@@ -25,8 +24,8 @@ def templates(target: Target | str) -> ModuleType:
     return importlib.import_module(FAMILIES[target.family])
 
 
-def schedule_group(group, target: Target | str = "llvm", config=None):
-    """A schedule of `group` (a GroupTE) by its target's family's templates (see schedules/cpu.py's schedule_group)."""
+def schedule_group(group, target: Target, config=None):
+    """A schedule of `group` (a GroupTE) by its target's family's templates (see schedules/cpu/'s schedule_group)."""
     return templates(target).schedule_group(group, target, config)
 
 

@@ -1,7 +1,7 @@
 """GPU schedules (WebGPU, OpenCL, CUDA): how each fused group's tensor expressions become thread-bound kernels.
 
-`schedule_group` has cpu.py's interface and reads the group as cpu.py does (the anchor reduction by its tag, the
-epilogue computed at the anchor's tile, a reduction made inside the stage it feeds). Every stage runs under
+`schedule_group` has the CPU's interface and reads the group through the same dispatch (schedules/dispatch.py): the
+anchor reduction by its tag, the epilogue computed at the anchor's tile, a reduction made inside the stage it feeds. Every stage runs under
 blockIdx/threadIdx loops, which a CPU target runs serially with the same result (docs/architecture.md, "Thread loops
 per stage"), so the templates are checked on llvm. Knobs are declared on a cfg; add_filter keeps configs within
 target.device (threads per block, shared bytes).
@@ -16,12 +16,20 @@ from functools import partial
 import numpy as np
 
 import compiler.te as te
+from compiler.compute import tags
 from compiler.errors import TargetError
-from compiler.schedules import cpu
+from compiler.schedules.dispatch import (
+    Templates,
+    host_of,
+    inline_injective,
+    lives_in_host,
+    schedule_with,
+    stage_readers,
+)
+from compiler.schedules.space import ConfigSpace, run_template
 from compiler.target import Target
 from compiler.te.schedule import INLINE, ROOT, Schedule, Stage
 from compiler.te.tensor import ComputeOp, IterVar
-from compiler.tune.space import ConfigSpace, run_template
 
 # Part of every GPU tuning task's key: bump it when a template's knobs change meaning.
 SPACE_VERSION = 5
@@ -105,47 +113,22 @@ def fallback(kind: str, target: Target) -> dict[str, object]:
     return values
 
 
-def schedule_group(group, target: Target | str = "webgpu", config: ConfigSpace | Mapping | None = None) -> te.Schedule:
+def schedule_group(group, target: Target, config: ConfigSpace | Mapping | None = None) -> te.Schedule:
     """A schedule of `group` (a GroupTE) for a GPU target. `config`: a cfg for the template to declare its knobs on
-    (afterwards it holds the space), or a record's knob values, or None for the fallback (as in cpu.py)."""
-    target = Target.parse(target)
+    (afterwards it holds the space), or a record's knob values, or None for the fallback (as on the CPU)."""
     if not target.is_gpu:
         raise TargetError(
-            f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}; use schedules/cpu.py"
+            f"GPU schedules are for webgpu, opencl or cuda targets, not {target.kind}; use schedules/cpu/"
         )
     if isinstance(config, ConfigSpace):
-        return _schedule_group(group, target, config)
-    return run_template(partial(_schedule_group, group, target), config)[0]
+        return schedule_with(GPU_TEMPLATES, group, target, config)
+    return run_template(partial(schedule_with, GPU_TEMPLATES, group, target), config)[0]
 
 
-def _schedule_group(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
-    outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, ComputeOp)]
-    schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
-    cpu._add_unread_inputs(schedule, group.inputs)
-    if any(stage.op.tag == cpu.WINOGRAD_GEMM for stage in schedule.stages if isinstance(stage.op, ComputeOp)):
-        cfg.template = "winograd"
-        _winograd(schedule, target, cfg)
-        return schedule
-    anchor = cpu._anchor_reduction(schedule)
-    if anchor is not None and anchor.op.tag in cpu.POOL_TAGS and len(outputs) > 1:
-        anchor = None  # a max pool's Indices: the generic schedule, as on the CPU
-    kind = cpu._template_kind(anchor)
-    if kind not in TEMPLATES:
-        kind = None
-    if kind is not None and schedule[anchor].is_output:
-        anchor = schedule.cache_write(anchor.op.output(0), "local")
-    cpu._inline_injective(schedule, set())
+def _prepare(schedule: Schedule, anchor: te.Tensor | None, kind: str | None, target: Target) -> None:
+    """Every injective stage inlined; an output that other stages also read recomputed by them."""
+    inline_injective(schedule, set())
     _recompute_read_outputs(schedule)
-    readers = cpu._readers(schedule)
-    if kind is not None and len(readers[schedule[anchor]]) == 1:
-        output = readers[schedule[anchor]][0]
-        if output.attach_type == ROOT and tuple(output.op.shape) == tuple(anchor.shape):
-            cfg.template = kind
-            TEMPLATES[kind](schedule, schedule[anchor], output, target, cfg)
-            _schedule_rest(schedule, readers, target, cfg, done={schedule[anchor], output})
-            return schedule
-    _schedule_rest(schedule, readers, target, cfg, done=set())
-    return schedule
 
 
 def _recompute_read_outputs(schedule: Schedule) -> None:
@@ -229,10 +212,10 @@ def _schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace
     root with one thread per output."""
     pending = [s for s in schedule.stages if s not in done and isinstance(s.op, ComputeOp)]
     pending = [s for s in pending if s.attach_type == ROOT and s.relations == [] and not s.bindings]
-    hosted = [s for s in pending if cpu._lives_in_host(s)]
+    hosted = [s for s in pending if lives_in_host(s)]
     attached: dict[Stage, list[Stage]] = {}
     for stage in hosted:
-        host = cpu._host(stage, readers, schedule, set())
+        host = host_of(stage, readers, schedule, set())
         if host is not None and host not in hosted and host in pending:
             attached.setdefault(host, []).append(stage)
     if not cfg.template:
@@ -442,7 +425,7 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
 
     data, filters = _depthwise_operands(conv)
     taps = [iv.extent for iv in conv.op.reduce_axis]
-    # a column-strided conv reads a phased input (5-D, compiler/ops/nn.py), whose tile the region inference cannot
+    # a column-strided conv reads a phased input (5-D, compiler/compute/nn.py), whose tile the region inference cannot
     # tighten: it reads the input from global memory, only the filter is shared
     tiled = len(data.shape) == 4
     stride = _row_stride(data, oh.extent, taps[0]) if tiled else 0
@@ -621,7 +604,7 @@ def _dividing_tile(extent: int, tile: tuple[int, int]) -> tuple[int, int]:
 
 
 def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
-    """A ConvWinograd group (compiler/ops/nn.py, conv_winograd) in three launches. The input transform: one thread
+    """A ConvWinograd group (compiler/compute/nn.py, conv_winograd) in three launches. The input transform: one thread
     per (tile, channel), which copies its tile's padded inputs into registers, makes B^T d there, then the tile's
     points. The matmuls: the dense template (and its knobs), batched over the points. The output transform, inlined
     into the group's outputs with their epilogue: one thread per tile of one filter, which copies the tile's
@@ -629,7 +612,7 @@ def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
     matrix is unrolled in each step (its select then decided): a thread's other loops stay loops, since SwiftShader's
     time to create a pipeline grows with the code (resnet18: 10.3 s with every loop unrolled)."""
     by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
-    transform, gemm = by_tag["winograd_input"], by_tag[cpu.WINOGRAD_GEMM]
+    transform, gemm = by_tag["winograd_input"], by_tag[tags.WINOGRAD_GEMM]
     rows, columns = by_tag["winograd_rows"], by_tag["winograd_columns"]
     for stage in schedule.stages:
         op = stage.op
@@ -643,7 +626,7 @@ def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
     ]
     # A^T M (and the products it reads) in registers where one output stage reads it; read by several, it is a
     # launch of its own
-    reader = [stage for stage in outputs if cpu._readers(schedule)[columns] == [stage]]
+    reader = [stage for stage in outputs if stage_readers(schedule)[columns] == [stage]]
     products = schedule.cache_read(gemm.op.output(0), "local", [columns.op.output(0)]) if reader else None
     (padded,) = rows.op.input_tensors
     tile_inputs = schedule.cache_read(padded, "local", [rows.op.output(0)])
@@ -701,5 +684,10 @@ TEMPLATES = {
     "pool_max": _pool,
     "pool_avg": _pool,
 }
+
+
+GPU_TEMPLATES = Templates(
+    whole=((tags.WINOGRAD_GEMM, "winograd", _winograd),), anchored=TEMPLATES, prepare=_prepare, rest=_schedule_rest
+)
 
 __all__ = ["DEFAULTS", "SPACE_VERSION", "TARGET_DEFAULTS", "TEMPLATES", "fallback", "schedule_group"]

@@ -1,6 +1,6 @@
 """The tensor-expression language (TVM-like): placeholders, computes, reductions and schedules.
 
-Operator computes (`compiler/ops/`) and schedule templates write these; `tir/lower.py` turns a
+Operator computes (`compiler/compute/`) and schedule templates write these; `tir/lower.py` turns a
 schedule into loop IR.
 """
 

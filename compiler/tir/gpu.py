@@ -342,10 +342,9 @@ def _reads_var(stmt: Stmt, var: Var) -> bool:
     return any(node is var for node in walk(stmt))
 
 
-def lower_gpu(func: PrimFunc, target: Target | str) -> PrimFunc:
+def lower_gpu(func: PrimFunc, target: Target) -> PrimFunc:
     """`func` (from tir/lower.py, thread-bound) as a kernel for the GPU `target`, with attrs["launch"] =
     {"grid": [x, y, z], "block": [x, y, z]}; raises GpuKernelError for what the target's device cannot run."""
-    target = Target.parse(target)
     if not target.is_gpu:
         raise GpuKernelError(f"kernel {func.name}: lower_gpu needs a GPU target (webgpu, opencl, cuda), not {target}")
     return _GpuLowering(narrow_arithmetic(func, target.device.dtypes), target).run()

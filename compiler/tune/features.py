@@ -10,9 +10,10 @@ from functools import partial
 
 import numpy as np
 
+from compiler.compute import group_to_te
 from compiler.graph.ir import ITEMSIZE
-from compiler.ops import group_to_te
 from compiler.schedules import schedule_group
+from compiler.schedules.space import Config, OptionSpace, ReorderSpace, SplitSpace, run_template
 from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Logical, Select, Var, is_float
 from compiler.te.tensor import walk
 from compiler.tir.lower import lower
@@ -20,7 +21,6 @@ from compiler.tir.nodes import Allocate, For, ForKind, IfThen, LetStmt, Load, Pr
 from compiler.tir.simplify import bounds, loop_bounds
 from compiler.tir.visitor import StmtVisitor
 from compiler.tir.work import expr_operations
-from compiler.tune.space import Config, OptionSpace, ReorderSpace, SplitSpace, run_template
 from compiler.tune.task import Task
 
 # Loop levels described for each store, innermost first: a register tile, its reduction and the cache tiles above it

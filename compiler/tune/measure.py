@@ -5,7 +5,6 @@ tune/task.py's tasks and uses the schedules, lowering, codegen and build.py's li
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import signal
@@ -20,12 +19,16 @@ from typing import Protocol
 
 import numpy as np
 
+from compiler.backends import backend_for
+from compiler.compute import group_to_te
 from compiler.errors import TuningError
 from compiler.runtime import ArgSpec
 from compiler.runtime.native import aligned_buffer, default_num_threads
+from compiler.schedules import schedule_group
+from compiler.schedules.space import Config, ConfigSpace
 from compiler.target import Target
+from compiler.tir.lower import lower
 from compiler.tune.records import RecordLog, config_key
-from compiler.tune.space import Config, ConfigSpace
 from compiler.tune.task import Task
 
 # Each repeat calls the kernel this long at least (when `number` is not given), so a repeat's mean is not timer noise.
@@ -147,11 +150,6 @@ class Runner(Protocol):
 def build_candidate(job: BuildJob) -> Built:
     """Schedule the task's group with the job's config by its target family's templates, lower it, and compile it
     with its backend's kernel builder (backends.py), as compile_model does."""
-    from compiler.backends import backend_for
-    from compiler.ops import group_to_te
-    from compiler.schedules import schedule_group
-    from compiler.tir.lower import lower
-
     started = time.perf_counter()
     try:
         group = group_to_te(job.node)
@@ -193,81 +191,12 @@ def probe_arrays(specs: Sequence[ArgSpec], outputs: int, seed: int) -> list[np.n
     return arrays
 
 
-def _bind_native(built: Built, arrays: list[np.ndarray]):
-    from compiler.runtime.native import NativeLibrary
-
-    threads = built.timing.num_threads
-    library = NativeLibrary(built.library, default_num_threads() if threads is None else threads)
-    entry = getattr(library.handle, built.name)
-    entry.restype = None
-    entry.argtypes = [ctypes.c_void_p] * len(arrays)
-    pointers = [array.ctypes.data for array in arrays]
-
-    def call() -> None:
-        entry(*pointers)
-
-    def read() -> list[np.ndarray]:
-        return [array.copy() for array in arrays[len(arrays) - built.outputs :]]
-
-    call.library = library  # the library stays mapped while the call lives
-    return call, read
-
-
-def _bind_wasm(built: Built, arrays: list[np.ndarray]):
-    from compiler.runtime.wasm import WasmInstance, direct_call
-
-    instance = WasmInstance(built.library)
-    offsets = instance.reserve([array.nbytes for array in arrays])
-
-    def base() -> int:
-        return ctypes.addressof(instance.memory.data_ptr(instance.store).contents)
-
-    for offset, array in zip(offsets, arrays):
-        ctypes.memmove(base() + offset, array.ctypes.data, array.nbytes)
-    call = direct_call(instance, instance.exports[built.name], offsets)
-
-    def read() -> list[np.ndarray]:
-        results = []
-        for offset, array in list(zip(offsets, arrays))[len(arrays) - built.outputs :]:
-            result = np.empty_like(array)
-            ctypes.memmove(result.ctypes.data, base() + offset, array.nbytes)
-            results.append(result)
-        return results
-
-    return call, read
-
-
-def _bind_runtime(built: Built, arrays: list[np.ndarray]):
-    """Any other kind through its backend's kernel runtime (backends.py): a call on numpy arrays, which copies them in
-    and out each time, so its times include the transfers until the kind gets a binder of its own."""
-    from compiler.backends import backend_for
-
-    runtime = backend_for(built.target).kernel_runtime(built.library, built.target, None)
-    if runtime is None:
-        raise TuningError(f"candidates for {built.target} cannot run on this machine; tune on such a device")
-    function = runtime.function(built.name, list(built.specs))
-
-    def call() -> None:
-        function(*arrays)
-
-    def read() -> list[np.ndarray]:
-        return [array.copy() for array in arrays[len(arrays) - built.outputs :]]
-
-    call.runtime = runtime
-    return call, read
-
-
-# How a runner process calls a built candidate over arrays placed once, per target kind: (built, arrays) -> (call(),
-# read() -> outputs). The GPU kinds (webgpu, opencl, cuda) go through _bind_runtime until they get a binder that keeps
-# the arrays on the device between calls.
-BINDERS: dict[str, Callable] = {"llvm": _bind_native, "wasm": _bind_wasm}
-
-
 def _bound(built: Built):
-    if built.target.kind == "llvm" and not built.target.can_run_here:
-        raise TuningError(f"candidates for {built.target.triple} cannot run on this machine; tune on such a device")
-    binder = BINDERS.get(built.target.kind, _bind_runtime)
-    return binder(built, probe_arrays(built.specs, built.outputs, built.seed))
+    """How a runner process calls a built candidate over its probe arrays, placed once: its backend's `bind`."""
+    arrays = probe_arrays(built.specs, built.outputs, built.seed)
+    return backend_for(built.target).bind(
+        built.library, built.name, built.specs, arrays, built.outputs, built.target, built.timing.num_threads
+    )
 
 
 def candidate_outputs(built: Built) -> list[np.ndarray]:
@@ -489,8 +418,6 @@ class LocalRunner:
 def flops(task: Task) -> int:
     """The task's arithmetic: 2 x the multiply-adds of its anchor reduction, else one operation per output element
     (what GFLOP/s in the progress and the report count)."""
-    from compiler.ops import group_to_te
-
     group = group_to_te(task.node)
     anchor = group.anchor
     reduce_axis = getattr(anchor.op, "reduce_axis", ()) if anchor is not None else ()

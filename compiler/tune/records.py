@@ -11,14 +11,14 @@ from pathlib import Path
 
 from compiler.errors import TuningError
 from compiler.schedules import space_version
-from compiler.tune.space import TuningWarning
+from compiler.schedules.space import TuningWarning
 from compiler.tune.task import canonical
 
 TASK_FIELDS = ("template", "workload", "target", "space_version")
 
 
 def _space_version(target) -> int | None:
-    """The current space version of a record's target (its JSON: tune/task.target_json)."""
+    """The current space version of a record's target (its JSON: Target.to_json)."""
     return space_version(target.get("kind", "")) if isinstance(target, dict) else None
 
 

@@ -8,10 +8,10 @@ import warnings
 from pathlib import Path
 
 from compiler.errors import TuningError
+from compiler.schedules.space import TuningWarning
 from compiler.target import Target
 from compiler.tune.measure import LocalBuilder, LocalRunner, Measurer, MeasureResult
 from compiler.tune.records import RecordLog
-from compiler.tune.space import TuningWarning
 from compiler.tune.task import Task, extract_tasks
 
 INTERRUPTED = 130

@@ -12,15 +12,15 @@ from functools import partial
 
 import numpy as np
 
+from compiler.compute import group_to_te
 from compiler.errors import TesselError
 from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.graph.registry import Pattern, get_op
-from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules import space_version, templates
+from compiler.schedules.space import ConfigSpace, run_template
 from compiler.target import Target
-from compiler.tune.space import ConfigSpace, run_template
 
 # Attribute arrays up to this many elements are written out in a task's workload; larger ones by their digest.
 LISTED_ELEMENTS = 64
@@ -83,11 +83,6 @@ def workload(node: Node) -> dict:
     }
 
 
-def target_json(target: Target) -> dict:
-    """The machine a record was measured for: the same features under another spelling are the same target."""
-    return {"kind": target.kind, "triple": target.triple, "cpu": target.cpu, "features": sorted(target.feature_set)}
-
-
 def canonical(task: dict) -> str:
     """The text records are looked up by: the task's JSON with sorted keys."""
     return json.dumps(task, sort_keys=True, separators=(",", ":"))
@@ -109,7 +104,7 @@ class Task:
         return {
             "template": self.template,
             "workload": self.workload,
-            "target": target_json(self.target),
+            "target": self.target.to_json(),
             "space_version": templates(self.target).SPACE_VERSION,
         }
 
@@ -129,9 +124,8 @@ def _fallback(node: Node, target: Target):
     return group, templates(target).schedule_group(group, target, cfg), cfg
 
 
-def task_of(node: Node, target: Target | str) -> Task:
+def task_of(node: Node, target: Target) -> Task:
     """The task of one fused node (its template is found by running it, which also collects its space)."""
-    target = Target.parse(target)
     _, _, cfg = _fallback(node, target)
     return Task(cfg.template, workload(node), target, cfg, node)
 
@@ -180,11 +174,7 @@ def task_from_json(task: dict) -> Task | None:
             attrs,
             "task",
         )
-        machine = task["target"]
-        if machine["kind"] not in ("llvm", "wasm"):
-            return None
-        features = ",".join(f"+{feature}" for feature in machine["features"])
-        rebuilt = task_of(node, Target(machine["kind"], machine["triple"], machine["cpu"], features, is_host=False))
+        rebuilt = task_of(node, Target.from_json(task["target"]))
     except (LookupError, TypeError, ValueError, TesselError):
         return None
     return rebuilt if rebuilt.key == canonical(task) else None

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compiler.errors import TuningError
+from compiler.schedules.space import Config, ConfigSpace
 from compiler.tune.cost_model import CostModel, scores
 from compiler.tune.features import featurizer_of
-from compiler.tune.space import Config, ConfigSpace
 from compiler.tune.task import Task
 
 # Spaces up to this size list their valid configs once; larger ones are sampled, rejecting invalid points.

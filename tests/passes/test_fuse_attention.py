@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
-from compiler.ops import group_to_te
 from compiler.passes.fuse_attention import MAX_KEYS, fuse_attention
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import schedule_group
+from compiler.schedules.space import ConfigSpace
 from compiler.target import Target
-from compiler.tune.space import ConfigSpace
 from tests.model_checks import assert_close_in_range
 from tests.schedules.test_cpu_schedules import compile_and_run
 

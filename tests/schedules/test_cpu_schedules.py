@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
-from compiler.ops import group_to_te
 from compiler.passes import winograd
 from compiler.passes.alter_layout import channel_block
 from compiler.passes.pipeline import optimize
@@ -25,12 +25,12 @@ from compiler.schedules.cpu import (
     vector_factor,
     vector_registers,
 )
+from compiler.schedules.space import ConfigSpace
 from compiler.target import Target
 from compiler.te.expr import Const
 from compiler.te.tensor import children, substitute
 from compiler.tir.nodes import For, ForKind, Prefetch, Stmt
 from compiler.tir.simplify import simplify
-from compiler.tune.space import ConfigSpace
 from tests.model_checks import assert_close_in_range
 
 TARGETS = ["llvm", "wasm"]

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.errors import TargetError
 from compiler.graph.ir import Graph, Node, TensorType
 from compiler.graph.ops.nn import winograd_weight
 from compiler.graph.reference import run_reference
-from compiler.ops import group_to_te
 from compiler.passes.fuse_ops import _body as fuse_body
 from compiler.passes.pipeline import optimize
 from compiler.schedules.gpu import fallback, schedule_group
+from compiler.schedules.space import ConfigSpace
 from compiler.target import Target
 from compiler.tir.gpu import split_launches
 from compiler.tir.nodes import Allocate, For, ForKind, Store, walk_stmts
-from compiler.tune.space import ConfigSpace
 from tests.model_checks import assert_close_in_range
 
 RNG = np.random.default_rng(0)
@@ -392,7 +392,7 @@ def test_webgpu_dense_fallback_blocks_divide_the_columns(columns, webgpu_block, 
 
 
 def test_gemm_with_transposed_b_and_bias():
-    """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/ops/nn.py)."""
+    """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/compute/nn.py)."""
     graph, x, feeds = single_input((4, 24))
     (y,) = graph.add_node("Gemm", [x, param(graph, (40, 24)), param(graph, (40,))], {"transB": 1})
     graph.outputs = list(graph.add_node("Relu", [y]))

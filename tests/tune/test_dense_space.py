@@ -10,18 +10,18 @@ import pytest
 
 from compiler import zoo
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, TensorType
-from compiler.ops import group_to_te
 from compiler.passes import pipeline
 from compiler.passes.alter_layout import alter_layout
 from compiler.passes.pipeline import optimize
 from compiler.passes.winograd import winograd
 from compiler.schedules.cpu import fallback, schedule_group
+from compiler.schedules.space import ConfigSpace
 from compiler.target import Target
 from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
-from compiler.tune.space import ConfigSpace
 
 RNG = np.random.default_rng(3)
 NEW_KNOBS = {"unroll_k", "parallel", "pack_b", "tile_order"}

@@ -9,14 +9,14 @@ import json
 import pytest
 
 from compiler import zoo
+from compiler.compute import group_to_te
 from compiler.frontend.onnx import load_onnx
-from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import schedule_group
+from compiler.schedules.space import ConfigSpace
 from compiler.target import Target
 from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
-from compiler.tune.space import ConfigSpace
 
 # sha256 of the loop IR below, by (model, the target's vector width in bytes): the loop IR depends on the target
 # through its vector width alone (AArch64's equals wasm's). mobilenet_v2, resnet18 and digits re-recorded with the

@@ -1,4 +1,4 @@
-"""Schedule spaces (compiler/tune/space.py): what define_split / define_knob / define_reorder enumerate, index <->
+"""Schedule spaces (compiler/schedules/space.py): what define_split / define_knob / define_reorder enumerate, index <->
 config round trips, filters, records that do not fit, and configs applied to real schedules checked against numpy."""
 
 import json
@@ -10,13 +10,13 @@ import pytest
 
 import compiler.te as te
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.errors import TuningError
 from compiler.graph.ir import Graph, TensorType
-from compiler.ops import group_to_te
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import divisor_at_most, lanes, schedule_group, vector_registers
+from compiler.schedules.space import ConfigSpace, TuningWarning, run_template
 from compiler.target import Target
-from compiler.tune.space import ConfigSpace, TuningWarning, run_template
 
 RNG = np.random.default_rng(0)
 

@@ -13,8 +13,8 @@ from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, TensorType
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import SPACE_VERSION
+from compiler.schedules.space import TuningWarning
 from compiler.target import Target
-from compiler.tune.space import TuningWarning
 from compiler.tune.task import extract_tasks, task_of
 
 RNG = np.random.default_rng(0)

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from compiler import zoo
 from compiler.errors import TuningError
+from compiler.schedules.space import Config
 from compiler.tune import tuners
-from compiler.tune.space import Config
 from compiler.tune.task import extract_tasks
 from compiler.tune.tuners import TUNERS, Progress, make_tuner, split_budget, tune_model
 

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from compiler import te
+from compiler.compute import tags
+from compiler.compute.elementwise import constant, is_nan
 from compiler.graph.ir import TensorType
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.ops.reduce import cumsum_axis, einsum_plan, reduced_axes
 from compiler.graph.registry import set_compute
-from compiler.ops.elementwise import constant, is_nan
 from compiler.te.expr import Compare, Const, Expr, Logical, is_float
 from compiler.te.tensor import identity_element
 
@@ -96,12 +97,12 @@ def _reduce_stage(
         full = tuple(next(rv) if position is None else position for position in outer)
         return reducer(source(x[full]), axis=reduce_axes)
 
-    return te.compute(shape, body, name=name, tag="reduce")
+    return te.compute(shape, body, name=name, tag=tags.REDUCE)
 
 
 def _finish_stage(total: te.Tensor, finish, count: int, dtype: str, name: str) -> te.Tensor:
     return te.compute(
-        total.shape, lambda *index: finish(total[index], count).astype(dtype), name=f"{name}_finish", tag="elemwise"
+        total.shape, lambda *index: finish(total[index], count).astype(dtype), name=f"{name}_finish", tag=tags.ELEMWISE
     )
 
 
@@ -122,7 +123,7 @@ def _reduction(op: str):
         count = math.prod(x.shape[axis] for axis in axes)
         if count == 0:
             value = constant(_empty_result(op, output.dtype), output.dtype)
-            return [te.compute(output.shape, lambda *index: value, name=name, tag="elemwise")]
+            return [te.compute(output.shape, lambda *index: value, name=name, tag=tags.ELEMWISE)]
         if op == "ReduceLogSumExp":
             return [_log_sum_exp(x, axes, keepdims, output, name)]
         if op == "ReduceProd":
@@ -134,7 +135,7 @@ def _reduction(op: str):
             def elementwise(*index):
                 return plan.finish(plan.source(x[index].astype(wide)), 1).astype(output.dtype)
 
-            return [te.compute(output.shape, elementwise, name=name, tag="elemwise")]
+            return [te.compute(output.shape, elementwise, name=name, tag=tags.ELEMWISE)]
         needs_finish = wide != output.dtype or plan.finish is not _same
         total = _reduce_stage(
             x, axes, keepdims, output.shape, plan.combiner, lambda value: plan.source(value.astype(wide)), name
@@ -147,7 +148,7 @@ def _reduction(op: str):
 def _log_sum_exp(x: te.Tensor, axes, keepdims, output: TensorType, name: str) -> te.Tensor:
     wide = _accumulator(x.dtype, True)
     if not axes:
-        return te.compute(output.shape, lambda *index: x[index], name=name, tag="elemwise")
+        return te.compute(output.shape, lambda *index: x[index], name=name, tag=tags.ELEMWISE)
     peak = _reduce_stage(x, axes, True, _kept_shape(x.shape, axes), "max", lambda v: v.astype(wide), f"{name}_max")
 
     def shift_at(index):
@@ -163,14 +164,14 @@ def _log_sum_exp(x: te.Tensor, axes, keepdims, output: TensorType, name: str) ->
         kept = tuple(Const(0, "int32") if position is None else position for position in outer)
         return te.sum(te.exp(x[full].astype(wide) - shift_at(kept)), axis=reduce_axes)
 
-    total = te.compute(output.shape, body, name=f"{name}_sum", tag="reduce")
+    total = te.compute(output.shape, body, name=f"{name}_sum", tag=tags.REDUCE)
 
     def finish(*index):
         outer = _output_index(index, len(x.shape), axes, keepdims)
         kept = tuple(Const(0, "int32") if position is None else position for position in outer)
         return (te.log(total[index]) + shift_at(kept)).astype(output.dtype)
 
-    return te.compute(output.shape, finish, name=f"{name}_finish", tag="elemwise")
+    return te.compute(output.shape, finish, name=f"{name}_finish", tag=tags.ELEMWISE)
 
 
 def _kept_shape(shape, axes) -> tuple[int, ...]:
@@ -182,7 +183,7 @@ def _product(x: te.Tensor, axes, keepdims, output: TensorType, name: str) -> te.
     multiplications, in stages that each shrink the reduced extent by that factor."""
     wide = _accumulator(x.dtype)
     if not axes:
-        return te.compute(output.shape, lambda *index: x[index], name=name, tag="elemwise")
+        return te.compute(output.shape, lambda *index: x[index], name=name, tag=tags.ELEMWISE)
     kept = [axis for axis in range(len(x.shape)) if axis not in axes]
     reduced_dims = [x.shape[axis] for axis in axes]
     count = math.prod(reduced_dims)
@@ -214,7 +215,7 @@ def _product(x: te.Tensor, axes, keepdims, output: TensorType, name: str) -> te.
                 result = value if result is None else result * value
             return result
 
-        stage = te.compute((*outer_shape, parts), body, name=f"{name}_part{level}", tag="reduce")
+        stage = te.compute((*outer_shape, parts), body, name=f"{name}_part{level}", tag=tags.REDUCE)
         if parts == 1:
             break
 
@@ -229,7 +230,7 @@ def _product(x: te.Tensor, axes, keepdims, output: TensorType, name: str) -> te.
             output.dtype
         )
 
-    return te.compute(output.shape, finish, name=name, tag="elemwise")
+    return te.compute(output.shape, finish, name=name, tag=tags.ELEMWISE)
 
 
 for _op in (*_PLANS, "ReduceLogSumExp", "ReduceProd"):
@@ -268,7 +269,7 @@ def _arg(op: str):
                 return te.max(te.select(hit, position, Const(-1, "int64")), axis=k)
             return te.min(te.select(hit, position, Const(dim, "int64")), axis=k)
 
-        return [te.compute(output.shape, body, name=op.lower(), tag="reduce")]
+        return [te.compute(output.shape, body, name=op.lower(), tag=tags.REDUCE)]
 
     return compute
 
@@ -304,19 +305,19 @@ def _topk(inputs, attrs, output_types):
         first = te.any(above(other, mine), te.all(tied(other, mine), j < index[axis]))
         return te.sum(te.select(first, Const(1, "int32"), Const(0, "int32")), axis=j)
 
-    rank = te.compute(x.shape, rank_body, name="topk_rank", tag="reduce")
+    rank = te.compute(x.shape, rank_body, name="topk_rank", tag=tags.REDUCE)
 
     def position_body(*index):
         i = te.reduce_axis((0, dim), name="i")
         hit = Compare("eq", rank[(*index[:axis], i, *index[axis + 1 :])], index[axis])
         return te.sum(te.select(hit, i.astype("int64"), Const(0, "int64")), axis=i)
 
-    positions = te.compute(indices_type.shape, position_body, name="topk_indices", tag="reduce")
+    positions = te.compute(indices_type.shape, position_body, name="topk_indices", tag=tags.REDUCE)
 
     def value_body(*index):
         return x[(*index[:axis], positions[index].astype("int32"), *index[axis + 1 :])]
 
-    values = te.compute(values_type.shape, value_body, name="topk_values", tag="injective")
+    values = te.compute(values_type.shape, value_body, name="topk_values", tag=tags.INJECTIVE)
     return [values, positions]
 
 
@@ -342,10 +343,12 @@ def _cumsum(inputs, attrs, output_types):
         value = x[(*index[:axis], k, *index[axis + 1 :])].astype(wide)
         return te.sum(te.select(taken, value, constant(0, wide)), axis=k)
 
-    total = te.compute(x.shape, body, name="cumsum", tag="reduce")
+    total = te.compute(x.shape, body, name="cumsum", tag=tags.REDUCE)
     if wide == output.dtype:
         return [total]
-    return [te.compute(x.shape, lambda *index: total[index].astype(output.dtype), name="cumsum_cast", tag="elemwise")]
+    return [
+        te.compute(x.shape, lambda *index: total[index].astype(output.dtype), name="cumsum_cast", tag=tags.ELEMWISE)
+    ]
 
 
 set_compute("CumSum", _cumsum)
@@ -389,11 +392,15 @@ def _einsum(inputs, attrs, output_types):
             product = value if product is None else product * value
         return te.sum(product, axis=reduce_axes) if reduce_axes else product
 
-    total = te.compute(output.shape, body, name="einsum", tag="reduce" if summed or not output.shape else "elemwise")
+    total = te.compute(
+        output.shape, body, name="einsum", tag=tags.REDUCE if summed or not output.shape else tags.ELEMWISE
+    )
     if wide == output.dtype:
         return [total]
     return [
-        te.compute(output.shape, lambda *index: total[index].astype(output.dtype), name="einsum_cast", tag="elemwise")
+        te.compute(
+            output.shape, lambda *index: total[index].astype(output.dtype), name="einsum_cast", tag=tags.ELEMWISE
+        )
     ]
 
 

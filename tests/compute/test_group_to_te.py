@@ -8,12 +8,12 @@ from kernel_check import check, plain_schedule
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.errors import UnsupportedOpError
 from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.graph.registry import get_op
-from compiler.ops import group_to_te
 from compiler.passes.fuse_ops import fuse_ops
 
 RNG = np.random.default_rng(3)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from compiler import te
+from compiler.compute import tags
 from compiler.graph.ir import TensorType
 from compiler.graph.registry import Pattern, get_op, set_compute
 from compiler.te.expr import Compare, Const, Expr, Logical, is_float
@@ -46,7 +47,7 @@ def pointwise(name: str, tag: str, inputs: list[te.Tensor], output: TensorType, 
 
 def _register(op: str, scalar_of: Callable[[dict, list[te.Tensor], TensorType], ScalarFn]) -> None:
     """Attach a one-stage compute: `scalar_of(attrs, inputs, output_type)` gives the scalar function."""
-    tag = "elemwise" if get_op(op).pattern_of({}) == Pattern.ELEMWISE else "broadcast"
+    tag = tags.ELEMWISE if get_op(op).pattern_of({}) == Pattern.ELEMWISE else tags.BROADCAST
 
     def compute(inputs, attrs, output_types):
         present = [tensor for tensor in inputs if tensor is not None]
@@ -232,7 +233,9 @@ _register("Cast", lambda attrs, inputs, output: lambda x: x.astype(output.dtype)
 
 def _cast_like(inputs, attrs, output_types):
     # only the first input is read: the second gives the dtype
-    return [pointwise("castlike", "elemwise", inputs[:1], output_types[0], lambda x: x.astype(output_types[0].dtype))]
+    return [
+        pointwise("castlike", tags.ELEMWISE, inputs[:1], output_types[0], lambda x: x.astype(output_types[0].dtype))
+    ]
 
 
 set_compute("CastLike", _cast_like)
@@ -240,10 +243,10 @@ set_compute("CastLike", _cast_like)
 
 def _dropout(inputs, attrs, output_types):
     (x, *_) = inputs
-    copy = pointwise("dropout", "elemwise", [x], output_types[0], lambda value: value)
+    copy = pointwise("dropout", tags.ELEMWISE, [x], output_types[0], lambda value: value)
     if len(output_types) == 1:
         return [copy]
-    mask = te.compute(output_types[1].shape, lambda *index: Const(True, "bool"), name="dropout_mask", tag="elemwise")
+    mask = te.compute(output_types[1].shape, lambda *index: Const(True, "bool"), name="dropout_mask", tag=tags.ELEMWISE)
     return [copy, mask]
 
 

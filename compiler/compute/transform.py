@@ -12,14 +12,13 @@ import math
 import numpy as np
 
 from compiler import te
+from compiler.compute import tags
+from compiler.compute.elementwise import broadcast_read, constant
 from compiler.graph.ops import transform as graph_transform
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import set_compute
-from compiler.ops.elementwise import broadcast_read, constant
 from compiler.te.expr import Compare, Const, Expr
 from compiler.te.tensor import identity_element
-
-_TAG = "injective"
 
 
 def _int(value: int) -> Const:
@@ -53,7 +52,7 @@ def _reshaped(x: te.Tensor, shape, name: str) -> te.Tensor:
             source.append(part % dim if dim != 1 else _int(0))
         return x[tuple(source)]
 
-    return te.compute(shape, body, name=name, tag=_TAG)
+    return te.compute(shape, body, name=name, tag=tags.INJECTIVE)
 
 
 def _reshape_like(name: str):
@@ -77,7 +76,7 @@ def _transpose(inputs, attrs, output_types):
             source[axis] = position
         return x[tuple(source)]
 
-    return [te.compute(output_types[0].shape, body, name="transpose", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="transpose", tag=tags.INJECTIVE)]
 
 
 set_compute("Transpose", _transpose)
@@ -100,7 +99,7 @@ def _concat(inputs, attrs, output_types):
             result = te.select(index[axis] < offsets[k + 1], read(k), result)
         return result
 
-    return [te.compute(output_types[0].shape, body, name="concat", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="concat", tag=tags.INJECTIVE)]
 
 
 set_compute("Concat", _concat)
@@ -117,7 +116,7 @@ def _split(inputs, attrs, output_types):
             source[axis] = index[axis] + offset
             return x[tuple(source)]
 
-        outputs.append(te.compute(output.shape, body, name=f"split{k}", tag=_TAG))
+        outputs.append(te.compute(output.shape, body, name=f"split{k}", tag=tags.INJECTIVE))
         offset += sizes[k]
     return outputs
 
@@ -140,7 +139,7 @@ def _slice(inputs, attrs, output_types):
             source.append(position * step + start if (start, step) != (0, 1) else position)
         return x[tuple(source)]
 
-    return [te.compute(shape, body, name="slice", tag=_TAG)]
+    return [te.compute(shape, body, name="slice", tag=tags.INJECTIVE)]
 
 
 set_compute("Slice", _slice)
@@ -171,7 +170,7 @@ def _pad(inputs, attrs, output_types):
         value = x[tuple(source)]
         return te.select(te.all(*inside), value, fill) if inside else value
 
-    return [te.compute(output_types[0].shape, body, name="pad", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="pad", tag=tags.INJECTIVE)]
 
 
 def _fold_into(offset: Expr, dim: int, mode: str) -> Expr:
@@ -211,7 +210,7 @@ def _gather(inputs, attrs, output_types):
         position = _checked(indices[tuple(index[axis : axis + rank])], data.shape[axis])
         return data[(*index[:axis], position, *index[axis + rank :])]
 
-    return [te.compute(output_types[0].shape, body, name="gather", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="gather", tag=tags.INJECTIVE)]
 
 
 set_compute("Gather", _gather)
@@ -226,7 +225,7 @@ def _gather_elements(inputs, attrs, output_types):
         source[axis] = _checked(indices[index], data.shape[axis])
         return data[tuple(source)]
 
-    return [te.compute(output_types[0].shape, body, name="gather_elements", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="gather_elements", tag=tags.INJECTIVE)]
 
 
 set_compute("GatherElements", _gather_elements)
@@ -242,7 +241,7 @@ def _gather_nd(inputs, attrs, output_types):
         source = [_checked(indices[(*leading, _int(axis))], data.shape[batch + axis]) for axis in range(depth)]
         return data[(*index[:batch], *source, *index[batch + middle :])]
 
-    return [te.compute(output_types[0].shape, body, name="gather_nd", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="gather_nd", tag=tags.INJECTIVE)]
 
 
 set_compute("GatherND", _gather_nd)
@@ -269,7 +268,7 @@ def _scatter_nd(inputs, attrs, output_types):
         )
         return te.max(te.select(named, flat, _int(-1)), axis=axes) if axes else te.select(named, flat, _int(-1))
 
-    last = te.compute(data.shape[:depth], last_body, name="scatter_nd_last", tag="reduce")
+    last = te.compute(data.shape[:depth], last_body, name="scatter_nd_last", tag=tags.REDUCE)
 
     def body(*index):
         row = last[index[:depth]]
@@ -277,7 +276,7 @@ def _scatter_nd(inputs, attrs, output_types):
         source = [safe // stride % extent if stride != 1 else safe % extent for stride, extent in zip(strides, rows)]
         return te.select(row >= 0, updates[(*source, *index[depth:])], data[index])
 
-    return [te.compute(data.shape, body, name="scatter_nd", tag=_TAG)]
+    return [te.compute(data.shape, body, name="scatter_nd", tag=tags.INJECTIVE)]
 
 
 set_compute("ScatterND", _scatter_nd)
@@ -315,13 +314,13 @@ def _scatter_elements(inputs, attrs, output_types):
         return te.max(te.select(named(index, k), k, _int(-1)), axis=k)
 
     if reduction == "none":
-        last = te.compute(data.shape, last_body, name="scatter_elements_last", tag="reduce")
+        last = te.compute(data.shape, last_body, name="scatter_elements_last", tag=tags.REDUCE)
 
         def body(*index):
             row = last[index]
             return te.select(row >= 0, updates[source(index, te.maximum(row, 0))], data[index])
 
-        return [te.compute(data.shape, body, name="scatter_elements", tag=_TAG)]
+        return [te.compute(data.shape, body, name="scatter_elements", tag=tags.INJECTIVE)]
 
     combiner = {"add": "sum", "max": "max", "min": "min"}[reduction]
     empty = identity_element(combiner, data.dtype)
@@ -331,17 +330,21 @@ def _scatter_elements(inputs, attrs, output_types):
         value = te.select(named(index, k), updates[source(index, k)], empty)
         return {"sum": te.sum, "max": te.max, "min": te.min}[combiner](value, axis=k)
 
-    combined = te.compute(data.shape, combined_body, name="scatter_elements_updates", tag="reduce")
+    combined = te.compute(data.shape, combined_body, name="scatter_elements_updates", tag=tags.REDUCE)
     if combiner == "sum":
-        return [te.compute(data.shape, lambda *index: data[index] + combined[index], name="scatter_elements", tag=_TAG)]
+        return [
+            te.compute(
+                data.shape, lambda *index: data[index] + combined[index], name="scatter_elements", tag=tags.INJECTIVE
+            )
+        ]
     # the max (min) of no updates is the dtype's lowest (highest) value, which must leave the data as it is
-    last = te.compute(data.shape, last_body, name="scatter_elements_last", tag="reduce")
+    last = te.compute(data.shape, last_body, name="scatter_elements_last", tag=tags.REDUCE)
     merge = te.maximum if combiner == "max" else te.minimum
 
     def merged_body(*index):
         return te.select(last[index] >= 0, merge(data[index], combined[index]), data[index])
 
-    return [te.compute(data.shape, merged_body, name="scatter_elements", tag=_TAG)]
+    return [te.compute(data.shape, merged_body, name="scatter_elements", tag=tags.INJECTIVE)]
 
 
 set_compute("ScatterElements", _scatter_elements)
@@ -362,7 +365,7 @@ def _one_hot(inputs, attrs, output_types):
         wrapped = te.select(position < 0, position + count, position)
         return te.select(Compare("eq", wrapped, index[axis].astype("int64")), on, off)
 
-    return [te.compute(output_types[0].shape, body, name="one_hot", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="one_hot", tag=tags.INJECTIVE)]
 
 
 set_compute("OneHot", _one_hot)
@@ -370,7 +373,9 @@ set_compute("OneHot", _one_hot)
 
 def _expand(inputs, attrs, output_types):
     x = inputs[0]
-    return [te.compute(output_types[0].shape, lambda *index: broadcast_read(x, index), name="expand", tag="broadcast")]
+    return [
+        te.compute(output_types[0].shape, lambda *index: broadcast_read(x, index), name="expand", tag=tags.BROADCAST)
+    ]
 
 
 set_compute("Expand", _expand)
@@ -382,7 +387,7 @@ def _tile(inputs, attrs, output_types):
     def body(*index):
         return x[tuple(position % dim if dim != 1 else _int(0) for position, dim in zip(index, x.shape, strict=True))]
 
-    return [te.compute(output_types[0].shape, body, name="tile", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="tile", tag=tags.INJECTIVE)]
 
 
 set_compute("Tile", _tile)
@@ -401,7 +406,7 @@ def _depth_to_space(inputs, attrs, output_types):
             depth = c * block * block + row * block + column
         return x[n, depth, h // block, w // block]
 
-    return [te.compute(output_types[0].shape, body, name="depth_to_space", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="depth_to_space", tag=tags.INJECTIVE)]
 
 
 set_compute("DepthToSpace", _depth_to_space)
@@ -419,7 +424,7 @@ def _space_to_depth(inputs, attrs, output_types):
             offset, source_channel = c % (block * block), c // (block * block)
         return x[n, source_channel, h * block + offset // block, w * block + offset % block]
 
-    return [te.compute(output_types[0].shape, body, name="space_to_depth", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="space_to_depth", tag=tags.INJECTIVE)]
 
 
 set_compute("SpaceToDepth", _space_to_depth)
@@ -435,7 +440,7 @@ def _trilu(inputs, attrs, output_types):
         keep = column - row >= k if upper else column - row <= k
         return te.select(keep, x[index], zero)
 
-    return [te.compute(output_types[0].shape, body, name="trilu", tag=_TAG)]
+    return [te.compute(output_types[0].shape, body, name="trilu", tag=tags.INJECTIVE)]
 
 
 set_compute("Trilu", _trilu)
@@ -457,7 +462,7 @@ def _table(values: np.ndarray, output_type, name: str) -> te.Tensor:
             result = te.select(position < k + 1, constant(flat[k], output_type.dtype), result)
         return result
 
-    return te.compute(output_type.shape, body, name=name, tag=_TAG)
+    return te.compute(output_type.shape, body, name=name, tag=tags.INJECTIVE)
 
 
 def _shape(inputs, attrs, output_types):
@@ -477,7 +482,7 @@ set_compute(
 
 def _constant_of_shape(inputs, attrs, output_types):
     value = constant(graph_transform.fill_value(attrs.get("value")).item(), output_types[0].dtype)
-    return [te.compute(output_types[0].shape, lambda *index: value, name="constant_of_shape", tag=_TAG)]
+    return [te.compute(output_types[0].shape, lambda *index: value, name="constant_of_shape", tag=tags.INJECTIVE)]
 
 
 set_compute("ConstantOfShape", _constant_of_shape)
@@ -487,7 +492,9 @@ def _range(inputs, attrs, output_types):
     dtype = output_types[0].dtype
     start = constant(np.asarray(attrs["start"]).astype(dtype), dtype)
     delta = constant(np.asarray(attrs["delta"]).astype(dtype), dtype)
-    return [te.compute(output_types[0].shape, lambda i: start + i.astype(dtype) * delta, name="range", tag=_TAG)]
+    return [
+        te.compute(output_types[0].shape, lambda i: start + i.astype(dtype) * delta, name="range", tag=tags.INJECTIVE)
+    ]
 
 
 set_compute("Range", _range)

@@ -1,14 +1,14 @@
-"""The nn computes (compiler/ops/nn.py) compiled as their fused groups — group_to_te, the default CPU schedule,
+"""The nn computes (compiler/compute/nn.py) compiled as their fused groups — group_to_te, the default CPU schedule,
 compiler.build — natively and in wasmtime, against the numpy reference executor on the same graph."""
 
 import numpy as np
 import pytest
 
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.errors import UnsupportedOpError
 from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
-from compiler.ops import group_to_te
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.schedules import schedule_group
 

@@ -1,6 +1,7 @@
 """Schedule spaces, in AutoTVM's design: a schedule template declares its knobs on a `cfg` (define_split, define_knob,
 define_reorder, add_filter) and reads their values back, so one piece of code both describes the space a tuner
-searches and builds any point of it. compiler/schedules/ imports this module and nothing else of compiler/tune/."""
+searches and builds any point of it. It lives with the templates that declare spaces; compiler/tune/ searches them
+(a driver of the schedules, never their dependency)."""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ import numpy as np
 
 from compiler import te
 from compiler.build import build
+from compiler.compute import group_to_te
 from compiler.graph.ir import Graph, Node
 from compiler.graph.reference import run_reference
 from compiler.graph.registry import Pattern, get_op
-from compiler.ops import group_to_te
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.schedules.cpu import schedule_group
 from compiler.target import Target

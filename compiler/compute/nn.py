@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 import compiler.te as te
+from compiler.compute import tags
 from compiler.errors import UnsupportedOpError
 from compiler.graph.ir import TensorType
 from compiler.graph.ops.common import normalize_axes, normalize_axis
@@ -101,7 +102,7 @@ def pad(x: te.Tensor, begins, ends, fill, name: str) -> te.Tensor:
         value = x[tuple(source)]
         return te.select(te.all(*inside), value, fill) if inside else value
 
-    return te.compute(shape, body, name=name, tag="injective")
+    return te.compute(shape, body, name=name, tag=tags.INJECTIVE)
 
 
 def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
@@ -128,7 +129,7 @@ def phased_pad(x: te.Tensor, begins, ends, stride: int, name: str) -> te.Tensor:
             source.append(_clamp(position, 0, spatial[axis] - 1))
         return te.select(te.all(*inside), x[tuple(source)], te.const(0.0, x.dtype))
 
-    return te.compute(shape, body, name=name, tag="injective")
+    return te.compute(shape, body, name=name, tag=tags.INJECTIVE)
 
 
 def _conv_reader(x: te.Tensor, window):
@@ -197,7 +198,7 @@ def _plain_bias(result: te.Tensor, bias: te.Tensor | None, acc: str) -> te.Tenso
         result.shape,
         lambda n, m, *spatial: result[(n, m, *spatial)] + bias[m].astype(acc),
         name="bias",
-        tag="broadcast",
+        tag=tags.BROADCAST,
     )
 
 
@@ -222,7 +223,7 @@ def _pad_blocked(x: te.Tensor, begins, ends, fill=0.0) -> te.Tensor:
         value = x[n, c, source[0], source[1], inner]
         return te.select(te.all(*inside), value, te.as_expr(fill, x.dtype)) if inside else value
 
-    return te.compute(shape, body, name="pad", tag="injective")
+    return te.compute(shape, body, name="pad", tag=tags.INJECTIVE)
 
 
 def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -248,7 +249,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
             value = padded[(n, outer, *source(row, column), inner)].astype(acc)
             return te.sum(value * w[outer, 0, taps[0], taps[1], inner].astype(acc), axis=taps)
 
-        tag = "depthwise_conv2d_nchwc"
+        tag = tags.DEPTHWISE_CONV2D_NCHWC
     else:
         # a group's input blocks: group g reads blocks g * group_blocks ... (g + 1) * group_blocks - 1, and its
         # filters fill the output blocks g * filter_blocks ... (group 1: one group of them all)
@@ -264,7 +265,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
             weight = w[outer, channel_outer * input_block + channel_inner, taps[0], taps[1], inner].astype(acc)
             return te.sum(value * weight, axis=[channel_outer, *taps, channel_inner])
 
-        tag = "conv2d_nchwc"
+        tag = tags.CONV2D_NCHWC
     result = te.compute(shape, body, name="conv", tag=tag)
     return [_cast(_blocked_bias(result, bias, block, acc), x.dtype)]
 
@@ -328,16 +329,16 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
                 [a], [_linear([(line[i], value(position, channel, i, j)) for i in range(alpha)], acc) for line in bt]
             ),
             name="winograd_rows",
-            tag="winograd_rows",
+            tag=tags.WINOGRAD_ROWS,
         )
     transform_input = whole_point if blocked else point_of_halves
-    v = te.compute((points, batch * tiles, channels), transform_input, name="winograd_input", tag="winograd_input")
+    v = te.compute((points, batch * tiles, channels), transform_input, name="winograd_input", tag=tags.WINOGRAD_INPUT)
     k = te.reduce_axis((0, channels), "rc")
     m = te.compute(
         (points, batch * tiles, filters),
         lambda point, position, f: te.sum(v[point, position, k] * u[point, k, f].astype(acc), axis=k),
         name="winograd_gemm",
-        tag="winograd_gemm",
+        tag=tags.WINOGRAD_GEMM,
     )
 
     def transform_output(n, channel, row, column):
@@ -365,7 +366,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
             shape,
             lambda n, outer, row, column, inner: transform_output(n, outer * block + inner, row, column),
             name="winograd_output",
-            tag="winograd_output",
+            tag=tags.WINOGRAD_OUTPUT,
         )
         return [_cast(_blocked_bias(y, bias, block, acc), x.dtype)]
     half_out = te.compute(
@@ -374,7 +375,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
             [p], [_linear([(line[a], m[a * alpha + b, position, f]) for a in range(alpha)], acc) for line in at]
         ),
         name="winograd_columns",
-        tag="winograd_columns",
+        tag=tags.WINOGRAD_COLUMNS,
     )
 
     def plain_output(n, f, row, column):
@@ -384,7 +385,7 @@ def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
             [_linear([(line[b], half_out[row % tile, b, position, f]) for b in range(alpha)], acc) for line in at],
         )
 
-    y = te.compute(shape, plain_output, name="winograd_output", tag="winograd_output")
+    y = te.compute(shape, plain_output, name="winograd_output", tag=tags.WINOGRAD_OUTPUT)
     return [_cast(_plain_bias(y, bias, acc), x.dtype)]
 
 
@@ -425,7 +426,7 @@ def _blocked_bias(result: te.Tensor, bias: te.Tensor | None, block: int, acc: st
             result[n, outer, row, column, inner] + bias[outer * block + inner].astype(acc)
         ),
         name="bias",
-        tag="broadcast",
+        tag=tags.BROADCAST,
     )
 
 
@@ -440,7 +441,7 @@ def max_pool_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[Ten
         source = _window_source(window, (row, column), taps)
         return te.max(padded[(n, outer, *source, inner)], axis=taps)
 
-    return [te.compute(output_types[0].shape, body, name="max_pool", tag="pool_max")]
+    return [te.compute(output_types[0].shape, body, name="max_pool", tag=tags.POOL_MAX)]
 
 
 def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -457,11 +458,11 @@ def layout_transform(inputs: Inputs, attrs: dict[str, Any], output_types: list[T
             # the channels past the last whole block are zeros
             return te.select(channel < channels, x[source], te.const(0.0, x.dtype))
 
-        return [te.compute(shape, body, name="nchwc", tag="injective")]
+        return [te.compute(shape, body, name="nchwc", tag=tags.INJECTIVE)]
     block = x.shape[-1]
     if len(shape) == 3:  # a 1-D value, blocked as a row of height 1
-        return [te.compute(shape, lambda n, c, w: x[n, c // block, 0, w, c % block], name="nchw", tag="layout_nchw")]
-    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag="layout_nchw")]
+        return [te.compute(shape, lambda n, c, w: x[n, c // block, 0, w, c % block], name="nchw", tag=tags.LAYOUT_NCHW)]
+    return [te.compute(shape, lambda n, c, h, w: x[n, c // block, h, w, c % block], name="nchw", tag=tags.LAYOUT_NCHW)]
 
 
 def channel_shuffle_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -485,13 +486,13 @@ def channel_shuffle_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: l
             )
         return value
 
-    return [te.compute(output_types[0].shape, body, name="shuffle", tag="injective")]
+    return [te.compute(output_types[0].shape, body, name="shuffle", tag=tags.INJECTIVE)]
 
 
 def _cast(tensor: te.Tensor, dtype: str) -> te.Tensor:
     if tensor.dtype == dtype:
         return tensor
-    return te.compute(tensor.shape, lambda *i: tensor[i].astype(dtype), name="cast", tag="elemwise")
+    return te.compute(tensor.shape, lambda *i: tensor[i].astype(dtype), name="cast", tag=tags.ELEMWISE)
 
 
 def _transposed_taps(geometry, spatial):
@@ -552,7 +553,7 @@ def conv_transpose(inputs: Inputs, attrs: dict[str, Any], output_types: list[Ten
     if bias is not None:
         plain = result
         result = te.compute(
-            shape, lambda n, m, *s: plain[(n, m, *s)] + bias[m].astype(acc), name="bias", tag="broadcast"
+            shape, lambda n, m, *s: plain[(n, m, *s)] + bias[m].astype(acc), name="bias", tag=tags.BROADCAST
         )
     return [_cast(result, x.dtype)]
 
@@ -577,7 +578,7 @@ def conv_transpose_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: li
         weight = w[(outer, channel_outer * input_block + channel_inner, *tap, inner)].astype(acc)
         return te.sum(te.select(te.all(*conditions), value * weight, 0.0), axis=[channel_outer, *taps, channel_inner])
 
-    result = te.compute(shape, body, name="conv_transpose", tag="conv2d_transpose_nchwc")
+    result = te.compute(shape, body, name="conv_transpose", tag=tags.CONV2D_TRANSPOSE_NCHWC)
     return [_cast(_blocked_bias(result, bias, block, acc), x.dtype)]
 
 
@@ -615,11 +616,11 @@ def gemm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) 
                 left(i, outer * lanes + lane) * b[j, outer * lanes + lane].astype(acc), axis=outer
             ),
             name="dense_partial",
-            tag="dense_partial",
+            tag=tags.DENSE_PARTIAL,
         )
         lane_axis = te.reduce_axis((0, lanes), "lane")
         result = te.compute(
-            (rows, columns), lambda i, j: te.sum(partial[i, j, lane_axis], axis=lane_axis), name="dense", tag="dense"
+            (rows, columns), lambda i, j: te.sum(partial[i, j, lane_axis], axis=lane_axis), name="dense", tag=tags.DENSE
         )
     else:
         k = te.reduce_axis((0, inner), "k")
@@ -628,7 +629,7 @@ def gemm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) 
             right = b[j, k] if trans_b else b[k, j]
             return te.sum(left(i, k) * right.astype(acc), axis=k)
 
-        result = te.compute((rows, columns), body, name="dense", tag="dense")
+        result = te.compute((rows, columns), body, name="dense", tag=tags.DENSE)
     if alpha != 1.0 or (c is not None and beta != 0.0):
         product = result
 
@@ -640,7 +641,7 @@ def gemm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) 
             addend = c[tuple(0 if c.shape[d] == 1 else index[d] for d in range(c.ndim))].astype(acc)
             return value + (addend * beta if beta != 1.0 else addend)
 
-        result = te.compute((rows, columns), epilogue, name="gemm_epilogue", tag="broadcast")
+        result = te.compute((rows, columns), epilogue, name="gemm_epilogue", tag=tags.BROADCAST)
     return [_cast(result, a.dtype)]
 
 
@@ -651,7 +652,7 @@ def matmul(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]
     k = te.reduce_axis((0, a.shape[-1]), "k")
     if a.ndim == 2 and b.ndim == 2:
         result = te.compute(
-            shape, lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k), name="dense", tag="dense"
+            shape, lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k), name="dense", tag=tags.DENSE
         )
         return [_cast(result, a.dtype)]
     rows = 0 if a.ndim == 1 else 1
@@ -672,7 +673,7 @@ def matmul(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]
         right = operand(b, batch, (k,) if b.ndim == 1 else (k, column))
         return te.sum(left.astype(acc) * right.astype(acc), axis=k)
 
-    result = te.compute(shape, body, name="batch_matmul", tag="batch_matmul")
+    result = te.compute(shape, body, name="batch_matmul", tag=tags.BATCH_MATMUL)
     return [_cast(result, a.dtype)]
 
 
@@ -689,7 +690,7 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         *rows, j = index
         return te.sum(a[(*rows, k)].astype(acc) * w[j // panel, k, j % panel].astype(acc), axis=k)
 
-    result = te.compute(shape, body, name="dense_packed", tag="dense_packed")
+    result = te.compute(shape, body, name="dense_packed", tag=tags.DENSE_PACKED)
     return [_cast(result, a.dtype)]
 
 
@@ -709,7 +710,7 @@ def attention(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTy
         (*batch, rows, columns),
         lambda *i: te.sum(q[(*i[:-1], k)].astype(acc) * kt[(*i[:-2], k, i[-1])].astype(acc), axis=k),
         name="attention_scores",
-        tag="attention_scores",
+        tag=tags.ATTENTION_SCORES,
     )
 
     def logit(index):
@@ -721,27 +722,27 @@ def attention(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTy
 
     first = te.reduce_axis((0, columns), "n")
     largest = te.compute(
-        (*batch, rows), lambda *i: te.max(logit((*i, first)), axis=first), name="attention_max", tag="attention_max"
+        (*batch, rows), lambda *i: te.max(logit((*i, first)), axis=first), name="attention_max", tag=tags.ATTENTION_MAX
     )
     exponentials = te.compute(
         (*batch, rows, columns),
         lambda *i: te.exp(logit(i) - largest[i[:-1]]),
         name="attention_exp",
-        tag="attention_exp",
+        tag=tags.ATTENTION_EXP,
     )
     second = te.reduce_axis((0, columns), "n")
     total = te.compute(
         (*batch, rows),
         lambda *i: te.sum(exponentials[(*i, second)], axis=second),
         name="attention_sum",
-        tag="attention_sum",
+        tag=tags.ATTENTION_SUM,
     )
     third = te.reduce_axis((0, columns), "n")
     weighted = te.compute(
         (*batch, rows, width),
         lambda *i: te.sum(exponentials[(*i[:-1], third)] * v[(*i[:-2], third, i[-1])].astype(acc), axis=third),
         name="attention",
-        tag="attention",
+        tag=tags.ATTENTION,
     )
 
     def normalised(*i):
@@ -750,7 +751,7 @@ def attention(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTy
         guarded = Compare("ne", total[i[:-1]], total[i[:-1]])
         return te.select(guarded, Const(0.0, acc), value) if attrs.get("nan_to_zero") else value
 
-    result = te.compute((*batch, rows, width), normalised, name="attention_out", tag="elemwise")
+    result = te.compute((*batch, rows, width), normalised, name="attention_out", tag=tags.ELEMWISE)
     return [_cast(result, q.dtype)]
 
 
@@ -770,7 +771,7 @@ def max_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTyp
     def body(n, c, *spatial):
         return te.max(padded[(n, c, *_window_source(window, spatial, taps))], axis=taps)
 
-    values = te.compute(output_types[0].shape, body, name="max_pool", tag="pool_max")
+    values = te.compute(output_types[0].shape, body, name="max_pool", tag=tags.POOL_MAX)
     if len(output_types) == 1:
         return [values]
     return [values, _argmax_indices(x, padded, values, window, int(attrs.get("storage_order", 0)))]
@@ -792,7 +793,7 @@ def _argmax_indices(x: te.Tensor, padded: te.Tensor, values: te.Tensor, window, 
         hit = te.Compare("eq", value, values[(n, c, *spatial)])
         return te.min(te.select(hit, ordinal, te.const(count)), axis=taps)
 
-    tap = te.compute(values.shape, first_tap, name="max_pool_tap", tag="reduce")
+    tap = te.compute(values.shape, first_tap, name="max_pool_tap", tag=tags.REDUCE)
     if storage_order:
         strides = [math.prod(spatial_sizes[:axis]) for axis in range(rank)]
     else:
@@ -808,7 +809,7 @@ def _argmax_indices(x: te.Tensor, padded: te.Tensor, values: te.Tensor, window, 
             flat = flat + position.astype("int64") * strides[axis]
         return flat
 
-    return te.compute(values.shape, index, name="max_pool_indices", tag="elemwise")
+    return te.compute(values.shape, index, name="max_pool_indices", tag=tags.ELEMWISE)
 
 
 def _count(base, kernel: int, dilation: int, low: int, high: int):
@@ -847,7 +848,7 @@ def _average_pool(blocked: bool):
         def body(n, c, *rest):
             return te.sum(read(n, c, rest).astype(acc), axis=taps)
 
-        sums = te.compute(shape, body, name="pool_sum", tag="pool_avg")
+        sums = te.compute(shape, body, name="pool_sum", tag=tags.POOL_AVG)
         sizes = plain.shape[2:]
 
         def divide(*index):
@@ -861,7 +862,7 @@ def _average_pool(blocked: bool):
                 count = term if count is None else count * term
             return (sums[index] / count.astype(acc)).astype(x.dtype)
 
-        return [te.compute(shape, divide, name="average_pool", tag="elemwise")]
+        return [te.compute(shape, divide, name="average_pool", tag=tags.ELEMWISE)]
 
     return compute
 
@@ -897,8 +898,8 @@ def lp_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType
         value = padded[(n, c, *_window_source(window, spatial, taps))].astype(acc)
         return te.sum(_power(value, p), axis=taps)
 
-    sums = te.compute(shape, body, name="lp_pool_sum", tag="pool_avg")
-    return [te.compute(shape, lambda *i: _root(sums[i], p).astype(x.dtype), name="lp_pool", tag="elemwise")]
+    sums = te.compute(shape, body, name="lp_pool_sum", tag=tags.POOL_AVG)
+    return [te.compute(shape, lambda *i: _root(sums[i], p).astype(x.dtype), name="lp_pool", tag=tags.ELEMWISE)]
 
 
 def global_lp_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -911,9 +912,9 @@ def global_lp_pool(inputs: Inputs, attrs: dict[str, Any], output_types: list[Ten
         shape,
         lambda n, c, *_: te.sum(_power(x[(n, c, *taps)].astype(acc), p), axis=taps),
         name="global_lp_sum",
-        tag="global_pool",
+        tag=tags.GLOBAL_POOL,
     )
-    return [te.compute(shape, lambda *i: _root(sums[i], p).astype(x.dtype), name="global_lp_pool", tag="elemwise")]
+    return [te.compute(shape, lambda *i: _root(sums[i], p).astype(x.dtype), name="global_lp_pool", tag=tags.ELEMWISE)]
 
 
 def _global_pool(combiner: str):
@@ -926,19 +927,19 @@ def _global_pool(combiner: str):
         if combiner == "max":
             return [
                 te.compute(
-                    shape, lambda n, c, *_: te.max(x[(n, c, *taps)], axis=taps), name="global_max", tag="global_pool"
+                    shape, lambda n, c, *_: te.max(x[(n, c, *taps)], axis=taps), name="global_max", tag=tags.GLOBAL_POOL
                 )
             ]
         sums = te.compute(
             shape,
             lambda n, c, *_: te.sum(x[(n, c, *taps)].astype(acc), axis=taps),
             name="global_sum",
-            tag="global_pool",
+            tag=tags.GLOBAL_POOL,
         )
         count = math.prod(spatial)
         return [
             te.compute(
-                shape, lambda *i: (sums[i] / float(count)).astype(x.dtype), name="global_average", tag="elemwise"
+                shape, lambda *i: (sums[i] / float(count)).astype(x.dtype), name="global_average", tag=tags.ELEMWISE
             )
         ]
 
@@ -962,7 +963,7 @@ def batch_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
         value = value / te.sqrt(_channel(variance, c, acc) + epsilon)
         return (value * _channel(scale, c, acc) + _channel(bias, c, acc)).astype(x.dtype)
 
-    return [te.compute(x.shape, body, name="batch_norm", tag="broadcast")]
+    return [te.compute(x.shape, body, name="batch_norm", tag=tags.BROADCAST)]
 
 
 def _moments(x: te.Tensor, axes: tuple[int, ...], dtype: str, name: str):
@@ -980,17 +981,17 @@ def _moments(x: te.Tensor, axes: tuple[int, ...], dtype: str, name: str):
 
     first = reduce_vars()
     sums = te.compute(
-        shape, lambda *i: te.sum(x[reader(i, first)].astype(dtype), axis=first), name=f"{name}_sum", tag="reduce"
+        shape, lambda *i: te.sum(x[reader(i, first)].astype(dtype), axis=first), name=f"{name}_sum", tag=tags.REDUCE
     )
-    mean = te.compute(shape, lambda *i: sums[i] / count, name=f"{name}_mean", tag="elemwise")
+    mean = te.compute(shape, lambda *i: sums[i] / count, name=f"{name}_mean", tag=tags.ELEMWISE)
     second = reduce_vars()
 
     def squares(*i):
         centred = x[reader(i, second)].astype(dtype) - mean[i]
         return te.sum(centred * centred, axis=second)
 
-    squared = te.compute(shape, squares, name=f"{name}_squares", tag="reduce")
-    variance = te.compute(shape, lambda *i: squared[i] / count, name=f"{name}_variance", tag="elemwise")
+    squared = te.compute(shape, squares, name=f"{name}_squares", tag=tags.REDUCE)
+    variance = te.compute(shape, lambda *i: squared[i] / count, name=f"{name}_variance", tag=tags.ELEMWISE)
     return mean, variance
 
 
@@ -1006,7 +1007,7 @@ def layer_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
     axes = tuple(range(axis, x.ndim))
     mean, variance = _moments(x, axes, stash, "layer_norm")
     inverse = te.compute(
-        mean.shape, lambda *i: 1.0 / te.sqrt(variance[i] + epsilon), name="inverse_std", tag="elemwise"
+        mean.shape, lambda *i: 1.0 / te.sqrt(variance[i] + epsilon), name="inverse_std", tag=tags.ELEMWISE
     )
 
     def trailing(tensor, index):
@@ -1019,7 +1020,7 @@ def layer_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
             value = value + trailing(bias, i)
         return value.astype(x.dtype)
 
-    result = te.compute(x.shape, body, name="layer_norm", tag="layer_norm")
+    result = te.compute(x.shape, body, name="layer_norm", tag=tags.LAYER_NORM)
     return [result, mean, inverse][: len(output_types)]
 
 
@@ -1035,7 +1036,7 @@ def instance_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         value = (x[i].astype(acc) - mean[kept]) / te.sqrt(variance[kept] + epsilon)
         return (value * _channel(scale, i[1], acc) + _channel(bias, i[1], acc)).astype(x.dtype)
 
-    return [te.compute(x.shape, body, name="instance_norm", tag="layer_norm")]
+    return [te.compute(x.shape, body, name="instance_norm", tag=tags.LAYER_NORM)]
 
 
 def group_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -1055,16 +1056,16 @@ def group_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 
     first = reduce_vars()
     sums = te.compute(
-        (batch, groups), lambda n, g: te.sum(member(n, g, first), axis=first), name="group_sum", tag="reduce"
+        (batch, groups), lambda n, g: te.sum(member(n, g, first), axis=first), name="group_sum", tag=tags.REDUCE
     )
-    mean = te.compute((batch, groups), lambda n, g: sums[n, g] / count, name="group_mean", tag="elemwise")
+    mean = te.compute((batch, groups), lambda n, g: sums[n, g] / count, name="group_mean", tag=tags.ELEMWISE)
     second = reduce_vars()
 
     def squares(n, g):
         centred = member(n, g, second) - mean[n, g]
         return te.sum(centred * centred, axis=second)
 
-    squared = te.compute((batch, groups), squares, name="group_squares", tag="reduce")
+    squared = te.compute((batch, groups), squares, name="group_squares", tag=tags.REDUCE)
 
     def per_channel(tensor, c):
         return tensor[c if tensor.shape[0] == channels else c // per_group].astype(stash)
@@ -1074,7 +1075,7 @@ def group_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
         value = (x[(n, c, *rest)].astype(stash) - mean[n, g]) / te.sqrt(squared[n, g] / count + epsilon)
         return (value * per_channel(scale, c) + per_channel(bias, c)).astype(x.dtype)
 
-    return [te.compute(x.shape, body, name="group_norm", tag="layer_norm")]
+    return [te.compute(x.shape, body, name="group_norm", tag=tags.LAYER_NORM)]
 
 
 def mean_variance_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -1092,7 +1093,7 @@ def mean_variance_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list
             value = x[tuple(next(iterator) if d in axes else index[d] for d in range(x.ndim))].astype(acc)
             return te.sum(value * value if power == 2 else value, axis=axis_vars)
 
-        return te.compute(shape, body, name=name, tag="reduce")
+        return te.compute(shape, body, name=name, tag=tags.REDUCE)
 
     sums, squares = moment(1, "mvn_sum"), moment(2, "mvn_squares")
 
@@ -1103,7 +1104,7 @@ def mean_variance_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list
         variance = te.maximum(squares[kept] / count - mean * mean, 0.0)
         return ((x[i].astype(acc) - mean) / (te.sqrt(variance) + 1e-9)).astype(x.dtype)
 
-    return [te.compute(x.shape, body, name="mean_variance_norm", tag="layer_norm")]
+    return [te.compute(x.shape, body, name="mean_variance_norm", tag=tags.LAYER_NORM)]
 
 
 def lp_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -1117,14 +1118,14 @@ def lp_norm(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType
     def sums(*index):
         return te.sum(_power(x[tuple(k if d == axis else v for d, v in enumerate(index))].astype(acc), p), axis=k)
 
-    total = te.compute(shape, sums, name="lp_norm_sum", tag="reduce")
+    total = te.compute(shape, sums, name="lp_norm_sum", tag=tags.REDUCE)
 
     def body(*i):
         norm = _root(total[_kept(i, (axis,))], p)
         zero = te.Compare("eq", norm, te.const(0.0, acc))
         return te.select(zero, te.const(0.0, acc), x[i].astype(acc) / te.select(zero, 1.0, norm)).astype(x.dtype)
 
-    return [te.compute(x.shape, body, name="lp_norm", tag="layer_norm")]
+    return [te.compute(x.shape, body, name="lp_norm", tag=tags.LAYER_NORM)]
 
 
 def lrn(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
@@ -1142,13 +1143,13 @@ def lrn(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -
         inside = te.all(source >= 0, source < channels)
         return te.sum(te.select(inside, value * value, 0.0), axis=window)
 
-    total = te.compute(x.shape, sums, name="lrn_sum", tag="reduce")
+    total = te.compute(x.shape, sums, name="lrn_sum", tag=tags.REDUCE)
 
     def body(*i):
         denominator = te.pow(total[i] * (alpha / size) + bias, beta)
         return (x[i].astype(acc) / denominator).astype(x.dtype)
 
-    return [te.compute(x.shape, body, name="lrn", tag="elemwise")]
+    return [te.compute(x.shape, body, name="lrn", tag=tags.ELEMWISE)]
 
 
 # -- Softmax and LogSoftmax -----------------------------------------------------------------------------------------
@@ -1166,7 +1167,7 @@ def _softmax(logarithm: bool):
             return tuple(k if d == axis else value for d, value in enumerate(index))
 
         largest = te.compute(
-            shape, lambda *i: te.max(x[at(i, first)].astype(acc), axis=first), name="softmax_max", tag="reduce"
+            shape, lambda *i: te.max(x[at(i, first)].astype(acc), axis=first), name="softmax_max", tag=tags.REDUCE
         )
         second = te.reduce_axis((0, x.shape[axis]), "k")
         if logarithm:
@@ -1174,7 +1175,7 @@ def _softmax(logarithm: bool):
             def exp_sum(*i):
                 return te.sum(te.exp(x[at(i, second)].astype(acc) - largest[i]), axis=second)
 
-            total = te.compute(shape, exp_sum, name="softmax_sum", tag="reduce")
+            total = te.compute(shape, exp_sum, name="softmax_sum", tag=tags.REDUCE)
         else:
             # exp(x - max) is read by the sum and by the output: a STASH stage, made once per row (schedules keep
             # it in a local buffer) instead of being computed twice
@@ -1182,7 +1183,7 @@ def _softmax(logarithm: bool):
                 x.shape, lambda *i: te.exp(x[i].astype(acc) - largest[at(i, 0)]), name="softmax_exp", tag=STASH
             )
             total = te.compute(
-                shape, lambda *i: te.sum(exponentials[at(i, second)], axis=second), name="softmax_sum", tag="reduce"
+                shape, lambda *i: te.sum(exponentials[at(i, second)], axis=second), name="softmax_sum", tag=tags.REDUCE
             )
 
         def body(*i):
@@ -1346,7 +1347,7 @@ def _resize_with(x: te.Tensor, attrs: dict[str, Any], shape) -> te.Tensor:
             value = te.select(te.any(*outside), te.const(extrapolation, x.dtype), value)
         return value
 
-    return te.compute(shape, body, name="resize", tag="injective")
+    return te.compute(shape, body, name="resize", tag=tags.INJECTIVE)
 
 
 def _cubic_taps(position, size: int, a: float, exclude_outside: bool) -> list:

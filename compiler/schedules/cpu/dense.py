@@ -1,0 +1,265 @@
+"""Matrix products on the CPU: the MatMul/Gemm/batched MatMul template (a register block over the whole k, its knobs
+searched) and the MatMulPacked template (B packed into column panels at compile time)."""
+
+from __future__ import annotations
+
+import math
+
+from compiler.compute import tags
+from compiler.schedules.cpu.defaults import FMA_CHAINS, OUTER_TASKS, fallback
+from compiler.schedules.cpu.tiling import (
+    divisor_at_most,
+    is_ragged,
+    lanes,
+    limit_registers,
+    mentions,
+    ragged_tiles,
+    tile_or_tail,
+    vector_divisor,
+    vector_registers,
+)
+from compiler.schedules.space import ConfigSpace, divisors
+from compiler.target import Target
+from compiler.te.schedule import Schedule, Stage
+from compiler.te.tensor import TensorLoad, walk
+
+
+def schedule_dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """A tile_m x tile_n register block per step, vectorized along the output row, the k loop outside the block.
+    With B transposed (N, K) the compute first sums interleaved partial products; those are vectorized along the
+    contiguous k instead, split_k_tile_n rows of B at a time, one output row per block.
+
+    The search may also unroll the k loop by unroll_k, run only the outer tile loop in parallel (so the inner one
+    walks its tiles in one thread, in order) and pack the k x tile_n panel of B the block reads into a local buffer:
+    with columns outermost and parallel "outer" it is packed once per column tile and read by every row tile.
+    Their fallbacks (no unroll, every tile loop parallel, no packing) build what the template built before them."""
+    values = fallback("dense", target)
+    partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
+    *batch, i, j = output.op.axis
+    width = lanes(target, output.op.dtype)
+    # the column tile is the largest divisor of whole vectors up to tile_n. A row with none of at least half of it
+    # (attention over 77 tokens; 200 columns in 16 lanes) takes the fallback's tile with a guarded last tile, the
+    # loop over column tiles partitioned so only that tile tests it: the divisors of 77 gave 7 x 11-lane
+    # tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups), and odd_transformer's (1, 77, 200) x
+    # (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest divisors of 77 and 200 up to 4 and 16),
+    # 0.185 ms in 7 x 8. The tail is not narrowed to one vector: codegen emits a vector loop wider than a register
+    # and no power of two as registers and a remnant (_vector_pieces), so a 28-lane tail of 700 columns costs what
+    # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
+    # tile that narrowing chose; onnxruntime 0.095). The tile narrows, a vector at a time, only while the block
+    # does not fit the registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms
+    # against 0.23 in 7 x 8; vit_tiny's (1, 77, 192) x (192, 576) made 30 vector moves (B's 2 loads among them) per 14
+    # multiply-adds once LLVM no longer unrolled its k loop by 2)
+    # The row tile (_row_tile) is a divisor near tile_m. Where none is, or one above it whose block narrowed to fit
+    # the registers holds fewer than FMA_CHAINS accumulators, it is tile_m's balanced tiling with a shorter last
+    # tile, that tile's loop partitioned (tile_or_tail): 77 rows on AVX2 take 12 x 6 + 5, where the divisor 7 made
+    # 7 x 16 (17 registers), narrowed to 7 x 8 and filled to 11 x 8: (1, 77, 192) x (192, 576) 0.229 -> 0.191 ms,
+    # (1, 91, 184) x (184, 604) 0.288 -> 0.237 (onnxruntime 0.209, 0.269). AVX-512's 33 rows keep 11 (11 x 32);
+    # wasm keeps its accumulators by narrowing the columns instead (keep_accumulators)
+    tile_n = values["tile_n"]
+    tile_m = _row_tile(i.extent, values["tile_m"])
+    above = tile_m is not None and tile_m > values["tile_m"]
+    if above and values["keep_accumulators"]:
+        tile_n = max(width, values["tile_m"] * tile_n // tile_m // width * width)
+    elif tile_m is None or (above and tile_m * _fitting_vectors(target, tile_m, tile_n, width) < FMA_CHAINS):
+        tile_m = tile_or_tail(i.extent, values["tile_m"])
+    ragged = partial is None and is_ragged(j.extent, tile_n, width)
+    if partial is None:
+        tile_n = min(tile_n, _fitting_vectors(target, tile_m, tile_n, width) * width)
+    if not ragged:
+        tile_n = vector_divisor(j.extent, tile_n, width) or tile_n
+    if partial is None:
+        most = values["tile_m"] * -(-values["tile_n"] // width)
+        filled = _fill_block(target, i.extent, tile_m, -(-tile_n // width), most)
+        # the rows' divisors and the fallback's tile (a balanced tiling's, when no divisor suits)
+        cfg.define_split("tile_m", i, policy=sorted({*divisors(i.extent), tile_m}), default=filled)
+        cfg.define_split("tile_n", j, policy=ragged_tiles(j.extent, width) if ragged else "factors", default=tile_n)
+        # a filled block's rows stay a loop: unrolled, LLVM interleaved two k steps of an 11 x 8 block and spilled
+        cfg.define_knob("unroll_m", [0, 1], default=0 if filled > tile_m else values["unroll_m"])
+        limit_registers(cfg, target, output.op.dtype, ("tile_m",), "tile_n")
+        i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
+        j_outer, j_inner = cfg["tile_n"].apply(schedule, output, j)
+    else:
+        cfg.define_split("split_k_tile_n", j, default=values["split_k_tile_n"])
+        limit_registers(cfg, target, output.op.dtype, ("split_k_tile_n",), partial.axis[-1].extent)
+        i_outer, i_inner = output.split(i, 1)
+        j_outer, j_inner = cfg["split_k_tile_n"].apply(schedule, output, j)
+    cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
+    tiles = cfg["tile_order"].permute([i_outer, j_outer])
+    output.reorder(*batch, *tiles, i_inner, j_inner)
+    parallel = default_parallel = "tiles"
+    if partial is None:
+        # "outer" makes the outer tile loop the tasks: a fallback takes it only with tasks enough for the threads
+        outer_tasks = math.prod(axis.extent for axis in batch) * tiles[0].extent
+        if outer_tasks >= OUTER_TASKS:
+            default_parallel = values["parallel"]
+        cfg.define_knob("parallel", ["tiles", "outer"], default=default_parallel)
+        parallel = cfg["parallel"].val
+    # panel_loop: the loop an iteration of which is one column tile (with the column tiles outermost and parallel
+    # "outer", B's panel stays the same for every row tile inside it)
+    if parallel == "tiles":
+        fused = panel_loop = row_loop = output.fuse(*batch, *tiles)
+        output.parallel(fused)
+    else:
+        outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
+        output.parallel(outer)
+        fused = tiles[1]
+        panel_loop = outer if tiles[0] is j_outer else fused
+        row_loop = outer if tiles[0] is i_outer else fused
+    if partial is None and i.extent % cfg["tile_m"].size[-1]:
+        # a shorter last row tile: only it tests its rows
+        output.partition(row_loop)
+    if ragged:
+        # only the last column tile tests its bound: a serial loop over the column tiles is cut before it, a
+        # parallel one (holding the column tiles) branches its task on it
+        output.partition(panel_loop)
+    output.vectorize(j_inner)
+    if partial is not None:
+        dense.set_scope("local")
+        dense.compute_at(output, fused)
+        *dbatch, di, dj = dense.op.axis
+        dense.reorder(di, dj, *dense.op.reduce_axis)
+        stage = schedule[partial]
+        stage.set_scope("local")
+        stage.compute_at(output, fused)
+        pi, pj, lane = stage.op.axis
+        (outer,) = stage.op.reduce_axis
+        stage.reorder(outer, pi, pj, lane)
+        stage.unroll(pj)
+        stage.vectorize(lane)
+        return
+    (k,) = dense.op.reduce_axis
+    unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
+    cfg.define_split("unroll_k", k, policy=unrolls, default=max(size for size in unrolls if size <= values["unroll_k"]))
+    # packing B's panel pays off once per column tile, not once per task: only with the column tiles outer, in parallel
+    cfg.define_knob("pack_b", [0, 1], default=values["pack_b"] if default_parallel == "outer" else 0)
+    if cfg["pack_b"].val:
+        _pack_panel(schedule, dense, panel_loop, output)
+    dense.set_scope("local")
+    dense.compute_at(output, fused)
+    *dbatch, di, dj = dense.op.axis
+    k_axes = [k]
+    if cfg["unroll_k"].size[-1] > 1:
+        k_axes = list(cfg["unroll_k"].apply(schedule, dense, k))
+    dense.reorder(*dbatch, *k_axes, di, dj)
+    if len(k_axes) > 1:
+        dense.unroll(k_axes[1])
+    if cfg["unroll_m"].val:
+        dense.unroll(di)
+    dense.vectorize(dj)
+
+
+def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
+    """A MatMulPacked group (compiler/compute/nn.py, matmul_packed): a register block of tile_m rows by one panel of B,
+    made over the whole k and copied out through the group's epilogue. B's panels were packed at compile time, so the
+    block reads its panel at unit stride (whatever N is) and A's rows one broadcast element at a time. A last row tile
+    shorter than tile_m, and a last panel past N, are pieces of their own (partitioned), so the other tiles test
+    nothing. The search may change the rows, the k loop's unrolling, the order of the tile loops and which of them run
+    in parallel; the panel is a layout decision, made by alter_layout."""
+    values = fallback(tags.DENSE_PACKED, target)
+    (k,) = dense.op.reduce_axis
+    loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
+    panel = next(node.tensor for node in loads if len(node.indices) == 3 and node.indices[1] is k).shape[-1]
+    # the rows are A's last axis before K of more than one element: a sequence-first projection ((tokens, 1, K), as
+    # torch's MultiheadAttention exports it) tiles its tokens, not its single-row matrices
+    *lead, j = output.op.axis
+    row = max((position for position, axis in enumerate(lead) if axis.extent > 1), default=len(lead) - 1)
+    i, batch = lead[row], [axis for position, axis in enumerate(lead) if position != row]
+    vectors = -(-panel // lanes(target, output.op.dtype))
+    most = max(size for size in range(1, i.extent + 1) if size == 1 or _dense_fits_registers(target, size, vectors))
+    default = tile_or_tail(i.extent, min(values["tile_m"], most), least=1.0)
+    cfg.define_split("tile_m", i, policy=list(range(1, most + 1)), default=default)
+    cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
+    i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
+    j_outer, j_inner = output.split(j, panel)
+    cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
+    tiles = cfg["tile_order"].permute([i_outer, j_outer])
+    output.reorder(*batch, *tiles, i_inner, j_inner)
+    cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
+    if cfg["parallel"].val == "tiles":
+        fused = row_loop = panel_loop = output.fuse(*batch, *tiles)
+        output.parallel(fused)
+    else:
+        outer = output.fuse(*batch, tiles[0]) if batch else tiles[0]
+        output.parallel(outer)
+        fused = tiles[1]
+        row_loop, panel_loop = (outer, fused) if tiles[0] is i_outer else (fused, outer)
+    if i.extent % cfg["tile_m"].size[-1]:
+        output.partition(row_loop)
+    if j.extent % panel:
+        output.partition(panel_loop)
+    output.vectorize(j_inner)
+    dense.set_scope("local")
+    dense.compute_at(output, fused)
+    *dense_lead, columns = dense.op.axis
+    rows, dense_batch = dense_lead[row], [axis for position, axis in enumerate(dense_lead) if position != row]
+    unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
+    cfg.define_split("unroll_k", k, policy=unrolls, default=max(size for size in unrolls if size <= values["unroll_k"]))
+    k_axes = list(cfg["unroll_k"].apply(schedule, dense, k))
+    dense.reorder(*dense_batch, *k_axes, rows, columns)
+    dense.unroll(k_axes[-1])
+    if cfg["unroll_m"].val:
+        dense.unroll(rows)
+    dense.vectorize(columns)
+
+
+def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:
+    """Whether a dense block of `rows` x `vectors` accumulators fits the vector registers with the vectors of B it
+    loads per step and the broadcast of A's element."""
+    return rows * vectors + vectors + 1 <= vector_registers(target)
+
+
+def _fitting_vectors(target: Target, rows: int, columns: int, width: int) -> int:
+    """The vectors (of `width` lanes) of a dense block of `rows` whose tile of `columns` is narrowed a vector at a
+    time (not below one) until the block fits the registers (_dense_fits_registers)."""
+    vectors = -(-columns // width)
+    while vectors > 1 and not _dense_fits_registers(target, rows, vectors):
+        vectors -= 1
+    return vectors
+
+
+def _fill_block(target: Target, rows: int, tile_m: int, vectors: int, most: int) -> int:
+    """The block's rows once its column tile is `vectors` wide. A block of fewer than FMA_CHAINS accumulators waits
+    on each multiply-add before the next: narrow columns (8 of 520 in AVX2: 3 x 8, the rows of 33 by at most 6) or a
+    tile narrowed to fit (77 x 200: 7 x 8, where 7 x 16 spills) then take the largest divisor of `rows` that keeps
+    the block within the fallback's accumulators (`most`) and the registers. (33, 100) x (100, 520), AVX2, 1 thread:
+    3 x 8 0.096 ms (0.103 rolled), 11 x 8 0.076 unrolled and 0.058 rolled. Measured back to back: with a 50 ms
+    pause before each run at 2 threads the gain did not hold (docs/benchmarks.md, "MatMuls on an AVX2 host")."""
+    if tile_m * vectors >= FMA_CHAINS:
+        return tile_m
+    fitting = [
+        size
+        for size in range(tile_m + 1, rows + 1)
+        if rows % size == 0 and size * vectors <= most and _dense_fits_registers(target, size, vectors)
+    ]
+    return max(fitting, default=tile_m)
+
+
+def _row_tile(extent: int, limit: int) -> int | None:
+    """A dense block's rows: the largest divisor of `extent` not above `limit` when it is at least half of it, else
+    the smallest divisor up to twice `limit` (77 rows by at most 4: 7, where the largest divisor below is 1), else
+    None (no divisor suits: 13 rows by at most 6)."""
+    tile = divisor_at_most(extent, limit)
+    if 2 * tile >= min(limit, extent):
+        return tile
+    return next((size for size in range(limit + 1, 2 * limit + 1) if extent % size == 0), None)
+
+
+def _pack_panel(schedule: Schedule, dense: Stage, loop, output: Stage) -> None:
+    """Copy the k x tile_n panel of B that the register block reads into a contiguous local buffer, made inside
+    `loop` (one copy per iteration of it): the block then reads B at unit stride, whatever B's row length (a
+    power-of-two row maps every k of a strip to the same few cache sets)."""
+    (k,) = dense.op.reduce_axis
+    loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
+    reads_b = [
+        node.tensor
+        for node in loads
+        if any(mentions(index, k) for index in node.indices[-2:-1]) and mentions(node.indices[-1], dense.op.axis[-1])
+    ]
+    if not reads_b:
+        return
+    panel = schedule.cache_read(reads_b[0], "local", [dense.op.output(0)])
+    stage = schedule[panel]
+    stage.compute_at(output, loop)
+    # one vector loop over the panel's columns (the block's tile_n, a ragged row's shorter last tile): a split by a
+    # factor of B's whole row (7 of 21 columns) cut an 8-column panel into guarded pieces
+    stage.vectorize(stage.op.axis[-1])
