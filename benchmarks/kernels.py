@@ -28,6 +28,7 @@ import compiler
 from compiler import zoo
 from compiler.frontend.onnx import load_onnx
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 
 WARMUP = 3  # untimed runs of the profiled session
 
@@ -51,7 +52,7 @@ def tessel_groups(model: onnx.ModelProto, target: str) -> tuple[dict[str, str], 
     """Each ONNX node's name -> the Tessel fused group that computes it, and each group's description. Fusion keeps
     the member nodes' names; a node the passes removed (a batch norm folded into its conv, an Identity) goes with
     the group of its first input's producer."""
-    fused = optimize(load_onnx(model), target=target)
+    fused = optimize(load_onnx(model), target=Target.parse(target))
     group = {member.name: node.name for node in fused.nodes for member in node.attrs["body"].nodes}
     producer = {output: node for node in model.graph.node for output in node.output}
     found: dict[str, str] = {}

@@ -44,13 +44,13 @@ from common import check_close, interleaved, onnxruntime_session, print_table, s
 import compiler  # noqa: E402
 from compiler import zoo  # noqa: E402
 from compiler.build import build_func  # noqa: E402
+from compiler.schedules.space import Config  # noqa: E402
 from compiler.tune.cost_model import pretrain_records  # noqa: E402
 from compiler.tune.features import lower_config  # noqa: E402
 from compiler.tune.measure import LocalBuilder, LocalRunner, Measurer  # noqa: E402
 from compiler.tune.records import RecordLog  # noqa: E402
 from compiler.tune.report import plot_curves, summarize  # noqa: E402
 from compiler.tune.session import history  # noqa: E402
-from compiler.schedules.space import Config  # noqa: E402
 from compiler.tune.task import Task, extract_tasks  # noqa: E402
 from compiler.tune.tuners import make_tuner, tune_model  # noqa: E402
 

@@ -44,6 +44,7 @@ from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
 from compiler.tune.records import load_records
 from compiler.tune.task import canonical, schedule_node, workload
+from compiler.version import COMPILER_VERSION
 
 
 class Kernel:
@@ -120,7 +121,6 @@ def build(
 
 # ---- whole models ------------------------------------------------------------------------------------------
 
-COMPILER_VERSION = "0.1.0"
 ENTRY = "run"
 Progress = Callable[[str, float], None]
 
@@ -483,8 +483,9 @@ class Module:
         num_threads: int | None = None,
         code: ModelCode | None = None,
         funcs: list[PrimFunc] | None = None,
+        *,
+        target: Target,
         binding: str | None = None,
-        target: Target | None = None,
         variants: dict[str, bytes] | None = None,
     ):
         self.manifest = manifest
@@ -495,7 +496,7 @@ class Module:
         self.compiled = code.compiled if code is not None else None
         self.sources = code.sources if code is not None else None
         self.funcs = funcs or []
-        self.target = target or Target.parse(manifest["target"])
+        self.target = target
         self.inputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["inputs"]]
         self.outputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["outputs"]]
         # what a run checks and fills in, made once: each input's name and dtype, the outputs no kernel writes
@@ -671,10 +672,11 @@ def load_module(directory: str | Path, num_threads: int | None = None) -> Module
     manifest, files = read_bundle(directory)
     check_manifest(manifest, files, code_files())
     code = files[manifest["code"]]
-    seal = backend_for(manifest["target"]).seal
+    target = Target.parse(manifest["target"])
+    seal = backend_for(target).seal
     check_seal(seal, code, manifest["code"])
     variants = {variant["code"]: files[variant["code"]] for variant in manifest.get("variants", [])}
     for name, variant_code in variants.items():
         check_seal(seal, variant_code, name)
     binding = binding_digest(manifest)
-    return Module(manifest, code, files[PARAMS_FILE], num_threads, binding=binding, variants=variants)
+    return Module(manifest, code, files[PARAMS_FILE], num_threads, target=target, binding=binding, variants=variants)

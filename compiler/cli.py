@@ -14,7 +14,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from compiler import zoo
+from compiler.backends import BACKENDS
+from compiler.build import compile_model, load_module
+from compiler.data.train_digits import held_out_split
 from compiler.errors import ModelError, ShapeError, TesselError
+from compiler.frontend.onnx import load_onnx
+from compiler.frontend.onnx import parse_input_shapes as parse
+from compiler.passes.fuse_ops import group_summary
+from compiler.passes.pipeline import optimize
+from compiler.tune import report
+from compiler.tune.session import tune_file
 
 EXIT_USER_ERROR = 2
 
@@ -37,14 +49,10 @@ def _progress(message: str) -> None:
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]] | None:
     """--input-shape values as load_onnx's input_shapes (None when none were given)."""
-    from compiler.frontend.onnx import parse_input_shapes as parse
-
     return parse(specs) if specs else None
 
 
 def _load_model_file(path: Path, input_shapes: dict[str, tuple[int, ...]] | None):
-    from compiler.frontend.onnx import load_onnx
-
     if not path.exists():
         raise ModelError(f"cannot read {path}: no such file")
     if not path.is_file():
@@ -81,16 +89,12 @@ def _table(rows: list[tuple], header: tuple) -> list[str]:
 
 
 def _configure_zoo(parser: argparse.ArgumentParser) -> None:
-    from compiler.zoo import MODELS
-
-    parser.add_argument("name", nargs="?", help=f"one of {', '.join(MODELS)}")
+    parser.add_argument("name", nargs="?", help=f"one of {', '.join(zoo.MODELS)}")
     parser.add_argument("-o", "--output", type=Path, help="where to write the model (default NAME.onnx)")
     parser.add_argument("--list", action="store_true", help="list the zoo's models and exit")
 
 
 def _run_zoo(args: argparse.Namespace) -> int:
-    from compiler import zoo
-
     if args.list:
         for name in zoo.MODELS:
             model = zoo.build_model(name)
@@ -132,9 +136,6 @@ def _configure_inspect(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from compiler.passes.fuse_ops import group_summary
-    from compiler.passes.pipeline import optimize
-
     input_shapes = parse_input_shapes(args.input_shape)
     _progress(f"loading {args.model}")
     graph = _load_model_file(args.model, input_shapes)
@@ -178,12 +179,6 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from compiler import zoo
-    from compiler.build import compile_model
-    from compiler.data.train_digits import held_out_split
-
     started = time.perf_counter()
     _progress(f"compiling the digits model ({zoo.DIGITS_PATH.name}) for wasm")
     module = compile_model(zoo.build_model("digits"), target="wasm")
@@ -210,8 +205,6 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _configure_compile(parser: argparse.ArgumentParser) -> None:
-    from compiler.backends import BACKENDS
-
     parser.add_argument("model", type=Path, help="an .onnx file")
     kinds = ", ".join(kind for kind in BACKENDS if kind != "wasm")
     parser.add_argument(
@@ -227,8 +220,6 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_compile(args: argparse.Namespace) -> int:
-    from compiler.build import compile_model
-
     started = time.perf_counter()
 
     def progress(step: str, fraction: float) -> None:
@@ -274,8 +265,6 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_inputs(module, specs: list[str] | None) -> dict:
-    import numpy as np
-
     if not specs:
         return module.random_inputs()
     names = [spec.name for spec in module.inputs]
@@ -294,10 +283,6 @@ def _read_inputs(module, specs: list[str] | None) -> dict:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from compiler.build import load_module
-
     module = load_module(args.bundle, num_threads=args.threads)
     results = module.run(_read_inputs(module, args.input))
     for name, array in results.items():
@@ -320,8 +305,6 @@ def _configure_bench(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from compiler.build import load_module
-
     module = load_module(args.bundle, num_threads=args.threads)
     timing = module.benchmark(repeat=args.repeat)
     print(
@@ -365,8 +348,6 @@ def _configure_tune(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_tune(args: argparse.Namespace) -> int:
-    from compiler.tune import report
-
     if args.report is not None:
         summaries = report.summarize(args.report)
         print("\n".join(report.report_lines(summaries)))
@@ -377,7 +358,6 @@ def _run_tune(args: argparse.Namespace) -> int:
         raise TesselError("name the .onnx model to tune (or --report LOG to read a finished log)")
     if not args.model.is_file():
         raise ModelError(f"cannot read {args.model}: no such file; give the path of an .onnx model")
-    from compiler.tune.session import tune_file
 
     return tune_file(
         args.model,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass, replace
 
+import llvmlite.binding as llvm
+
 from compiler.errors import TargetError
 
 VALID_FORMS = (
@@ -133,8 +135,6 @@ MACHINES = {
 
 
 def _host_cpu() -> tuple[str, str, str]:
-    import llvmlite.binding as llvm
-
     triple = llvm.get_process_triple()
     cpu = llvm.get_host_cpu_name()
     # Every feature the host reports present (avx2, fma, avx512*...), as `clang -march=native` does.

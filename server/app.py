@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlencode
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
@@ -26,7 +27,9 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from compiler import zoo
 from compiler.backends import BACKENDS
 from compiler.errors import TargetError, TesselError
 from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
@@ -592,8 +595,6 @@ async def health_route(request: Request) -> Response:
 async def _prebuild(state, names: tuple[str, ...]) -> None:
     """Queue the zoo models the demo pages use, for wasm and (where registered) webgpu, so the demo's `auto` has both
     to choose from; a cached bundle makes this instant."""
-    from compiler import zoo
-
     for name in names:
         data = await asyncio.to_thread(lambda name=name: zoo.build_model(name).SerializeToString())
         digest = hashlib.sha256(data).hexdigest()
@@ -605,8 +606,6 @@ async def _prebuild(state, names: tuple[str, ...]) -> None:
 
 
 def check_prebuild(names) -> tuple[str, ...]:
-    from compiler import zoo
-
     names = tuple(names)
     unknown = [name for name in names if name not in zoo.MODELS]
     if unknown:
@@ -679,7 +678,6 @@ def create_app(
 def json_error_protocol():
     """uvicorn's HTTP protocol with its answer to a request it cannot parse (a malformed Content-Length, a bad
     request line) given as this service's JSON error body instead of plain text."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class JsonErrorProtocol(AutoHTTPProtocol):
         def send_400_response(self, msg: str) -> None:
@@ -697,8 +695,6 @@ def json_error_protocol():
 
 def serve(host: str = "127.0.0.1", port: int = 8000, store_dir: str | Path = "var", prebuild=(), **limits) -> None:
     """Run the service with uvicorn until interrupted; `limits` are create_app's keyword arguments."""
-    import uvicorn
-
     app = create_app(store_dir, prebuild=tuple(prebuild), **limits)
     uvicorn.run(app, host=host, port=port, http=json_error_protocol())
 

@@ -22,9 +22,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiler.build import COMPILER_VERSION, EVERY_WASM_VARIANT
+from compiler.build import EVERY_WASM_VARIANT, compile_model
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
+from compiler.frontend.onnx import load_onnx
 from compiler.schedules.space import TuningWarning
+from compiler.version import COMPILER_VERSION
 from server.store import Store
 from server.uploads import opened_model
 
@@ -159,8 +161,6 @@ def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
 
 def _compile(task: CompileTask, send) -> dict:
     """Compile every build the store lacks; the bundles of the others are reused as they are."""
-    from compiler.build import compile_model
-
     store = Store(task.store_root)
     shapes = {name: tuple(shape) for name, shape in task.input_shapes.items()} or None
     with opened_model(Path(task.model_path), task.max_extracted_bytes) as model:
@@ -243,8 +243,6 @@ def _import_main(connection, model_path: str, input_shapes: dict, memory_bytes: 
     """Import the upload as the compiler will (uploads.opened_model), with the address space capped
     `memory_bytes` above what the process already maps, so a model that folds into a huge constant fails here
     with a MemoryError; `memory_bytes` also bounds what a zip may extract to."""
-    from compiler.frontend.onnx import load_onnx
-
     limit = _virtual_bytes() + memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     shapes = {name: tuple(shape) for name, shape in input_shapes.items()} or None

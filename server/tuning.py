@@ -18,6 +18,9 @@ import numpy as np
 from compiler.errors import TesselError
 from compiler.runtime.wasm import memory_import
 from compiler.tune.measure import Built, LocalBuilder, Measurer, mismatch, probe_arrays
+from compiler.tune.records import RecordLog
+from compiler.tune.task import extract_tasks
+from compiler.tune.tuners import tune_model
 
 # A page gets this long to answer one candidate; after one goes unanswered the session stops asking.
 ANSWER_SECONDS = 60.0
@@ -102,10 +105,6 @@ class TuningSession:
     # -- the tuning thread --
 
     def _tune(self) -> None:
-        from compiler.tune.records import RecordLog
-        from compiler.tune.task import extract_tasks
-        from compiler.tune.tuners import tune_model
-
         builder = LocalBuilder(1)
         try:
             tasks = extract_tasks(str(self.model_path), "wasm")

@@ -9,6 +9,7 @@ from compiler.build import compile_model
 from compiler.frontend import load_onnx
 from compiler.passes.fuse_ops import MAX_GROUP_OPS
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 
 
 def _chain(ops: list[str]):
@@ -26,7 +27,7 @@ def _chain(ops: list[str]):
 def test_a_long_chain_compiles_in_bounded_groups_and_matches_numpy(length):
     ops = ["Relu" if i % 3 == 0 else "Neg" if i % 3 == 1 else "Identity" for i in range(length)]
     model = _chain(ops)
-    fused = optimize(load_onnx(model), target="llvm")
+    fused = optimize(load_onnx(model), target=Target.parse("llvm"))
     computing = [op for op in ops if op != "Identity"]
     sizes = [len(node.attrs["body"].nodes) for node in fused.nodes]
     assert sum(sizes) == len(computing) and max(sizes) == MAX_GROUP_OPS

@@ -12,8 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Importable from every module: errors and targets.
-BASE = {"compiler.errors", "compiler.target"}
+# Importable from every module: errors, targets and the compiler's version.
+BASE = {"compiler.errors", "compiler.target", "compiler.version"}
 # What each stage may import besides BASE: the IR it reads and the IR it writes, never a later stage.
 # frontend → graph → passes → te/ops → schedules → tir → codegen → link → bundle → runtime.
 ALLOWED = {
@@ -65,12 +65,26 @@ def _resolve(name: str) -> str:
     return "compiler.__init__" if parent == "compiler" else parent
 
 
-def _imports(module: str, source: str, is_package: bool) -> list[tuple[str, bool]]:
-    """(imported module, at module level) for every import of compiler/ or server/ in `module`'s source."""
+def _type_only(tree: ast.Module) -> set[int]:
+    """The imports inside `if TYPE_CHECKING:` blocks, which never run."""
+    return {
+        id(child)
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for child in ast.walk(node)
+    }
+
+
+def _imports(module: str, source: str, is_package: bool, every: bool = False) -> list[tuple[str, bool]]:
+    """(imported module, at module level) for every import of compiler/ or server/ in `module`'s source (`every`:
+    third-party ones too), leaving out those only a type checker runs."""
     tree = ast.parse(source)
     top_level = {id(node) for node in tree.body}
+    type_only = _type_only(tree)
     found = []
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -79,10 +93,15 @@ def _imports(module: str, source: str, is_package: bool) -> list[tuple[str, bool
                 parts = [part for part in module.split(".") if part != "__init__"]
                 package = parts[: len(parts) - node.level + is_package]
                 base = ".".join([*package, *([base] if base else [])])
-            names = [_resolve(f"{base}.{alias.name}") for alias in node.names]
+            names = [
+                _resolve(f"{base}.{alias.name}") if base.split(".")[0] in ("compiler", "server") else base
+                for alias in node.names
+            ]
         else:
             continue
-        found += [(name, id(node) in top_level) for name in names if name.split(".")[0] in ("compiler", "server")]
+        found += [
+            (name, id(node) in top_level) for name in names if every or name.split(".")[0] in ("compiler", "server")
+        ]
     return found
 
 
@@ -112,6 +131,130 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
 MODULES = sorted(
     path for folder in ("compiler", "server") for path in (ROOT / folder).rglob("*.py") if "pages" not in path.parts
 )
+
+
+# The function-level imports that must stay lazy, each with its reason; every other import is at module level.
+# Third-party packages by their top-level name:
+LAZY_PACKAGES = {
+    "sklearn": "scikit-learn is a test extra: the digits data set loads only when the model is retrained",
+    "torch": "the torch extra: only compile_torch and the real-architecture zoo export from torch",
+    "torchvision": "the real extra: only the real-architecture zoo builds its models",
+    "timm": "the real extra, as torchvision",
+    "transformers": "the real extra, as torchvision",
+    "cuda": "the cuda extra, and a driver, exist only on machines that run CUDA",
+    "pyopencl": "the opencl extra, loaded only when an OpenCL bundle runs",
+    "wgpu": "the webgpu extra, loaded only when a WebGPU bundle runs natively",
+    "ray": "the ray extra: only a tuning session on a Ray cluster",
+    "xgboost": "the tune extra: only the learned cost model",
+    "rich": "the tune extra: only the live tuning display",
+    "matplotlib": "the tune extra: only the tuning report's plot",
+    "wasmtime": "the binding's private call path (_ffi), used only where this wasmtime version has it",
+}
+# ...and imports of this project's own modules, by (importing module, imported package):
+LAZY_MODULES = {("compiler.cli", "server"): "only `tessel serve` loads the server and Starlette"}
+
+
+def lazy_violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Every function-level import of `module` that is not one of the lazy ones above, in words."""
+    found = []
+    for imported, top_level in _imports(module, source, is_package, every=True):
+        package = imported.split(".")[0]
+        if top_level or package in LAZY_PACKAGES or (module, package) in LAZY_MODULES:
+            continue
+        found.append(f"{module} imports {imported} inside a function: import it at module level")
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of compiler/ and server/ it imports, at module level or inside functions."""
+    graph = {}
+    for path in MODULES:
+        name = _module_name(path)
+        graph[name] = {imported for imported, _ in _imports(name, path.read_text(), path.name == "__init__.py")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: each strongly connected component of more than one module (or a module that
+    imports itself), sorted (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_a_cycle_is_caught():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"a"}}) == [["a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[_module_name(path) for path in MODULES])
+def test_function_level_imports_are_the_lazy_ones(path):
+    assert lazy_violations(_module_name(path), path.read_text(), path.name == "__init__.py") == []
+
+
+def test_a_needless_lazy_import_is_caught():
+    assert lazy_violations("compiler.tune.report", "def f():\n    from compiler.tune.measure import flops")
+    assert lazy_violations("compiler.target", "def f():\n    import llvmlite.binding as llvm")
+    assert lazy_violations("compiler.tune.cost_model", "def f():\n    import xgboost") == []
+    assert lazy_violations("compiler.cli", "def f():\n    from server.app import run_from_args") == []
+    assert lazy_violations("compiler.x", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a") == []
+
+
+# Where a target's text becomes a Target: the drivers (which take the user's text) and the bundle loader (which reads
+# a manifest's), nowhere below them.
+PARSERS = {"compiler.build", "compiler.cli", "compiler.torch_export", "compiler.tune", "compiler.target", "server"}
+
+
+def _parses_target(source: str) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "parse"
+        and getattr(node.func.value, "id", "") == "Target"
+        for node in ast.walk(ast.parse(source))
+    )
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[_module_name(path) for path in MODULES])
+def test_only_drivers_parse_targets(path):
+    name = _module_name(path)
+    assert _stage(name, PARSERS) or not _parses_target(path.read_text()), (
+        f"{name} parses a target: take a Target from the driver instead"
+    )
+
+
+def test_a_target_parsed_below_the_drivers_is_caught():
+    assert _parses_target("def f(target):\n    target = Target.parse(target)")
+    assert not _parses_target("def f(target: Target):\n    return target.kind")
 
 
 def test_every_module_has_a_place():

@@ -12,6 +12,7 @@ from compiler.build import compile_model
 from compiler.frontend.onnx import load_onnx
 from compiler.graph.reference import run_reference
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 
 
 class _Builder:
@@ -150,7 +151,7 @@ def test_altered_graph_stays_blocked_and_matches_onnxruntime(name):
     model = MODELS[name]()
     feeds = _feeds(model)
     expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
-    altered = optimize(load_onnx(model), fuse=False, target="wasm")
+    altered = optimize(load_onnx(model), fuse=False, target=Target.parse("wasm"))
     blocked = {node.op for node in altered.nodes if len(node.outputs[0].type.shape) == 5} - {"LayoutTransform"}
     assert BLOCKED[name] <= blocked, altered
     transforms = [node for node in altered.nodes if node.op == "LayoutTransform"]

@@ -20,6 +20,7 @@ from compiler.frontend.onnx import load_onnx
 from compiler.passes.pipeline import optimize
 from compiler.schedules.cpu import schedule_group
 from compiler.schedules.space import TuningWarning
+from compiler.target import Target
 from compiler.tir.lower import lower
 from compiler.tir.printer import format_func
 from compiler.tune.task import task_of
@@ -84,7 +85,7 @@ def test_tuning_records_choose_the_schedule_knobs(tmp_path):
     fastest, slower = {column_tile: 4}, {column_tile: 32}
     records = tmp_path / "records.jsonl"
     task = task.to_json()
-    wasm = task_of(fused.nodes[0], "wasm").to_json()
+    wasm = task_of(fused.nodes[0], Target.parse("wasm")).to_json()
     lines = [
         {"task": task, "config": fastest, "seconds": 0.001, "timestamp": 1, "version": 1},
         {"task": task, "config": slower, "seconds": 0.002, "timestamp": 2, "version": 1},

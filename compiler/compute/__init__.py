@@ -1,7 +1,19 @@
-"""Tensor-expression computes of every registered op, attached to the op registry on import, and the
-translation of a fused group into tensor expressions that the schedules (compiler/schedules/) take."""
+"""Tensor-expression computes of every registered op, attached to the op registry on import (one module per op family,
+named as in compiler/graph/ops/), the tags they give their stages (tags.py), and the translation of a fused group into
+tensor expressions that the schedules (compiler/schedules/) take."""
 
-from compiler.compute import elementwise, nn, reduce, transform
+from compiler.compute import conv, dense, elementwise, norm, pool, reduce, resize, transform
 from compiler.compute.group import GroupTE, group_to_te
 
-__all__ = ["GroupTE", "elementwise", "group_to_te", "nn", "reduce", "transform"]
+__all__ = [
+    "GroupTE",
+    "conv",
+    "dense",
+    "elementwise",
+    "group_to_te",
+    "norm",
+    "pool",
+    "reduce",
+    "resize",
+    "transform",
+]

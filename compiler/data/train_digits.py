@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 MODEL_PATH = Path(__file__).with_name("digits.onnx")
 SEED = 0
@@ -184,9 +186,6 @@ def accuracy(params: _Params, images: np.ndarray, labels: np.ndarray) -> float:
 
 def export(params: _Params, path: Path = MODEL_PATH) -> None:
     """Write the trained network as an opset-17 ONNX model with batch 1 and float32 weights."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     initializers = [numpy_helper.from_array(getattr(params, name).astype(np.float32), name) for name in params.names()]
     nodes = [
         helper.make_node(

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from compiler.graph.printer import format_graph
+from compiler.graph.registry import get_op
+
 INT64_MAX = (1 << 63) - 1
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
@@ -117,8 +120,6 @@ class Graph:
         output_names: list[str] | None = None,
     ) -> list[Value]:
         """Append a node, inferring its output types from the op registry; returns the outputs."""
-        from compiler.graph.registry import get_op
-
         attrs = dict(attrs or {})
         op_def = get_op(op)
         types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
@@ -163,8 +164,6 @@ class Graph:
     # -- checking and printing --------------------------------------------------------------------
     def verify(self) -> None:
         """Raise GraphError unless every value is defined once before use and types agree."""
-        from compiler.graph.registry import get_op
-
         defined: set[Value] = set()
         for v in [*self.inputs, *self.params]:
             _check_name(v)
@@ -197,8 +196,6 @@ class Graph:
                 raise GraphError(f"graph output %{v.name} is never defined")
 
     def __str__(self) -> str:
-        from compiler.graph.printer import format_graph
-
         return format_graph(self)
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compiler.errors import UnsupportedOpError
-from compiler.graph.ir import TensorType
+
+if TYPE_CHECKING:  # the registry reads types; ir.py imports it to infer and verify nodes
+    from compiler.graph.ir import TensorType
 
 
 class Pattern(IntEnum):
@@ -27,7 +29,7 @@ class Pattern(IntEnum):
     OPAQUE = 8
 
 
-InferFn = Callable[[list[TensorType | None], dict[str, Any]], list[TensorType]]
+InferFn = Callable[[list["TensorType | None"], dict[str, Any]], list["TensorType"]]
 
 
 @dataclass
@@ -72,7 +74,6 @@ def worth_folding(inputs: list[TensorType], outputs: list[TensorType]) -> bool:
 
 
 def get_op(name: str) -> OpDef:
-    _load_ops()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -80,18 +81,12 @@ def get_op(name: str) -> OpDef:
 
 
 def is_registered(name: str) -> bool:
-    _load_ops()
     return name in _REGISTRY
 
 
 def registered_ops() -> list[str]:
-    _load_ops()
     return sorted(_REGISTRY)
 
 
 def set_compute(name: str, compute: Callable[..., Any]) -> None:
     get_op(name).compute = compute
-
-
-def _load_ops() -> None:
-    import compiler.graph.ops  # noqa: F401  (registers every op on first import)

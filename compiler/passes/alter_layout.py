@@ -22,14 +22,9 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
-from compiler.graph.ops.nn import (
-    ASPECT_POLICIES,
-    attr_string,
-    block_channels,
-    pack_dense_weight,
-    pack_transposed_weight,
-    resize_plan,
-)
+from compiler.graph.ops.conv import block_channels, pack_transposed_weight
+from compiler.graph.ops.dense import pack_dense_weight
+from compiler.graph.ops.resize import ASPECT_POLICIES, attr_string, resize_plan
 from compiler.graph.ops.transform import pad_widths, slice_plan
 from compiler.target import Target
 
@@ -90,7 +85,7 @@ def alter_layout(graph: Graph, target: Target) -> Graph:
     for node in result.nodes:
         if node.op == "Gemm" and node.attrs.get("transB", 0):
             # a transposed-B dense sums `split_lanes` interleaved partial products along the contiguous K
-            # (compiler/compute/nn.py): one float32 vector of the target (mlp: 16 on AVX-512, 0.028 ms against 0.037
+            # (compiler/compute/dense.py): one float32 vector of the target (mlp: 16 on AVX-512, 0.028 ms against 0.037
             # with 8; 4 in wasm, 0.107 ms against 0.143 with 16)
             node.attrs = {**node.attrs, "split_lanes": lanes}
     return result
@@ -158,7 +153,7 @@ def _dense_weight(graph: Graph, node: Node) -> Value | None:
 def gpu_layout(graph: Graph, target: Target) -> Graph:
     """The GPU family's layout decisions: the ONNX layouts stay, and a transposed-B Gemm keeps one sum per output
     (split_lanes 1): its K is split over threads by the GPU templates, not over a vector's lanes, and the split-K
-    partial sums would be a second root stage that other blocks read (compiler/compute/nn.py defaults to 16)."""
+    partial sums would be a second root stage that other blocks read (compiler/compute/dense.py defaults to 16)."""
     result = graph.copy()
     for node in result.nodes:
         if node.op == "Gemm" and node.attrs.get("transB", 0):

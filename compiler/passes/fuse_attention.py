@@ -3,7 +3,7 @@ scalar param) and additive mask (Add), Softmax over the last axis, an optional g
 (Where(IsNaN(p), 0, p): torch's scaled_dot_product_attention for fully masked rows) and MatMul(p, V) become one
 Attention node, so the kernel stage makes the scores, their softmax and the product with V per tile of query rows,
 in cache, and the (..., M, N) score matrix never reaches memory. Runs before alter_layout; hands it a graph whose
-attention blocks are Attention nodes (compiler/graph/ops/nn.py).
+attention blocks are Attention nodes (compiler/graph/ops/dense.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 from compiler.errors import ShapeError
 from compiler.graph.ir import Graph, Node, Value
-from compiler.graph.ops.nn import attention_types
+from compiler.graph.ops.dense import attention_types
 from compiler.target import Target
 
 # The most keys an Attention takes: a task holds its row tile's scores and their exponentials in local buffers

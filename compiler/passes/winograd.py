@@ -1,5 +1,5 @@
 """Winograd convolution: a 3x3 stride-1 conv of group 1 with a param weight, whose channels are many enough for the
-transforms to pay, becomes a Winograd conv over its filters transformed at compile time (graph/ops/nn.py,
+transforms to pay, becomes a Winograd conv over its filters transformed at compile time (graph/ops/conv.py,
 winograd_weight). Hands fusion the same values, computed with fewer multiplies.
 
 - CPU targets (`winograd`, after alter_layout): a blocked ConvNCHWc whose output rows and columns are whole tiles
@@ -17,7 +17,8 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node
-from compiler.graph.ops.nn import Window, blocked_conv_types, conv_geometry, unpack_weight, winograd_weight
+from compiler.graph.ops.conv import blocked_conv_types, conv_geometry, unpack_weight, winograd_weight
+from compiler.graph.ops.window import Window
 from compiler.target import Target
 
 # each tile by the fewest input channels and filters (the smaller of the two) for which it pays: the transforms cost

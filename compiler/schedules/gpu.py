@@ -425,7 +425,7 @@ def _depthwise_conv2d(schedule: Schedule, conv: Stage, output: Stage, target: Ta
 
     data, filters = _depthwise_operands(conv)
     taps = [iv.extent for iv in conv.op.reduce_axis]
-    # a column-strided conv reads a phased input (5-D, compiler/compute/nn.py), whose tile the region inference cannot
+    # a column-strided conv reads a phased input (5-D, compiler/compute/support.py), whose tile the region inference cannot
     # tighten: it reads the input from global memory, only the filter is shared
     tiled = len(data.shape) == 4
     stride = _row_stride(data, oh.extent, taps[0]) if tiled else 0
@@ -604,7 +604,7 @@ def _dividing_tile(extent: int, tile: tuple[int, int]) -> tuple[int, int]:
 
 
 def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
-    """A ConvWinograd group (compiler/compute/nn.py, conv_winograd) in three launches. The input transform: one thread
+    """A ConvWinograd group (compiler/compute/conv.py, conv_winograd) in three launches. The input transform: one thread
     per (tile, channel), which copies its tile's padded inputs into registers, makes B^T d there, then the tile's
     points. The matmuls: the dense template (and its knobs), batched over the points. The output transform, inlined
     into the group's outputs with their epilogue: one thread per tile of one filter, which copies the tile's

@@ -69,7 +69,7 @@ def _without(expr: Expr, old: Expr, new: Expr) -> Expr:
 def clamped_run(index: Expr, var: Var, lets: dict[Var, Expr]) -> tuple[Expr, int, int, Expr] | None:
     """(position, low, high, unclamped index) when `index` reads clamp(position, low, high) with position stepping
     by one per lane of `var`, and is contiguous in `var` once that clamp is dropped: a padded row read in vectors
-    (compiler/compute/nn.py clamps pad reads into bounds so that the select around them stays a plain select)."""
+    (compiler/compute/support.py clamps pad reads into bounds so that the select around them stays a plain select)."""
     for node in walk(index):
         bounds = clamp_bounds(node)
         if bounds is None or affine_coefficient(bounds[0], var, lets) != 1:

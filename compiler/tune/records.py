@@ -13,6 +13,7 @@ from compiler.errors import TuningError
 from compiler.schedules import space_version
 from compiler.schedules.space import TuningWarning
 from compiler.tune.task import canonical
+from compiler.version import COMPILER_VERSION
 
 TASK_FIELDS = ("template", "workload", "target", "space_version")
 
@@ -101,8 +102,6 @@ class RecordLog:
     key]` holds its records, which a Measurer returns instead of measuring again."""
 
     def __init__(self, path: str | Path):
-        from compiler.build import COMPILER_VERSION
-
         self.path = Path(path)
         self.version = COMPILER_VERSION
         self.done: dict[str, dict[str, dict]] = {}

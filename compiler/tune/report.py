@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.errors import TesselError
+from compiler.tune.measure import flops
 from compiler.tune.records import applies, read_records
 from compiler.tune.task import canonical
 
@@ -77,7 +78,6 @@ class Display:
         numbers = {"elapsed": _duration(elapsed), "task": "-", "trials": "-", "best": "-", "model": "-", "eta": "-"}
         if report is None:
             return numbers
-        from compiler.tune.measure import flops
 
         task = report.task
         if task.key not in self.flops:

@@ -10,9 +10,13 @@ from pathlib import Path
 from compiler.errors import TuningError
 from compiler.schedules.space import TuningWarning
 from compiler.target import Target
+from compiler.tune import report
+from compiler.tune.cost_model import pretrain_records
 from compiler.tune.measure import LocalBuilder, LocalRunner, Measurer, MeasureResult
-from compiler.tune.records import RecordLog
+from compiler.tune.ray_runner import ray_measuring
+from compiler.tune.records import RecordLog, read_records
 from compiler.tune.task import Task, extract_tasks
+from compiler.tune.tuners import tune_model
 
 INTERRUPTED = 130
 
@@ -43,9 +47,6 @@ def pretrained_on(logs: list[Path], tasks: list[Task]):
     """A cost model pretrained on the records of other tuning logs (cost_model.pretrain_records), leaving out the
     tasks being tuned so that their own old measurements do not stand in for the search; None when the logs hold no
     task with two measurements."""
-    from compiler.tune.cost_model import pretrain_records
-    from compiler.tune.records import read_records
-
     records = [record for log in logs for record in read_records(log)]
     model = pretrain_records(records, exclude=[task.key for task in tasks])
     if model is None:
@@ -54,17 +55,12 @@ def pretrained_on(logs: list[Path], tasks: list[Task]):
 
 
 def _tune(tasks, target, log, model, trials, tuner, early_stopping, ray, workers, timeout, repeat, threads, transfer):
-    from compiler.tune import report
-    from compiler.tune.tuners import tune_model
-
     known = history(tasks, log)
     resumed = sum(len(results) for results in known.values())
     print(f"tuning {model} for {target}: {len(tasks)} tasks, {trials} trials, tuner {tuner}, log {log.path}")
     if resumed:
         print(f"resuming: {resumed} measurements already in the log are not repeated")
     if ray is not None:
-        from compiler.tune.ray_runner import ray_measuring
-
         builder, runner = ray_measuring(ray)
     else:
         builder, runner = LocalBuilder(workers), LocalRunner()
@@ -103,8 +99,6 @@ def tune_file(
     threads: int | None = None,
     transfer: list[Path] | None = None,
 ) -> int:
-    from compiler.tune import report
-
     target = Target.parse(target)
     if trials < 1:
         raise TuningError(f"--trials must be at least 1, not {trials}")

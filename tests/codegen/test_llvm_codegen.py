@@ -425,7 +425,9 @@ def test_gathers_are_one_masked_gather_natively(target, dtype):
     i, j = Var("i"), Var("j")
     body = loop(i, cols, loop(j, rows, Store(dest, i * rows + j, Load(source, j * cols + i)), ForKind.VECTORIZED))
     func = PrimFunc("columns", [source, dest], body)
-    gathers = len(re.findall(r"call <16 x \w+> @\"?llvm\.masked\.gather\.", str(generate_module([func], target))))
+    gathers = len(
+        re.findall(r"call <16 x \w+> @\"?llvm\.masked\.gather\.", str(generate_module([func], Target.parse(target))))
+    )
     wide = target == "llvm" and np.dtype(dtype).itemsize >= 4
     assert gathers == (1 if wide else 0)
     x = (RNG.standard_normal((rows, cols)) * 8).astype(dtype)
@@ -661,11 +663,12 @@ def test_vectorized_clamped_reads(target, side, width, shift, lanes):
 
 
 def test_generate_module_holds_many_kernels_and_one_thread_global():
-    from compiler.codegen.llvm import NUM_THREADS_GLOBAL, compile_funcs
+    from compiler.codegen.llvm import compile_funcs
+    from compiler.codegen.llvm.types import NUM_THREADS_GLOBAL
 
     first = elementwise("first", ["float32"], "float32", 8, lambda x: x + x, kind=ForKind.PARALLEL)
     second = elementwise("second", ["int32"], "int32", 8, lambda x: x * x)
-    compiled = compile_funcs([first, second], "llvm")
+    compiled = compile_funcs([first, second], Target.parse("llvm"))
     assert "define void @first(" in compiled.ll and "define void @second(" in compiled.ll
     assert compiled.ll.count(f"@{NUM_THREADS_GLOBAL} =") == 1
     assert compiled.object[:4] == b"\x7fELF"
@@ -730,7 +733,7 @@ def test_a_kernel_named_like_the_libm_function_it_calls_is_refused():
     # also when the kernel named exp comes after the one whose float64 exp calls the C library
     caller = dataclasses.replace(unary_call("exp", "float64", 8), name="caller")
     with pytest.raises(TargetError, match="a kernel is named 'exp'"):
-        generate_module([caller, unary_call("exp", "float32", 8)], "llvm")
+        generate_module([caller, unary_call("exp", "float32", 8)], Target.parse("llvm"))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -771,7 +774,7 @@ def test_index_arithmetic_cannot_wrap_and_integer_data_still_wraps(target, width
     computed in 64 bits from the start (its 32-bit loop variable extended); integer tensor arithmetic keeps its
     32-bit two's-complement wrapping (test_integer_arithmetic_wraps_like_numpy runs it)."""
     func = elementwise("ints", ["int32", "int32"], "int32", 32, lambda a, b: a * b + a, lanes=8)
-    text = str(generate_module([func], target))
+    text = str(generate_module([func], Target.parse(target)))
     assert re.search(rf"= mul nsw i{width} \S+, 8\n", text), text  # the flat index: outer * 8 ...
     assert re.search(rf"= add nsw <8 x i{width}> \S+, %\S+\n", text), text  # ... + the vector of lanes
     assert re.search(r"= add nsw i32 %\"outer\", 1\n", text), text  # the loop counter's step
@@ -790,7 +793,7 @@ def test_prefetch_is_a_hint_natively_and_nothing_in_wasm(target):
     i, _ = s[b].op.axis
     s[b].prefetch(a, i, 1, lambda line: (i + 1) * 16 + line)
     func = lower(s, [a, b], "f")
-    text = str(generate_module([func], target))
+    text = str(generate_module([func], Target.parse(target)))
     calls = re.findall(r"call void @\"?llvm\.prefetch\.p0\"?\(ptr %\S+, i32 0, i32 3, i32 1\)", text)
     assert len(calls) == (1 if target == "llvm" else 0), text
     x = RNG.standard_normal((16, 16)).astype(np.float32)

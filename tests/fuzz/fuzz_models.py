@@ -22,6 +22,7 @@ from compiler.errors import TesselError
 from compiler.frontend import load_onnx
 from compiler.graph.reference import run_reference
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 
 # Outcomes that are not defects: one clear error, or a result onnxruntime agrees with. A model Tessel accepts and
 # onnxruntime refuses is a defect: Tessel's result would be a guess about an invalid model.
@@ -296,7 +297,7 @@ def judge(data: bytes, compiled: bool, seed: int) -> str:
     """One of GOOD, or a short description of the defect."""
     try:
         graph = load_onnx(data)
-        fused = optimize(graph, target="llvm")
+        fused = optimize(graph, target=Target.parse("llvm"))
         if sum(v.type.nbytes for v in fused.values()) > 1 << 28:
             return "error"  # too big to run here; the import and passes are what this case checks
     except TesselError:

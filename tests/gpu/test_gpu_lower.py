@@ -11,6 +11,7 @@ import compiler
 import compiler.te as te
 from compiler.build import build_func
 from compiler.errors import GpuKernelError
+from compiler.target import Target
 from compiler.te.expr import Const, Var
 from compiler.tir.gpu import lower_gpu, split_launches
 from compiler.tir.lower import lower
@@ -22,7 +23,7 @@ RNG = np.random.default_rng(5)
 
 def gpu_func(case, target="opencl"):
     schedule, args, reference = case
-    return lower_gpu(lower(schedule, args, "f"), target), args, reference
+    return lower_gpu(lower(schedule, args, "f"), Target.parse(target)), args, reference
 
 
 def check_serially(func, args, reference):
@@ -126,7 +127,7 @@ def test_store_outside_one_grid_axis_runs_once():
     s[c].bind(c.op.axis[1], te.thread_axis("threadIdx.x"))
     s[b].compute_at(s[c], outer)
     s[b].bind(b.op.axis[0], te.thread_axis("threadIdx.x"))
-    func = lower_gpu(lower(s, [a, c], "f"), "cuda")
+    func = lower_gpu(lower(s, [a, c], "f"), Target.parse("cuda"))
     assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [8, 4, 1]}
     assert "if (threadIdx.y.once == 0)" in format_func(func)
     check_serially(func, [a, c], lambda x: np.arange(4, dtype="float32")[:, None] * (x + 1)[None, :])
@@ -152,7 +153,7 @@ def cpu_schedule():
 def test_refusals(case, target, words):
     schedule, args, _ = case()
     with pytest.raises(GpuKernelError) as error:
-        lower_gpu(lower(schedule, args, "f"), target)
+        lower_gpu(lower(schedule, args, "f"), Target.parse(target))
     for word in words:
         assert word in str(error.value)
     assert str(target) in str(error.value)
@@ -165,8 +166,8 @@ def test_dtype_the_device_lacks():
     s[b].bind(s[b].split(b.op.axis[0], 32)[1], te.thread_axis("threadIdx.x"))
     func = lower(s, [a, b], "f")
     with pytest.raises(GpuKernelError, match="buffer A holds float64, which webgpu has not"):
-        lower_gpu(func, "webgpu")
-    assert lower_gpu(func, "opencl").attrs["launch"]["block"] == [32, 1, 1]
+        lower_gpu(func, Target.parse("webgpu"))
+    assert lower_gpu(func, Target.parse("opencl")).attrs["launch"]["block"] == [32, 1, 1]
 
 
 def test_global_intermediate_refused():
@@ -177,7 +178,7 @@ def test_global_intermediate_refused():
     for stage in (s[b], s[c]):
         stage.bind(stage.op.axis[0], te.thread_axis("threadIdx.x"))
     with pytest.raises(GpuKernelError, match="allocates the global buffer B"):
-        lower_gpu(lower(s, [a, c], "f"), "opencl")
+        lower_gpu(lower(s, [a, c], "f"), Target.parse("opencl"))
 
 
 def test_local_buffer_spread_over_threads_refused():
@@ -189,13 +190,13 @@ def test_local_buffer_spread_over_threads_refused():
     use = For(j, Const(0, "int32"), Const(32, "int32"), ForKind.SERIAL, Store(out, j, Load(scratch, j)))
     func = PrimFunc("f", [out], Allocate(scratch, Seq((fill, use))))
     with pytest.raises(GpuKernelError, match="local buffer scratch is private to one thread"):
-        lower_gpu(func, "cuda")
+        lower_gpu(func, Target.parse("cuda"))
 
 
 def test_cpu_target_refused():
     schedule, args, _ = injective(64, 32)
     with pytest.raises(GpuKernelError, match="needs a GPU target"):
-        lower_gpu(lower(schedule, args, "f"), "llvm")
+        lower_gpu(lower(schedule, args, "f"), Target.parse("llvm"))
 
 
 def test_root_stages_reading_each_other_split_into_launches():
@@ -210,7 +211,7 @@ def test_root_stages_reading_each_other_split_into_launches():
         np.zeros(256, "float32"),
     )
     for part in parts:
-        build_func(lower_gpu(part, "opencl"), "llvm")(source, out, workspace)
+        build_func(lower_gpu(part, Target.parse("opencl")), "llvm")(source, out, workspace)
     np.testing.assert_allclose(out, reference(source), rtol=1e-6)
 
 
@@ -242,7 +243,7 @@ def test_stages_of_one_block_get_a_barrier_instead_of_a_launch():
     assert [buffer.name for buffer in part.params] == ["A", "scaled", "total"]
     # the combine and its initialisation run on thread 0 in order; the scaling threads wait for them
     assert sum(isinstance(stmt, Barrier) and stmt.scope == "global" for stmt in walk_stmts(part.body)) == 1
-    gpu = lower_gpu(part, "opencl")
+    gpu = lower_gpu(part, Target.parse("opencl"))
     assert gpu.attrs["launch"] == {"grid": [1, 1, 1], "block": [64, 1, 1]}
     source, out, workspace = (
         RNG.standard_normal(256).astype("float32"),
@@ -261,7 +262,7 @@ def test_a_kernel_with_nothing_to_compute_launches_one_idle_thread():
     a = te.placeholder((0, 4), name="A")
     b = te.compute((0, 4), lambda i, j: a[i, j] + 1.0, name="B")
     s = te.create_schedule(b.op)
-    func = lower_gpu(lower(s, [a, b], "f"), "opencl")
+    func = lower_gpu(lower(s, [a, b], "f"), Target.parse("opencl"))
     assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [1, 1, 1]}
 
 

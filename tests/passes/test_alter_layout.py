@@ -6,11 +6,13 @@ import pytest
 
 from compiler.errors import ShapeError
 from compiler.graph.ir import Graph, TensorType
-from compiler.graph.ops.nn import block_channels, pack_dense_weight, unblock_channels, unpack_dense_weight
+from compiler.graph.ops.conv import block_channels, unblock_channels
+from compiler.graph.ops.dense import pack_dense_weight, unpack_dense_weight
 from compiler.graph.registry import get_op
 from compiler.passes.alter_layout import alter_layout, channel_block, pack_weight
 from compiler.passes.eliminate_dead import eliminate_dead
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 
 RNG = np.random.default_rng(5)
 WASM_BLOCK = 8
@@ -25,9 +27,9 @@ def ops(graph: Graph) -> list[str]:
 
 
 def test_channel_block_per_target():
-    assert channel_block("wasm") == WASM_BLOCK
-    assert channel_block("llvm -mtriple=aarch64-linux-gnu") == 8
-    assert channel_block("llvm -mcpu=haswell -mattr=-avx512f") == 8
+    assert channel_block(Target.parse("wasm")) == WASM_BLOCK
+    assert channel_block(Target.parse("llvm -mtriple=aarch64-linux-gnu")) == 8
+    assert channel_block(Target.parse("llvm -mcpu=haswell -mattr=-avx512f")) == 8
 
 
 def test_block_and_pack_layouts():
@@ -62,7 +64,7 @@ def chain() -> Graph:
 def test_chain_is_blocked_between_two_conversions(assert_same_results):
     graph = chain()
     text = str(graph)
-    altered = eliminate_dead(alter_layout(graph, "wasm"))
+    altered = eliminate_dead(alter_layout(graph, Target.parse("wasm")))
     assert str(graph) == text, "the pass changed its input graph"
     assert ops(altered) == [
         "LayoutTransform",  # the 3-channel image as one block of 3
@@ -99,7 +101,7 @@ def test_unblockable_convs_stay_nchw():
     w = graph.add_input("w", TensorType((8, 16, 1, 1), "float32"))
     (unknown,) = graph.add_node("Conv", [y, w])  # weight not a param
     graph.outputs = [odd, grouped, unknown]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == ["LayoutTransform", "ConvNCHWc", "ConvNCHWc", "LayoutTransform", "Conv", "Conv", "Conv"]
 
 
@@ -109,7 +111,7 @@ def test_a_depthwise_conv_whose_channels_no_block_divides_stays_nchw():
     x = graph.add_input("x", TensorType((1, 27, 9, 9), "float32"))
     (y,) = graph.add_node("Conv", [x, param(graph, (27, 1, 7, 7))], {"group": 27, "pads": (3, 3, 3, 3)})
     graph.outputs = graph.add_node("Conv", [y, param(graph, (27, 27, 1, 1))])
-    assert ops(alter_layout(graph, "wasm")) == ["Conv", "Conv"]
+    assert ops(alter_layout(graph, Target.parse("wasm"))) == ["Conv", "Conv"]
 
 
 def test_channels_the_block_misses_take_half_of_it(assert_same_results):
@@ -118,7 +120,7 @@ def test_channels_the_block_misses_take_half_of_it(assert_same_results):
     (y,) = graph.add_node("Conv", [x, param(graph, (12, 8, 3, 3))], {"pads": (1, 1, 1, 1)})
     (y,) = graph.add_node("Relu", [y])
     graph.outputs = graph.add_node("Conv", [y, param(graph, (8, 12, 1, 1))])
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == ["LayoutTransform", "ConvNCHWc", "Relu", "ConvNCHWc", "LayoutTransform"]
     assert [tuple(node.outputs[0].type.shape) for node in altered.nodes[1:4]] == [(1, 3, 5, 5, 4)] * 2 + [
         (1, 1, 5, 5, 8)
@@ -136,7 +138,7 @@ def test_isolated_convs_stay_nchw():
     (y,) = graph.add_node("Conv", [y, param(graph, (8, 1, 3, 3))], {"group": 8, "pads": (1, 1, 1, 1)})
     (y,) = graph.add_node("Conv", [y, param(graph, (8, 4, 1, 1))], {"group": 2})
     graph.outputs = [y]
-    assert ops(alter_layout(graph, "wasm")) == ["Conv", "Relu", "Softmax", "Conv", "Conv"]
+    assert ops(alter_layout(graph, Target.parse("wasm"))) == ["Conv", "Relu", "Softmax", "Conv", "Conv"]
 
 
 def test_convs_linked_through_a_pool_are_blocked(assert_same_results):
@@ -148,7 +150,7 @@ def test_convs_linked_through_a_pool_are_blocked(assert_same_results):
     (y,) = graph.add_node("MaxPool", [y], {"kernel_shape": (2, 2), "strides": (2, 2)})
     (y,) = graph.add_node("Conv", [y, param(graph, (8, 1, 3, 3))], {"group": 8, "pads": (1, 1, 1, 1)})
     graph.outputs = [y]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == ["LayoutTransform", "ConvNCHWc", "Relu", "MaxPoolNCHWc", "ConvNCHWc", "LayoutTransform"]
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
 
@@ -159,7 +161,12 @@ def test_an_isolated_conv_with_enough_work_is_blocked():
     x = graph.add_input("x", TensorType((1, 3, 64, 64), "float32"))
     (y,) = graph.add_node("Conv", [x, param(graph, (32, 3, 7, 7))], {"pads": (3, 3, 3, 3)})
     graph.outputs = graph.add_node("MaxPool", [y], {"kernel_shape": (2, 2), "strides": (2, 2)})
-    assert ops(alter_layout(graph, "wasm")) == ["LayoutTransform", "ConvNCHWc", "MaxPoolNCHWc", "LayoutTransform"]
+    assert ops(alter_layout(graph, Target.parse("wasm"))) == [
+        "LayoutTransform",
+        "ConvNCHWc",
+        "MaxPoolNCHWc",
+        "LayoutTransform",
+    ]
 
 
 def test_max_pool_after_a_blocked_conv_stays_blocked(assert_same_results):
@@ -174,7 +181,7 @@ def test_max_pool_after_a_blocked_conv_stays_blocked(assert_same_results):
     (y,) = graph.add_node("Conv", [y, param(graph, (16, 16, 1, 1))])
     (y,) = graph.add_node("Relu", [y])
     graph.outputs = graph.add_node("Conv", [y, param(graph, (8, 16, 1, 1))])
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -200,7 +207,7 @@ def test_elementwise_follows_only_blocked_values(assert_same_results):
     (z,) = graph.add_node("Conv", [z, param(graph, (8, 8, 1, 1))])
     (z,) = graph.add_node("Mul", [z, param(graph, (4, 1))])  # a non-channel param: back to NCHW
     graph.outputs = [z]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     expected = ["Relu", "LayoutTransform", "ConvNCHWc", "LayoutTransform", "Add", "ConvNCHWc", "LayoutTransform", "Mul"]
     assert ops(altered) == expected
     assert_same_results(graph, altered, rtol=1e-5, atol=1e-5)
@@ -208,7 +215,7 @@ def test_elementwise_follows_only_blocked_values(assert_same_results):
 
 def test_pipeline_alters_layout_only_for_a_target():
     assert "ConvNCHWc" not in ops(optimize(chain(), fuse=False))
-    altered = optimize(chain(), fuse=False, target="wasm")
+    altered = optimize(chain(), fuse=False, target=Target.parse("wasm"))
     assert ops(altered).count("ConvNCHWc") == 3
     assert all(value.type.shape[-1] in (8, 16) or len(value.type.shape) < 5 for value in altered.params), (
         "an unpacked weight was not pruned"
@@ -219,7 +226,7 @@ def test_pipeline_alters_layout_only_for_a_target():
 @pytest.mark.parametrize("target", ["webgpu", "opencl", "cuda"])
 def test_gpu_targets_keep_the_onnx_layout(target):
     """The chain that CPU targets block (test_pipeline_alters_layout_only_for_a_target) stays NCHW."""
-    optimized = optimize(chain(), fuse=False, target=target)
+    optimized = optimize(chain(), fuse=False, target=Target.parse(target))
     assert ops(optimized) == ops(optimize(chain(), fuse=False))
     assert "LayoutTransform" not in ops(optimized) and "ConvNCHWc" not in ops(optimized)
 
@@ -264,7 +271,7 @@ def test_transposed_gemm_sums_one_vector_of_partial_products(target, lanes, asse
     (y,) = graph.add_node("Gemm", [x, param(graph, (32, 64), "w"), param(graph, (32,), "b")], {"transB": 1})
     (z,) = graph.add_node("Gemm", [y, param(graph, (32, 8), "v")])
     graph.outputs = [z]
-    altered = alter_layout(graph, target)
+    altered = alter_layout(graph, Target.parse(target))
     first, second = altered.nodes
     assert first.attrs == {"transB": 1, "split_lanes": lanes}
     assert second.attrs == {}
@@ -297,7 +304,7 @@ def test_matmuls_by_param_weights_read_panels_packed_at_compile_time(target, pan
     (single,) = graph.add_node("MatMul", [row, param(graph, (24, 9), "r")])
     (computed,) = graph.add_node("MatMul", [x, graph.add_input("b", TensorType((24, 3), "float32"))])
     graph.outputs = [y2, scaled, single, computed]
-    altered = eliminate_dead(alter_layout(graph, target))
+    altered = eliminate_dead(alter_layout(graph, Target.parse(target)))
     assert ops(altered) == [
         "MatMulPacked",
         "MatMulPacked",
@@ -342,7 +349,7 @@ def test_gpu_targets_keep_one_sum_per_dense_output(target):
     x = graph.add_input("x", TensorType((2, 64), "float32"))
     (y,) = graph.add_node("Gemm", [x, param(graph, (32, 64), "w"), param(graph, (32,), "b")], {"transB": 1})
     graph.outputs = [y]
-    (node,) = optimize(graph, fuse=False, target=target).nodes
+    (node,) = optimize(graph, fuse=False, target=Target.parse(target)).nodes
     assert node.attrs == {"transB": 1, "split_lanes": 1}
 
 
@@ -365,7 +372,7 @@ def test_fire_module_concat_stays_blocked(assert_same_results):
     squeezed = conv(graph, x, 8)
     (joined,) = graph.add_node("Concat", [conv(graph, squeezed, 16), conv(graph, squeezed, 16, 3)], {"axis": 1})
     graph.outputs = [conv(graph, joined, 8)]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         *["ConvNCHWc", "Relu"] * 3,
@@ -392,7 +399,7 @@ def test_concat_joins_a_plain_input_and_falls_back_off_the_block(assert_same_res
     (mixed,) = graph.add_node("Concat", [conv(graph, joined, 16), odd], {"axis": 1})
     (blocks,) = graph.add_node("Concat", [conv(graph, joined, 16), conv(graph, joined, 12)], {"axis": 1})
     graph.outputs = [conv(graph, mixed, 8), conv(graph, blocks, 8)]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -426,7 +433,7 @@ def test_split_and_slice_on_whole_blocks_stay_blocked(assert_same_results):
     (sliced,) = graph.add_node("Slice", [right], attrs)
     small, rest = graph.add_node("Split", [left], {"axis": 1, "split": (4, 12), "_outputs": 2})
     graph.outputs = [conv(graph, left, 8), conv(graph, sliced, 8), conv(graph, small, 8), rest]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -461,7 +468,7 @@ def test_every_pool_of_a_blocked_value_stays_blocked(op, attrs, assert_same_resu
     x = graph.add_input("x", TensorType((1, 8, 9, 9), "float32"))
     (y,) = graph.add_node(op, [conv(graph, x, 16, 3)], attrs)
     graph.outputs = [conv(graph, y, 8)]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -487,7 +494,7 @@ def test_squeeze_excite_stays_blocked(assert_same_results):
     (peak,) = graph.add_node("GlobalMaxPool", [scaled])
     (total,) = graph.add_node("Add", [conv(graph, scaled, 16, relu=False), y])
     graph.outputs = [total, peak]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -521,7 +528,7 @@ def test_pad_and_resize_of_a_blocked_value_stay_blocked(assert_same_results):
     (linear,) = graph.add_node("Resize", [y], attrs)
     (channels,) = graph.add_node("Pad", [y], {"pads": (0, 8, 0, 0, 0, 0, 0, 0)})
     graph.outputs = [conv(graph, value, 8) for value in (padded, near, linear, channels)]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -554,7 +561,7 @@ def test_conv_transpose_of_a_blocked_value_stays_blocked(assert_same_results):
     (joined,) = graph.add_node("Concat", [up, skip], {"axis": 1})
     (grouped,) = graph.add_node("ConvTranspose", [y, param(graph, (16, 1, 3, 3))], {"group": 16})
     graph.outputs = [conv(graph, joined, 8), grouped]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -583,7 +590,7 @@ def test_groups_of_whole_blocks_are_blocked(assert_same_results):
     y = conv(graph, y, 32, 3, group=2)
     small = conv(graph, y, 16, 3, group=8)
     graph.outputs = [conv(graph, y, 16), small]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         *["ConvNCHWc", "Relu"] * 2,
@@ -610,7 +617,7 @@ def test_channels_short_of_a_whole_block_are_padded(assert_same_results):
     (divided,) = graph.add_node("Div", [y, y])
     (mean,) = graph.add_node("GlobalAveragePool", [conv(graph, pooled, 8)])
     graph.outputs = [mean, divided]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -645,7 +652,7 @@ def test_one_dimensional_convs_are_blocked_as_rows_of_height_one(assert_same_res
     (y,) = graph.add_node("Conv", [y, param(graph, (8, 16, 3))], {"dilations": (2,), "pads": (2, 2)})
     (pooled,) = graph.add_node("GlobalAveragePool", [y])
     graph.outputs = [pooled, y]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         "ConvNCHWc",
@@ -675,7 +682,7 @@ def test_depthwise_channels_short_of_a_whole_block_are_padded(assert_same_result
     (y,) = graph.add_node("Conv", [y, param(graph, (63, 1, 5, 5)), param(graph, (63,))], attrs)
     (y,) = graph.add_node("HardSwish", [y])
     graph.outputs = [conv(graph, y, 8)]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == ["LayoutTransform", *["ConvNCHWc", "Relu"], "ConvNCHWc", "ConvNCHWc", "HardSwish"] + [
         "ConvNCHWc",
         "Relu",
@@ -711,7 +718,7 @@ def test_channel_shuffle_of_a_blocked_value_stays_blocked(assert_same_results):
     halves = conv(graph, shuffle(graph, conv(graph, shuffled, 24), 2), 8)
     thirds = conv(graph, shuffle(graph, conv(graph, shuffled, 48), 3), 8)
     graph.outputs = [halves, thirds]
-    altered = alter_layout(graph, "wasm")
+    altered = alter_layout(graph, Target.parse("wasm"))
     assert ops(altered) == [
         "LayoutTransform",
         *["ConvNCHWc", "Relu"] * 2,

@@ -88,7 +88,7 @@ def test_blocks_the_kernel_cannot_take_whole_stay_apart(variant):
 
 
 def test_gpu_targets_keep_the_ops():
-    fused = optimize(attention_graph(), fuse=False, target="webgpu")
+    fused = optimize(attention_graph(), fuse=False, target=Target.parse("webgpu"))
     assert "Attention" not in [node.op for node in fused.nodes]
 
 
@@ -117,15 +117,17 @@ def test_every_attention_config_computes_the_block(target):
     graph = attention_graph(shape=(1, 2, 9, 40, 24), mask=(1, 1, 1, 40), guard=True)
     feeds = feeds_for(graph)
     expected = run_reference(graph, feeds)[graph.outputs[0].name]
-    (node,) = optimize(graph, target=target).nodes
+    (node,) = optimize(graph, target=Target.parse(target)).nodes
     space = ConfigSpace()
-    schedule_group(group_to_te(node), target, space)
+    schedule_group(group_to_te(node), Target.parse(target), space)
     assert space.template == "attention"
     assert {"tile_m", "tile_n", "tile_d", "row_vectors"} <= set(space.knobs)
     valid = list(space.valid_configs())
     for config in valid[:: max(1, len(valid) // 8)]:
         group = group_to_te(node)
-        kernel = build(schedule_group(group, target, config.to_json()), [*group.inputs, *group.outputs], target)
+        kernel = build(
+            schedule_group(group, Target.parse(target), config.to_json()), [*group.inputs, *group.outputs], target
+        )
         out = np.full(expected.shape, np.nan, np.float32)
         kernel(*[feeds[value.name] for value in node.inputs], out)
         assert_close_in_range(out, expected, err_msg=str(config.to_json()))

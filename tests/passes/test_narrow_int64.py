@@ -7,6 +7,7 @@ import pytest
 from compiler.errors import ModelError
 from compiler.graph.ir import Graph, TensorType
 from compiler.passes.narrow_int64 import narrow_int64
+from compiler.target import Target
 
 
 def _graph(offsets: np.ndarray) -> Graph:
@@ -22,15 +23,15 @@ def _graph(offsets: np.ndarray) -> Graph:
 
 def test_int64_values_become_int32_on_webgpu_and_stay_elsewhere():
     graph = _graph(np.array([1, 2, 3, -4], np.int64))
-    narrowed = narrow_int64(graph, "webgpu")
+    narrowed = narrow_int64(graph, Target.parse("webgpu"))
     narrowed.verify()
     assert [value.type.dtype for value in narrowed.inputs] == ["int32"]
     assert [value.type.dtype for value in narrowed.outputs] == ["float32", "int32", "int32"]
     assert {array.dtype for array in narrowed.params.values()} == {np.dtype("float32"), np.dtype("int32")}
     assert [value.type.dtype for value in graph.inputs] == ["int64"]
-    assert narrow_int64(graph, "opencl") is graph
+    assert narrow_int64(graph, Target.parse("opencl")) is graph
 
 
 def test_a_constant_outside_int32_is_refused_by_name():
     with pytest.raises(ModelError, match="constant 'offsets'"):
-        narrow_int64(_graph(np.array([0, 0, 0, 1 << 31], np.int64)), "webgpu")
+        narrow_int64(_graph(np.array([0, 0, 0, 1 << 31], np.int64)), Target.parse("webgpu"))

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import compiler
 from compiler.errors import ShapeError
 from compiler.graph.ir import Graph, TensorType
-from compiler.graph.ops.nn import (
+from compiler.graph.ops.conv import (
     _conv,
     _conv_winograd,
     block_channels,
@@ -24,6 +24,7 @@ from compiler.graph.ops.nn import (
 )
 from compiler.passes.pipeline import optimize
 from compiler.runtime.native import aligned_buffer
+from compiler.target import Target
 
 RNG = np.random.default_rng(11)
 
@@ -43,7 +44,9 @@ def conv_graph(channels: int, filters: int, size: int, **attrs) -> Graph:
 
 def winograd_tiles(graph: Graph, target: str = "llvm") -> list[int]:
     op = "ConvWinograd" if target in ("webgpu", "opencl", "cuda") else "ConvWinogradNCHWc"
-    return [node.attrs["tile"] for node in optimize(graph, fuse=False, target=target).nodes if node.op == op]
+    return [
+        node.attrs["tile"] for node in optimize(graph, fuse=False, target=Target.parse(target)).nodes if node.op == op
+    ]
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,9 @@ def test_threaded_code_matches_plain_bit_for_bit_on_one_thread_and_on_two():
     assert threaded.manifest["memory"]["wasm_import"]["shared"] is True
     expected = plain.run(feeds)
     for threads in (1, 2):
-        module = Module(threaded.manifest, threaded.library, threaded.params, num_threads=threads)
+        module = Module(
+            threaded.manifest, threaded.library, threaded.params, num_threads=threads, target=threaded.target
+        )
         assert module.runtime.threads == threads
         for _ in range(3):
             found = module.run(feeds)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.build import compile_model
 from compiler.frontend.onnx import load_onnx
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 
 
 def depthwise_net(channels: int, kernel: int, stride: int, height: int, width: int) -> onnx.ModelProto:
@@ -52,7 +53,7 @@ def test_depthwise_with_padded_channels_is_blocked_and_matches_onnxruntime(
     channels, kernel, stride, height, width, target
 ):
     model = depthwise_net(channels, kernel, stride, height, width)
-    altered = optimize(load_onnx(model), fuse=False, target=target)
+    altered = optimize(load_onnx(model), fuse=False, target=Target.parse(target))
     (depthwise,) = [node for node in altered.nodes if node.attrs.get("group", 1) > 1]
     assert depthwise.op == "ConvNCHWc", altered
     block = depthwise.outputs[0].type.shape[-1]

@@ -47,9 +47,9 @@ def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dic
     for node in fused.nodes:
         group = group_to_te(node)
         cfg = ConfigSpace(config)
-        schedule = schedule_group(group, target, cfg)
+        schedule = schedule_group(group, Target.parse(target), cfg)
         if cfg.misfits():
-            schedule = schedule_group(group, target)
+            schedule = schedule_group(group, Target.parse(target))
         kernel = build(schedule, group.inputs + group.outputs, target=target, name=group.name)
         outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
         kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
@@ -204,7 +204,7 @@ def test_depthwise_padding_choices_follow_the_plane():
         graph, _ = conv_graph((1, 4, size, size), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "none")
         (node,) = optimize(graph).nodes
         spaces[size] = ConfigSpace()
-        schedule_group(group_to_te(node), "llvm", spaces[size])
+        schedule_group(group_to_te(node), Target.parse("llvm"), spaces[size])
     assert spaces[12].knobs["padding"].choices == ("in_place", "copy", "rows", "plane")
     assert spaces[200].knobs["padding"].choices == ("in_place", "copy", "rows")
     assert spaces[12]["padding"].val == spaces[200]["padding"].val == "in_place"
@@ -567,7 +567,7 @@ def test_blocked_depthwise_unpartitioned_pads(target, stride):
     pad = re.search(r"allocate pad: float32\[([\d, ]+)\] (local|global)", depthwise)
     assert pad, depthwise
     if stride == 2:
-        assert (pad[1], pad[2]) == (f"1, 1, 3, 15, {channel_block(target)}", "local"), depthwise
+        assert (pad[1], pad[2]) == (f"1, 1, 3, 15, {channel_block(Target.parse(target))}", "local"), depthwise
         assert depthwise.index(") parallel {") < depthwise.index("allocate pad:"), depthwise
     else:
         assert pad[2] == "global" and depthwise.index("allocate pad:") < depthwise.index(") parallel {"), depthwise

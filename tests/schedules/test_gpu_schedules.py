@@ -15,7 +15,7 @@ from compiler.build import build
 from compiler.compute import group_to_te
 from compiler.errors import TargetError
 from compiler.graph.ir import Graph, Node, TensorType
-from compiler.graph.ops.nn import winograd_weight
+from compiler.graph.ops.conv import winograd_weight
 from compiler.graph.reference import run_reference
 from compiler.passes.fuse_ops import _body as fuse_body
 from compiler.passes.pipeline import optimize
@@ -41,9 +41,9 @@ def compile_and_run(graph: Graph, feeds: dict, target: str, config=None, device:
     for node in fused.nodes:
         group = group_to_te(node)
         space = ConfigSpace()
-        schedule = schedule_group(group, target, space)
+        schedule = schedule_group(group, Target.parse(target), space)
         if config is not None:
-            schedule = schedule_group(group, target, ConfigSpace(config(space)))
+            schedule = schedule_group(group, Target.parse(target), ConfigSpace(config(space)))
         kernel = build(schedule, group.inputs + group.outputs, target=device, name=group.name)
         outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
         kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
@@ -207,7 +207,7 @@ def test_winograd_read_by_two_outputs_gets_a_launch_of_its_own(target):
     external = list(dict.fromkeys(v for member in graph.nodes for v in member.inputs if v not in produced))
     attrs = {**conv_group.attrs, "body": fuse_body("two_readers", graph.nodes, external, graph.outputs)}
     group = group_to_te(Node("fused", external, list(graph.outputs), attrs, "two_readers"))
-    schedule = schedule_group(group, target, ConfigSpace())
+    schedule = schedule_group(group, Target.parse(target), ConfigSpace())
     kernel = build(schedule, group.inputs + group.outputs, target="llvm", name=group.name)
     env = {**{v: feeds[v.name] for v in graph.inputs}, **graph.params}
     outputs = [np.zeros(v.type.shape, v.type.dtype) for v in graph.outputs]
@@ -392,7 +392,7 @@ def test_webgpu_dense_fallback_blocks_divide_the_columns(columns, webgpu_block, 
 
 
 def test_gemm_with_transposed_b_and_bias():
-    """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/compute/nn.py)."""
+    """A Gemm with B transposed (N, K) sums interleaved partial products first (compiler/compute/dense.py)."""
     graph, x, feeds = single_input((4, 24))
     (y,) = graph.add_node("Gemm", [x, param(graph, (40, 24)), param(graph, (40,))], {"transB": 1})
     graph.outputs = list(graph.add_node("Relu", [y]))
@@ -521,7 +521,7 @@ def test_a_cpu_target_is_refused():
     graph.outputs = list(graph.add_node("Relu", [x]))
     (node,) = optimize(graph).nodes
     with pytest.raises(TargetError, match="not llvm"):
-        schedule_group(group_to_te(node), "llvm")
+        schedule_group(group_to_te(node), Target.parse("llvm"))
 
 
 @pytest.mark.parametrize("name", ["mlp", "digits", "dwconv_block"])
@@ -685,9 +685,9 @@ def test_an_output_other_stages_read_is_recomputed_so_the_kernel_is_one_launch()
         "mean": RNG.standard_normal((1, 8, 1)).astype(np.float32),
     }
     (kernel, _), *_ = check(graph, feeds, "opencl", device="opencl")
-    (node,) = optimize(graph, target="opencl").nodes
+    (node,) = optimize(graph, target=Target.parse("opencl")).nodes
     group = group_to_te(node)
-    func = lower(schedule_group(group, "opencl"), group.inputs + group.outputs, group.name)
+    func = lower(schedule_group(group, Target.parse("opencl")), group.inputs + group.outputs, group.name)
     assert len(split_launches(func)) == 1
 
 

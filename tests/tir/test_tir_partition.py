@@ -6,7 +6,7 @@ import pytest
 
 import compiler.te as te
 from compiler.build import build
-from compiler.compute.nn import pad
+from compiler.compute.support import pad
 from compiler.te import TEError
 from compiler.te.tensor import walk
 from compiler.tir.lower import lower

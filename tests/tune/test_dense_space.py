@@ -113,7 +113,7 @@ def test_every_new_knob_computes_the_matmul(case, target):
     a_shape, b_shape, transpose_b = CASES[case]
     graph, node = matmul_node(a_shape, b_shape, transpose_b)
     space = ConfigSpace()
-    schedule_group(group_to_te(node), target, space)
+    schedule_group(group_to_te(node), Target.parse(target), space)
     assert space.template == "dense" and {"unroll_k", "pack_b"} <= set(space.knobs)
     a = RNG.standard_normal(a_shape).astype(np.float32)
     b = RNG.standard_normal(b_shape).astype(np.float32) if transpose_b else next(iter(graph.params.values()))
@@ -126,7 +126,9 @@ def test_every_new_knob_computes_the_matmul(case, target):
     assert {config["pack_b"].val for config in tried} == {0, 1}
     for config in tried:
         group = group_to_te(node)
-        kernel = build(schedule_group(group, target, config.to_json()), [*group.inputs, *group.outputs], target)
+        kernel = build(
+            schedule_group(group, Target.parse(target), config.to_json()), [*group.inputs, *group.outputs], target
+        )
         y = np.full(expected.shape, np.nan, np.float32)
         kernel(*[a if value.name == "a" else operand for value in node.inputs], y)
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=str(config.to_json()))
@@ -172,7 +174,7 @@ def test_avx2_fallback_packs_b_only_with_column_tiles_enough_for_the_threads(col
     OUTER_TASKS of them (512 columns: 32 tiles of 16); 48 columns make 3 tasks, so every tile is a task, unpacked."""
     _, node = matmul_node((64, 32), (32, columns))
     space = ConfigSpace()
-    schedule_group(group_to_te(node), "llvm -mattr=-avx512f", space)
+    schedule_group(group_to_te(node), Target.parse("llvm -mattr=-avx512f"), space)
     assert space.fallback["parallel"].val == ("outer" if packs else "tiles")
     assert space.fallback["pack_b"].val == packs
 
@@ -197,7 +199,7 @@ def packed_node(a_shape, b_shape, target):
     (y,) = graph.add_node("MatMul", [a, graph.add_param("b", RNG.standard_normal(b_shape).astype(np.float32))])
     (y,) = graph.add_node("Relu", [y])
     graph.outputs = [y]
-    fused = optimize(graph, target=target)
+    fused = optimize(graph, target=Target.parse(target))
     (node,) = fused.nodes
     return graph, fused, node
 
@@ -210,7 +212,7 @@ def test_every_packed_dense_config_computes_the_matmul(a_shape, b_shape, target)
     shorter last row tile and a last panel past N."""
     graph, fused, node = packed_node(a_shape, b_shape, target)
     space = ConfigSpace()
-    schedule_group(group_to_te(node), target, space)
+    schedule_group(group_to_te(node), Target.parse(target), space)
     assert space.template == "dense_packed"
     assert set(space.knobs) == {"tile_m", "unroll_m", "tile_order", "parallel", "unroll_k"}
     a = RNG.standard_normal(a_shape).astype(np.float32)
@@ -222,7 +224,9 @@ def test_every_packed_dense_config_computes_the_matmul(a_shape, b_shape, target)
             tried += [config for config in valid if config.choices[knob] == value][:1]
     for config in dict.fromkeys(tried):
         group = group_to_te(node)
-        kernel = build(schedule_group(group, target, config.to_json()), [*group.inputs, *group.outputs], target)
+        kernel = build(
+            schedule_group(group, Target.parse(target), config.to_json()), [*group.inputs, *group.outputs], target
+        )
         y = np.full(expected.shape, np.nan, np.float32)
         kernel(a, fused.params[node.inputs[1]], y)
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=str(config.to_json()))
@@ -234,6 +238,6 @@ def test_packed_dense_rows_fill_the_registers_around_one_panel(target, rows, mos
     4 x 8); the search may take rows while the block, the panel's vectors and a broadcast fit the registers."""
     _, _, node = packed_node((1, 128, 64), (64, 512), target)
     space = ConfigSpace()
-    schedule_group(group_to_te(node), target, space)
+    schedule_group(group_to_te(node), Target.parse(target), space)
     assert space.fallback["tile_m"].size[-1] == rows
     assert max(choice[-1] for choice in space.knobs["tile_m"].choices) == most

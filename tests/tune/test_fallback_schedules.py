@@ -61,12 +61,12 @@ def loop_ir(name: str, target: Target, config=None) -> str:
     """Every group's kernel as loop IR, in graph order; `config(cfg)` gives the knob values of a group whose
     template declared `cfg`, or None for the fallback."""
     texts = []
-    for node in optimize(load_onnx(zoo.build_model(name)), target=target).nodes:
+    for node in optimize(load_onnx(zoo.build_model(name)), target=Target.parse(target)).nodes:
         group = group_to_te(node)
         space = ConfigSpace()
-        schedule = schedule_group(group, target, space)
+        schedule = schedule_group(group, Target.parse(target), space)
         if config is not None:
-            schedule = schedule_group(group, target, ConfigSpace(config(space)))
+            schedule = schedule_group(group, Target.parse(target), ConfigSpace(config(space)))
         texts.append(format_func(lower(schedule, [*group.inputs, *group.outputs], "kernel")))
     return "\n\n".join(texts)
 

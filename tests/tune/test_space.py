@@ -204,7 +204,7 @@ def dense_group(m: int = 16, n: int = 48, k: int = 32):
 def test_a_cpu_template_at_other_points_of_its_space_matches_numpy(target):
     graph, node = dense_group()
     space = ConfigSpace()
-    schedule_group(group_to_te(node), target, space)
+    schedule_group(group_to_te(node), Target.parse(target), space)
     assert space.template == "dense" and set(space.knobs) == {
         "tile_m",
         "tile_n",
@@ -220,7 +220,9 @@ def test_a_cpu_template_at_other_points_of_its_space_matches_numpy(target):
     valid = list(space.valid_configs())
     for config in (valid[0], valid[len(valid) // 2], valid[-1]):
         group = group_to_te(node)
-        kernel = build(schedule_group(group, target, config.to_json()), [*group.inputs, *group.outputs], target)
+        kernel = build(
+            schedule_group(group, Target.parse(target), config.to_json()), [*group.inputs, *group.outputs], target
+        )
         y = np.zeros((16, 48), np.float32)
         kernel(*arrays, y)
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=str(config))

@@ -31,17 +31,18 @@ def conv(attrs=None, epilogue=(), x_shape=(1, 8, 16, 16), w_shape=(8, 8, 3, 3), 
 
 
 def key(graph: Graph, target="llvm") -> str:
-    (node,) = optimize(graph, target=target).nodes
-    return task_of(node, target).key
+    (node,) = optimize(graph, target=Target.parse(target)).nodes
+    return task_of(node, Target.parse(target)).key
 
 
 def test_convs_of_equal_shapes_and_other_strides_are_other_tasks():
     """The old task (anchor op, input shapes, dtype, target) was the same for both: one record served two kernels."""
     one, two = (
-        optimize(conv({"strides": strides, "pads": [1, 1, 1, 1]}), target="llvm") for strides in ([1, 1], [2, 2])
+        optimize(conv({"strides": strides, "pads": [1, 1, 1, 1]}), target=Target.parse("llvm"))
+        for strides in ([1, 1], [2, 2])
     )
     assert [v.type.shape for v in one.nodes[0].inputs] == [v.type.shape for v in two.nodes[0].inputs]
-    tasks = [task_of(graph.nodes[0], "llvm") for graph in (one, two)]
+    tasks = [task_of(graph.nodes[0], Target.parse("llvm")) for graph in (one, two)]
     assert tasks[0].template == tasks[1].template and tasks[0].key != tasks[1].key
 
 
@@ -103,8 +104,8 @@ def test_a_record_tunes_only_its_own_stride(tmp_path):
         weights = graph.add_param(f"w{strides[0]}", RNG.standard_normal((8, 8, 3, 3)).astype(np.float32))
         outputs += graph.add_node("Conv", [x, weights], {"strides": strides, "pads": [1, 1, 1, 1]})
     graph.outputs = outputs
-    fused = optimize(graph, target="llvm")
-    tasks = [task_of(node, "llvm") for node in fused.nodes]
+    fused = optimize(graph, target=Target.parse("llvm"))
+    tasks = [task_of(node, Target.parse("llvm")) for node in fused.nodes]
     strided = [task for task in tasks if task.workload["ops"][0]["attrs"]["strides"] == [1, 1]]
     (task,) = strided
     config = next(config for config in task.space.valid_configs() if config != task.space.fallback).to_json()
@@ -121,8 +122,8 @@ def test_a_record_tunes_only_its_own_stride(tmp_path):
 
 def test_records_of_another_space_version_or_the_old_form_do_not_apply(tmp_path):
     graph = conv({"pads": [1, 1, 1, 1]})
-    (node,) = optimize(graph, target="llvm").nodes
-    task = task_of(node, "llvm")
+    (node,) = optimize(graph, target=Target.parse("llvm")).nodes
+    task = task_of(node, Target.parse("llvm"))
     config = next(config for config in task.space.valid_configs() if config != task.space.fallback).to_json()
     old_form = {"op": "Conv", "shapes": [[1, 8, 16, 16], [8, 8, 3, 3]], "dtype": "float32", "target": "llvm"}
     records = tmp_path / "records.jsonl"
@@ -137,7 +138,7 @@ def test_records_of_another_space_version_or_the_old_form_do_not_apply(tmp_path)
 def test_extract_tasks_weighs_each_task_by_its_groups():
     model = zoo.build_model("resnet18")
     tasks = extract_tasks(model, "llvm")
-    fused = optimize(load_onnx(model), target="llvm")
+    fused = optimize(load_onnx(model), target=Target.parse("llvm"))
     # one target: a task for each distinct kernel, weighted by the groups that run it
     assert Counter({task.key: task.weight for task in tasks}.values()) == Counter(
         Counter(group_key(node) for node in fused.nodes).values()

@@ -14,7 +14,7 @@ from compiler.te.tensor import ComputeOp
 
 
 def schedule_attention(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
-    """An Attention group (compiler/compute/nn.py, attention): parallel over (batch, tiles of tile_m query rows). Per task,
+    """An Attention group (compiler/compute/dense.py, attention): parallel over (batch, tiles of tile_m query rows). Per task,
     in local buffers: the tile's scores against every key, tile_n keys at a time in registers over the head's depth
     (the dense template's block); their row maxima, exponentials and row sums (vectors of partials, as a softmax's);
     then the output, tile_d columns at a time in registers over the keys, divided by the row's sum as it is stored.

@@ -149,7 +149,7 @@ def schedule_dense(schedule: Schedule, dense: Stage, output: Stage, target: Targ
 
 
 def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg: ConfigSpace) -> None:
-    """A MatMulPacked group (compiler/compute/nn.py, matmul_packed): a register block of tile_m rows by one panel of B,
+    """A MatMulPacked group (compiler/compute/dense.py, matmul_packed): a register block of tile_m rows by one panel of B,
     made over the whole k and copied out through the group's epilogue. B's panels were packed at compile time, so the
     block reads its panel at unit stride (whatever N is) and A's rows one broadcast element at a time. A last row tile
     shorter than tile_m, and a last panel past N, are pieces of their own (partitioned), so the other tiles test

@@ -1,4 +1,4 @@
-"""The nn computes (compiler/compute/nn.py) compiled as their fused groups — group_to_te, the default CPU schedule,
+"""The nn computes (compiler/compute/conv.py, dense.py, pool.py, norm.py, resize.py) compiled as their fused groups — group_to_te, the default CPU schedule,
 compiler.build — natively and in wasmtime, against the numpy reference executor on the same graph."""
 
 import numpy as np
@@ -11,6 +11,7 @@ from compiler.graph.ir import Graph, TensorType
 from compiler.graph.reference import run_reference
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.schedules import schedule_group
+from compiler.target import Target
 
 TARGETS = ["llvm", "wasm"]
 
@@ -22,7 +23,9 @@ def run_compiled(graph: Graph, feeds: dict, target: str) -> dict:
     env.update(fused.params)
     for node in fused.nodes:
         group = group_to_te(node)
-        kernel = build(schedule_group(group, target), group.inputs + group.outputs, target=target, name=group.name)
+        kernel = build(
+            schedule_group(group, Target.parse(target)), group.inputs + group.outputs, target=target, name=group.name
+        )
         outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
         kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)
         env.update(zip(node.outputs, outputs))

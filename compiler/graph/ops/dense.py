@@ -1,0 +1,153 @@
+"""Matrix products and attention: Gemm, MatMul, MatMulPacked (B packed into column panels at compile time) and
+Attention (passes/fuse_attention.py's op)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.errors import ShapeError
+from compiler.graph.ir import TensorType
+from compiler.graph.ops.checks import compute_dtype, op_inputs
+from compiler.graph.ops.common import broadcast_shapes
+from compiler.graph.registry import Pattern, register_op
+
+
+def _infer_gemm(types, attrs):
+    a, b, c = op_inputs("Gemm", types, 2, 3)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise ShapeError(f"Gemm needs 2-D A and B, got {list(a.shape)} and {list(b.shape)}")
+    rows, inner = a.shape[::-1] if attrs.get("transA", 0) else a.shape
+    inner_b, columns = b.shape[::-1] if attrs.get("transB", 0) else b.shape
+    if inner != inner_b:
+        raise ShapeError(
+            f"Gemm inner dimensions differ: A {list(a.shape)} (transA={attrs.get('transA', 0)}) and "
+            f"B {list(b.shape)} (transB={attrs.get('transB', 0)})"
+        )
+    if c is not None and broadcast_shapes(c.shape, (rows, columns)) != (rows, columns):
+        raise ShapeError(f"Gemm C of shape {list(c.shape)} does not broadcast to the result ({rows}, {columns})")
+    return [TensorType((rows, columns), a.dtype)]
+
+
+def _gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, **_):
+    dtype = compute_dtype(a.dtype)
+    a = a.T if transA else a
+    b = b.T if transB else b
+    result = np.matmul(a.astype(dtype, copy=False), b.astype(dtype, copy=False))
+    if alpha != 1.0:
+        result = result * np.asarray(alpha, dtype)
+    if c is not None and beta != 0.0:
+        scaled = c.astype(dtype, copy=False) if beta == 1.0 else c.astype(dtype) * np.asarray(beta, dtype)
+        result = result + scaled
+    return result.astype(a.dtype, copy=False)
+
+
+register_op("Gemm", infer=_infer_gemm, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_gemm)
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...], op: str = "MatMul") -> tuple[int, ...]:
+    """numpy.matmul's result shape: 1-D operands are promoted to matrices and their added axis dropped."""
+    if not a or not b:
+        raise ShapeError(f"{op} needs operands of rank >= 1, got {list(a)} and {list(b)}")
+    left = (1, *a) if len(a) == 1 else a
+    right = (*b, 1) if len(b) == 1 else b
+    if left[-1] != right[-2]:
+        raise ShapeError(f"{op} inner dimensions differ: {list(a)} @ {list(b)}")
+    batch = broadcast_shapes(left[:-2], right[:-2])
+    rows = () if len(a) == 1 else (left[-2],)
+    columns = () if len(b) == 1 else (right[-1],)
+    return (*batch, *rows, *columns)
+
+
+def _infer_matmul(types, attrs):
+    a, b = op_inputs("MatMul", types, 2, 2)
+    if a.dtype != b.dtype:
+        raise ShapeError(f"MatMul operands have dtypes {a.dtype} and {b.dtype}; they must agree")
+    return [TensorType(_matmul_shape(a.shape, b.shape), a.dtype)]
+
+
+def _matmul(a, b, **_):
+    dtype = compute_dtype(a.dtype)
+    return np.asarray(np.matmul(a.astype(dtype, copy=False), b.astype(dtype, copy=False))).astype(a.dtype, copy=False)
+
+
+register_op("MatMul", infer=_infer_matmul, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul)
+
+
+def pack_dense_weight(weight: np.ndarray, panel: int) -> np.ndarray:
+    """(K, N) -> (ceil(N / panel), K, panel): each panel's K rows of `panel` columns contiguous, so a register block
+    reads B at unit stride whatever N is; columns past N are zeros."""
+    inner, columns = weight.shape
+    padded = np.pad(weight, [(0, 0), (0, -columns % panel)])
+    return np.ascontiguousarray(padded.reshape(inner, -1, panel).transpose(1, 0, 2))
+
+
+def unpack_dense_weight(packed: np.ndarray, columns: int) -> np.ndarray:
+    """The (K, N) weight a MatMulPacked's (N / panel, K, panel) weight stands for."""
+    panels, inner, panel = packed.shape
+    return packed.transpose(1, 0, 2).reshape(inner, panels * panel)[:, :columns]
+
+
+def _infer_matmul_packed(types, attrs):
+    a, w = op_inputs("MatMulPacked", types, 2, 2)
+    columns = int(attrs.get("columns", 0))
+    if len(a.shape) < 2 or len(w.shape) != 3 or a.shape[-1] != w.shape[1]:
+        raise ShapeError(
+            f"MatMulPacked needs A of rank >= 2 and a packed (N / panel, K, panel) weight with A's K, got "
+            f"{list(a.shape)} and {list(w.shape)}"
+        )
+    if not (w.shape[0] - 1) * w.shape[2] < columns <= w.shape[0] * w.shape[2]:
+        raise ShapeError(f"MatMulPacked's columns={columns} does not fit its weight's panels {list(w.shape)}")
+    if a.dtype != w.dtype:
+        raise ShapeError(f"MatMulPacked operands have dtypes {a.dtype} and {w.dtype}; they must agree")
+    return [TensorType((*a.shape[:-1], columns), a.dtype)]
+
+
+def _matmul_packed(a, w, *, columns, **_):
+    return _matmul(a, unpack_dense_weight(w, columns))
+
+
+register_op("MatMulPacked", infer=_infer_matmul_packed, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul_packed)
+
+
+def attention_types(q: TensorType, kt: TensorType, v: TensorType) -> tuple[int, ...]:
+    """The scores' shape (..., M, N) of an Attention over Q (..., M, D), Kt (..., D, N) and V (..., N, Dv), which share
+    their leading axes; ShapeError otherwise."""
+    ranks = {len(q.shape), len(kt.shape), len(v.shape)}
+    if len(ranks) != 1 or min(ranks) < 2 or not q.shape[:-2] == kt.shape[:-2] == v.shape[:-2]:
+        raise ShapeError(
+            f"Attention needs Q, Kt and V of one rank with the same leading axes, got {list(q.shape)}, "
+            f"{list(kt.shape)} and {list(v.shape)}"
+        )
+    if q.shape[-1] != kt.shape[-2] or kt.shape[-1] != v.shape[-2]:
+        raise ShapeError(
+            f"Attention's products do not chain: Q {list(q.shape)}, Kt {list(kt.shape)}, V {list(v.shape)}"
+        )
+    return (*q.shape[:-1], kt.shape[-1])
+
+
+def _infer_attention(types, attrs):
+    q, kt, v, mask = op_inputs("Attention", types, 3, 4)
+    scores = attention_types(q, kt, v)
+    if mask is not None and broadcast_shapes(mask.shape, scores) != scores:
+        raise ShapeError(f"Attention's mask {list(mask.shape)} does not broadcast to its scores {list(scores)}")
+    if len({t.dtype for t in (q, kt, v, mask) if t is not None}) != 1:
+        raise ShapeError("Attention's operands must share one dtype")
+    return [TensorType((*q.shape[:-1], v.shape[-1]), q.dtype)]
+
+
+def _attention(q, kt, v, mask=None, *, scale=1.0, nan_to_zero=0, **_):
+    dtype = compute_dtype(q.dtype)
+    scores = np.matmul(q.astype(dtype), kt.astype(dtype))
+    if scale != 1.0:
+        scores = scores * np.asarray(scale, dtype)
+    if mask is not None:
+        scores = scores + mask.astype(dtype)
+    with np.errstate(invalid="ignore"):
+        exps = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights = exps / exps.sum(axis=-1, keepdims=True)
+    if nan_to_zero:
+        weights = np.where(np.isnan(weights), np.asarray(0, dtype), weights)
+    return np.matmul(weights, v.astype(dtype)).astype(q.dtype)
+
+
+register_op("Attention", infer=_infer_attention, pattern=Pattern.OPAQUE, reference=_attention)
