@@ -96,7 +96,7 @@ def test_the_server_offers_every_registered_backend(toy):
 
 def test_a_kind_without_a_backend_is_one_error():
     with pytest.raises(TargetError, match="'toy' has no backend"):
-        backend_for(Target.parse("toy"))
+        backend_for(dataclasses.replace(Target.parse("wasm"), kind="toy"))
 
 
 def test_a_bundle_whose_code_file_is_not_its_targets_is_refused(tmp_path):

@@ -15,6 +15,7 @@ from compiler.build import build_func
 from compiler.codegen.llvm import compile_funcs
 from compiler.errors import TargetError
 from compiler.link import THREAD_POOL_SOURCE
+from compiler.target import Target
 from compiler.te.expr import Binary, Call, Cast, Var
 from compiler.tir.nodes import Buffer, ForKind, PrimFunc, Seq, Store
 from compiler.tir.nodes import Load as L
@@ -97,7 +98,7 @@ def test_cross_kernel_runs_under_qemu(arch, tmp_path, every_parallel_loop_pooled
     source = MAIN_C.replace("SIZE", str(SIZE)).replace("{X}", "{" + ", ".join(f"{v!r}f" for v in x.tolist()) + "}")
     source = source.replace("{N}", "{" + ", ".join(str(v) for v in n.tolist()) + "}")
     (tmp_path / "main.c").write_text(source)
-    (tmp_path / "kernel.o").write_bytes(compile_funcs([cross_func()], target).object)
+    (tmp_path / "kernel.o").write_bytes(compile_funcs([cross_func()], Target.parse(target)).object)
     program = tmp_path / "program"
     link_program(arch, [tmp_path / "main.c", tmp_path / "kernel.o", THREAD_POOL_SOURCE], program)
     stdout = run_program(arch, program)

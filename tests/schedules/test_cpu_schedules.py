@@ -40,6 +40,7 @@ RNG = np.random.default_rng(0)
 def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dict | None = None, packed=False):
     """Optimise and fuse `graph` (with the target's layout pass when `packed`), build each group as one kernel (with
     the knob values of `config` where its template has those knobs), run them in order; (outputs, kernels)."""
+    target = Target.parse(target)
     fused = optimize(graph, target=target if packed else None)
     env = {v: feeds[v.name] for v in fused.inputs}
     env.update(fused.params)
@@ -47,9 +48,9 @@ def compile_and_run(graph: Graph, feeds: dict, target: str = "llvm", config: dic
     for node in fused.nodes:
         group = group_to_te(node)
         cfg = ConfigSpace(config)
-        schedule = schedule_group(group, Target.parse(target), cfg)
+        schedule = schedule_group(group, target, cfg)
         if cfg.misfits():
-            schedule = schedule_group(group, Target.parse(target))
+            schedule = schedule_group(group, target)
         kernel = build(schedule, group.inputs + group.outputs, target=target, name=group.name)
         outputs = [np.zeros(v.type.shape, v.type.dtype) for v in node.outputs]
         kernel(*[np.array(env[v], copy=True) for v in node.inputs], *outputs)

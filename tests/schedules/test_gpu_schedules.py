@@ -287,7 +287,7 @@ def test_depthwise_space_is_kept_within_the_device():
     limits = {}
     for target in ("webgpu", "cuda"):
         space = ConfigSpace()
-        schedule_group(group_to_te(node), target, space)
+        schedule_group(group_to_te(node), Target.parse(target), space)
         limits[target] = max(c["num_thread_y"].val * c["num_thread_x"].val for c in space.valid_configs())
     assert limits == {"webgpu": 256, "cuda": 1024}
 
@@ -655,7 +655,7 @@ def test_zoo_kernels_pass_lower_gpu_for_every_gpu_target(name):
     from compiler.tir.gpu import lower_gpu
     from compiler.tir.lower import lower
 
-    for target in GPU_TARGETS:
+    for target in map(Target.parse, GPU_TARGETS):
         for node in optimize(load_onnx(zoo.build_model(name)), target=target).nodes:
             group = group_to_te(node)
             func = lower(schedule_group(group, target), group.inputs + group.outputs, group.name)
@@ -697,7 +697,7 @@ def test_templates_compile_for_cuda_with_nvrtc(case, arch):
     """No CUDA device here: each template's kernels go through the CUDA codegen and lower_gpu and compile to a cubin
     with NVRTC (the `gpu`-marked model tests run them where a device is)."""
     graph, _ = RUNTIME_CASES[case]
-    target = f"cuda -arch={arch}"
+    target = Target.parse(f"cuda -arch={arch}")
     for node in optimize(graph, target=target).nodes:
         group = group_to_te(node)
         kernel = build(schedule_group(group, target), group.inputs + group.outputs, target=target, name=group.name)

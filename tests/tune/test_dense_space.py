@@ -139,7 +139,7 @@ def test_ragged_rows_tile_by_vector_multiples():
     either tile order and either parallel loop (the partition of the loop over column tiles follows it)."""
     _, node = matmul_node((7, 8), (8, 77))
     space = ConfigSpace()
-    schedule_group(group_to_te(node), AVX512, space)
+    schedule_group(group_to_te(node), Target.parse(AVX512), space)
     sizes = {choice[-1] for choice in space.knobs["tile_n"].choices}
     assert sizes == {1, 2, 4, 8, 16, 32, 48, 64}
     assert len(space.knobs["tile_order"].choices) == 2 and space.knobs["parallel"].choices == ("tiles", "outer")
@@ -149,7 +149,7 @@ def test_parallel_outer_with_columns_outermost_packs_once_per_column_tile():
     """pack_b with the column tiles outermost and only they parallel: the panel is made outside the row tiles."""
     _, node = matmul_node((32, 16), (16, 64))
     space = ConfigSpace()
-    schedule_group(group_to_te(node), AVX512, space)
+    schedule_group(group_to_te(node), Target.parse(AVX512), space)
     config = next(
         config
         for config in space.valid_configs()
@@ -160,7 +160,9 @@ def test_parallel_outer_with_columns_outermost_packs_once_per_column_tile():
         and config["tile_n"].size[-1] == 32
     )
     group = group_to_te(node)
-    text = format_func(lower(schedule_group(group, AVX512, config.to_json()), [*group.inputs, *group.outputs], "k"))
+    text = format_func(
+        lower(schedule_group(group, Target.parse(AVX512), config.to_json()), [*group.inputs, *group.outputs], "k")
+    )
     # inside the parallel loop over the 2 column tiles, the panel is copied, then the 4 row tiles read it
     parallel, copy, rows = (
         text.index(part) for part in ("0, 2) parallel", "b.local[(ax0*32)", "(ax0.outer: int32, 0, 4)")
@@ -186,7 +188,7 @@ def test_a_block_starved_of_accumulators_takes_more_rows_rolled():
     _, node = matmul_node((33, 100), (100, 520))
     for target, (rows, columns, unrolled) in {"llvm -mattr=-avx512f": (11, 8, 0), AVX512: (11, 32, 1)}.items():
         space = ConfigSpace()
-        schedule_group(group_to_te(node), target, space)
+        schedule_group(group_to_te(node), Target.parse(target), space)
         fallback_config = space.fallback
         assert fallback_config["tile_m"].size[-1] == rows and fallback_config["tile_n"].size[-1] == columns, target
         assert fallback_config["unroll_m"].val == unrolled, target
