@@ -53,6 +53,8 @@ from compiler.tune.report import plot_curves, summarize  # noqa: E402
 from compiler.tune.session import history  # noqa: E402
 from compiler.tune.task import Task, extract_tasks  # noqa: E402
 from compiler.tune.tuners import make_tuner, tune_model  # noqa: E402
+from compiler.zoo.builder import Builder  # noqa: E402
+from compiler.zoo.transformers import encoder  # noqa: E402
 
 ROUNDS = 3
 REPEAT = 3
@@ -355,13 +357,13 @@ def odd_convs() -> onnx.ModelProto:
 
 def transformer77() -> onnx.ModelProto:
     """A transformer block nobody tuned: 77 tokens, width 120 in 5 heads of 24, an MLP of 3.5x (420), two pre-norm
-    encoder layers (the zoo's encoder, compiler/zoo.py). Width 200 (the first choice) became the zoo's
+    encoder layers (the zoo's encoder, compiler/zoo/transformers.py). Width 200 (the first choice) became the zoo's
     odd_transformer, on which the dense defaults were then chosen, so this block takes the other width suggested for
     it, fixed before anything was timed on it: 120, 420 and 24 are no multiple of AVX-512's 16 lanes, 77 of none."""
-    builder = zoo._Builder(seed=77)
+    builder = Builder(seed=77)
     x = "input"
     for _ in range(2):
-        x = zoo._encoder(builder, x, sequence=77, width=120, heads=5, hidden=420, post_norm=False)
+        x = encoder(builder, x, sequence=77, width=120, heads=5, hidden=420, post_norm=False)
     builder.node("Identity", [x], output="output")
     return builder.model("transformer77", (1, 77, 120), "output", (1, 77, 120))
 

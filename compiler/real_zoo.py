@@ -1,4 +1,4 @@
-"""Real architectures, beside compiler/zoo.py's hand-written graphs: models built from the architecture code of
+"""Real architectures, beside compiler/zoo/'s hand-written graphs: models built from the architecture code of
 torchvision, Hugging Face transformers and timm with seeded random weights (there is no model hub here), each in a
 "full" size (what a user runs; the benchmark's) and a "small" one (the same code with fewer layers, narrower or at a
 lower resolution, for the test suite). `export` writes a model as a user would, with `torch.onnx.export`'s defaults
