@@ -6,6 +6,9 @@
 //   const model = await tessel.load("/bundles/<id>/", { backend: "auto", threads: 4, onProgress });
 //   const outputs = await model.run({ input: new Float32Array(64) });  // {name: {data, dims, dtype}}
 
+/** This runtime's version (the npm package tessel-runtime's); a bundle's manifest.runtime_version must be compatible. */
+export const VERSION = "0.1.0";
+
 const PAGE_BYTES = 65536;
 const ALIGNMENT = 64;
 const FORMAT_VERSION = 2;
@@ -75,6 +78,12 @@ function shapeText(shape) {
 }
 
 // ---- where the bundle's files come from --------------------------------------------------------------
+
+// Node's built-in modules, imported only in Node: the name is not a literal and the comments tell webpack and Vite
+// to leave it alone, so a bundler making a browser bundle neither resolves nor warns about them.
+function nodeModule(name) {
+  return import(/* webpackIgnore: true */ /* @vite-ignore */ name);
+}
 
 function isNode() {
   return typeof process === "object" && process.versions != null && process.versions.node != null;
@@ -203,12 +212,12 @@ class DiskSource {
   }
 
   async path(name) {
-    const { join } = await import("node:path");
+    const { join } = await nodeModule("node:path");
     return join(this.directory, name);
   }
 
   async text(name) {
-    const { readFile } = await import("node:fs/promises");
+    const { readFile } = await nodeModule("node:fs/promises");
     const path = await this.path(name);
     try {
       return await readFile(path, "utf8");
@@ -218,7 +227,7 @@ class DiskSource {
   }
 
   async wasm(name, onProgress) {
-    const { stat } = await import("node:fs/promises");
+    const { stat } = await nodeModule("node:fs/promises");
     const path = await this.path(name);
     const total = await stat(path).then((info) => info.size, () => 0);
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
@@ -229,7 +238,7 @@ class DiskSource {
   }
 
   async *chunks(name) {
-    const { open } = await import("node:fs/promises");
+    const { open } = await nodeModule("node:fs/promises");
     const path = await this.path(name);
     let file;
     try {
@@ -254,7 +263,7 @@ async function openSource(bundleUrl) {
   const text = bundleUrl instanceof URL ? bundleUrl.href : String(bundleUrl);
   if (isNode() && !/^https?:/i.test(text)) {
     if (text.startsWith("file:")) {
-      const { fileURLToPath } = await import("node:url");
+      const { fileURLToPath } = await nodeModule("node:url");
       return new DiskSource(fileURLToPath(text));
     }
     return new DiskSource(text);
@@ -552,6 +561,7 @@ const MANIFEST_SCHEMA = {
   format_version: oneOf(FORMAT_VERSION),
   content_hash: text,
   compiler_version: text,
+  runtime_version: text,
   target: text,
   triple: text,
   code: text,
@@ -603,6 +613,31 @@ function bindingMismatch(name) {
   );
 }
 
+// A bundle runs on the runtime versions compatible with the one it was compiled for, as npm's ^ reads it: the same
+// major version (the same minor while the major is 0), and not older than it.
+function checkRuntimeVersion(wanted) {
+  const parse = (text) => /^(\d+)\.(\d+)\.(\d+)$/.exec(text)?.slice(1).map(Number);
+  const [bundle, here] = [parse(wanted), parse(VERSION)];
+  if (!bundle) {
+    fail(
+      "version",
+      "runtime_version",
+      `the bundle names no runtime version (runtime_version ${JSON.stringify(wanted)}): it was compiled by a Tessel ` +
+        `older than tessel-runtime 0.1.0; compile the model again`,
+    );
+  }
+  const sameLine = bundle[0] === here[0] && (bundle[0] > 0 || bundle[1] === here[1]);
+  const notOlder = bundle[1] < here[1] || (bundle[1] === here[1] && bundle[2] <= here[2]);
+  if (!sameLine || !notOlder) {
+    fail(
+      "version",
+      "runtime_version",
+      `the bundle was compiled for tessel-runtime ${wanted} and this is ${VERSION}: install tessel-runtime@^${wanted}, ` +
+        `or compile the model again with a Tessel whose runtime is ${VERSION}`,
+    );
+  }
+}
+
 function checkManifest(manifest) {
   if (!isObject(manifest)) fail("manifest", "", "manifest.json is not a JSON object; export the model again");
   if (manifest.format_version !== FORMAT_VERSION) {
@@ -613,6 +648,7 @@ function checkManifest(manifest) {
         `${FORMAT_VERSION}: compile the model again with a matching Tessel`,
     );
   }
+  checkRuntimeVersion(manifest.runtime_version);
   checkSchema(MANIFEST_SCHEMA, "", manifest);
   const kind = manifest.target.split(" ")[0];
   if (CODE_FILES[kind] === undefined) invalid("target", `a target of kind ${Object.keys(CODE_FILES).join(", ")}`, manifest.target);
@@ -905,7 +941,7 @@ let browserWorkerUrl;
 async function startPoolWorker(data) {
   let worker;
   if (isNode()) {
-    const { Worker } = await import("node:worker_threads");
+    const { Worker } = await nodeModule("node:worker_threads");
     worker = new Worker(NODE_WORKER_SOURCE, { eval: true });
     // a worker serving the pool forever must not keep Node alive once the caller is done
     worker.unref();
@@ -940,7 +976,7 @@ function availableCores() {
 }
 
 async function nodeCores() {
-  const os = await import("node:os");
+  const os = await nodeModule("node:os");
   return os.availableParallelism ? os.availableParallelism() : os.cpus().length;
 }
 

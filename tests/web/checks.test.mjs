@@ -131,6 +131,26 @@ describe("every field is checked and named", () => {
     });
   }
 
+  test("a bundle compiled for another runtime version is refused saying which to install", async () => {
+    const [major, minor, patch] = tessel.VERSION.split(".").map(Number);
+    const manifest = JSON.parse(await readFile(join(gather, "manifest.json"), "utf8"));
+    assert.equal(manifest.runtime_version, tessel.VERSION);
+    const versions = [`${major}.${minor + 1}.0`, `${major + 1}.${minor}.${patch}`, `${major}.${minor}.${patch + 1}`, "x", undefined];
+    for (const version of versions) {
+      const directory = await copyBundle(`version-${version}`, async (path, copy) => {
+        if (version === undefined) delete copy.runtime_version;
+        else copy.runtime_version = version;
+        await writeFile(join(path, "manifest.json"), JSON.stringify(copy));
+      });
+      await assert.rejects(tessel.load(directory), (error) => {
+        assert.equal(error.code, "version");
+        assert.equal(error.field, "runtime_version");
+        assert.match(error.message, version && version !== "x" ? /install tessel-runtime@\^/ : /compile the model again/);
+        return true;
+      });
+    }
+  });
+
   test("a shape doubled consistently is refused by the binding digest", async () => {
     const directory = await copyBundle("doubled", async (path, manifest) => {
       manifest.outputs[0].shape[0] *= 2;
