@@ -931,9 +931,11 @@ function poolWorker(data, ready) {
 }
 
 const BROWSER_WORKER_SOURCE = `onmessage = (event) => (${poolWorker})(event.data, () => postMessage("ready"));`;
+// a dynamic import, not require: the worker's source is CommonJS or an ES module depending on Node's flags (a program
+// run with --input-type=module passes that on to its workers)
 const NODE_WORKER_SOURCE =
-  `const { parentPort } = require("node:worker_threads");\n` +
-  `parentPort.once("message", (data) => (${poolWorker})(data, () => parentPort.postMessage("ready")));`;
+  `import("node:worker_threads").then(({ parentPort }) =>\n` +
+  `  parentPort.once("message", (data) => (${poolWorker})(data, () => parentPort.postMessage("ready"))));`;
 
 let browserWorkerUrl;
 
