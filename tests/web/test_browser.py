@@ -252,9 +252,15 @@ def _draw(page, cells: np.ndarray) -> None:
 
 @pytest.mark.slow
 def test_digits_demo_classifies_drawn_digits(server, page, screenshots):
+    failed = []
+    page.on("response", lambda response: failed.append(response.url) if response.status >= 400 else None)
     page.goto(f"{server}/demo/digits?backend=wasm")
     page.wait_for_selector("body[data-ready=true]", timeout=90_000)
     assert page.inner_text("#backend") == "wasm"
+    # nothing drawn yet: every probability bar is empty, and no request of the page failed (the favicon was a 404)
+    widths = page.eval_on_selector_all("#bars .fill", "fills => fills.map(fill => fill.getBoundingClientRect().width)")
+    assert len(widths) == 10 and widths == [0] * 10, widths
+    assert not failed, failed
     session = onnxruntime.InferenceSession(str(zoo.DIGITS_PATH), providers=["CPUExecutionProvider"])
     digits = _digits_to_draw()
     assert len(digits) == DIGITS_TO_DRAW
