@@ -1,7 +1,7 @@
 """Tessel's WebGPU executor against onnxruntime-web's WebGPU execution provider, in one headless Chromium page on the
 same adapter (issue 13 §4's WebGPU rows), or with --backend wasm Tessel's wasm executor against onnxruntime-web's wasm
 one, each at its default thread count (the threads' speed-up and best-thread-count latency are benchmarks/wasm.py's).
-Each zoo model is compiled for the backend and served with its .onnx, tessel.js and onnxruntime-web's build for that
+Each zoo model is compiled for the backend by `tessel compile` (what a CLI user gets) and served with its .onnx, tessel.js and onnxruntime-web's build for that
 backend from a local server; outputs are checked against onnxruntime (Python) first, then, interleaved: the time from
 load() (InferenceSession.create) to the first result in a fresh page, the bytes of runtime and model the page
 fetched, and the median latency of runs, in each call pattern: back to back, a run every 200 ms, and back to back
@@ -28,9 +28,8 @@ import numpy as np
 import onnxruntime
 from common import HERE, busy_core, install_onnxruntime_web, print_table, ratio, spread, summary
 
-import compiler
 from compiler import zoo
-from compiler.build import EVERY_WASM_VARIANT
+from compiler.cli import main as cli_main
 
 ROOT = HERE.parent
 # onnxruntime-web's files per backend: its module first, then the wasm it loads
@@ -143,10 +142,13 @@ def _prepare(directory: Path, names: list[str], backend: str) -> dict[str, dict]
     cases = {}
     for name in names:
         model = zoo.build_model(name)
-        (directory / "models" / f"{name}.onnx").write_bytes(model.SerializeToString())
-        # a wasm bundle carries every variant, as the server's do, and tessel.js picks the fastest the page can run
-        options = {"wasm_variants": EVERY_WASM_VARIANT} if backend == "wasm" else {}
-        compiler.compile_model(model, target=backend, **options).export(directory / "bundles" / name)
+        onnx_file = directory / "models" / f"{name}.onnx"
+        onnx_file.write_bytes(model.SerializeToString())
+        # the bundle a CLI user gets: `tessel compile MODEL.onnx --target BACKEND` (for wasm, every variant beside the
+        # plain code; tessel.js picks the fastest the page can run)
+        bundle = directory / "bundles" / name
+        if cli_main(["compile", str(onnx_file), "--target", backend, "-o", str(bundle)]) != 0:
+            raise SystemExit(f"tessel compile {onnx_file} --target {backend} failed")
         feeds = zoo.sample_input(name)
         (array,) = feeds.values()
         session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -21,6 +21,7 @@ from compiler.backends import KernelCode, ModelCode, ModelImage, backend_for, co
 from compiler.bundle import (
     FORMAT_VERSION,
     PARAMS_FILE,
+    RUNTIME_VERSION,
     WASM_FEATURES,
     BundleError,
     binding_digest,
@@ -270,6 +271,7 @@ def compile_model(
         str(target).encode(),
         json.dumps(options, sort_keys=True).encode(),
         COMPILER_VERSION.encode(),
+        RUNTIME_VERSION.encode(),
     ):
         identity.update(hashlib.sha256(part).digest())
     inputs, outputs = [_spec(value) for value in fused.inputs], [_spec(value) for value in fused.outputs]
@@ -277,6 +279,7 @@ def compile_model(
         "format_version": FORMAT_VERSION,
         "content_hash": identity.hexdigest(),
         "compiler_version": COMPILER_VERSION,
+        "runtime_version": RUNTIME_VERSION,
         "target": str(target),
         "triple": target.triple,
         "code": backend.code_file,

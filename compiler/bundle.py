@@ -18,6 +18,10 @@ from compiler.errors import TesselError
 from compiler.graph.ir import ITEMSIZE
 
 FORMAT_VERSION = 2
+# The version of the JS runtime (the npm package tessel-runtime, web_runtime/) that bundles are compiled for: written
+# into every manifest as `runtime_version`, which tessel.js checks against its own. It must equal
+# web_runtime/package.json's "version" and tessel.js's VERSION (tests/web/test_package.py checks the three agree).
+RUNTIME_VERSION = "0.1.0"
 MANIFEST_FILE = "manifest.json"
 PARAMS_FILE = "params.bin"
 # The engine features a wasm bundle may carry extra code for, beside its plain `code` (docs/web.md, "Threads and
@@ -198,6 +202,7 @@ MANIFEST_SCHEMA = {
     "format_version": _one_of(FORMAT_VERSION),
     "content_hash": _text,
     "compiler_version": _text,
+    "runtime_version?": _text,
     "target": _text,
     "triple": _text,
     "code": _text,

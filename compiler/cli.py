@@ -216,7 +216,31 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
         "--records", "--tuning-records", type=Path, help="a tuning log (tessel tune) whose best configs to apply"
     )
     _add_threads(parser)
+    parser.add_argument(
+        "--wasm-variants",
+        choices=WASM_VARIANT_CHOICES,
+        help="wasm code beside the plain model.wasm, for tessel.js to pick the best an engine and page allow: "
+        "all (default for wasm: threads, relaxed-simd and both), threads, relaxed-simd or none",
+    )
     parser.add_argument("--verbose", action="store_true", help="print the kernels and the memory plan")
+
+
+# --wasm-variants: each choice names the variants (build.py _wasm_variants) it writes beside the plain code
+WASM_VARIANT_CHOICES = ("all", "threads", "relaxed-simd", "none")
+
+
+def _wasm_variants(args: argparse.Namespace) -> tuple[str, ...]:
+    """What --wasm-variants asks for: every variant by default on wasm, as the service compiles; none elsewhere."""
+    from compiler.build import EVERY_WASM_VARIANT
+    from compiler.target import Target
+
+    wasm = Target.parse(args.target).kind == "wasm"
+    choice = args.wasm_variants or ("all" if wasm else "none")
+    if not wasm and choice != "none":
+        raise TesselError(
+            f"--wasm-variants {choice} applies to --target wasm, not {args.target}; drop it or compile for wasm"
+        )
+    return {"all": EVERY_WASM_VARIANT, "none": ()}.get(choice, (choice,))
 
 
 def _run_compile(args: argparse.Namespace) -> int:
@@ -235,6 +259,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         tuning_records=args.records,
         num_threads=args.threads,
         progress=progress,
+        wasm_variants=_wasm_variants(args),
     )
     output = args.output or args.model.with_suffix(".bundle")
     path = module.export(output)
@@ -248,7 +273,9 @@ def _run_compile(args: argparse.Namespace) -> int:
             f"intermediates ({len(manifest['calls'])} kernel calls, {len(manifest['kernels'])} distinct kernels)"
         )
         print(f"params: {manifest['params']['bytes']:,} bytes in {len(manifest['params']['layout'])} arrays")
-    print(f"wrote {path} (target {manifest['target']}) in {time.perf_counter() - started:.1f} s")
+    variants = ", ".join(variant["code"] for variant in manifest.get("variants", []))
+    beside = f"; variants {variants}" if variants else ""
+    print(f"wrote {path} (target {manifest['target']}{beside}) in {time.perf_counter() - started:.1f} s")
     return 0
 
 

@@ -515,6 +515,11 @@ async def index_route(request: Request) -> Response:
     return _page_file(request.app.state.static_dir, "index.html", "upload page (static file)")
 
 
+async def favicon_route(request: Request) -> Response:
+    """The icon browsers ask every page's origin for: static/favicon.svg (an SVG, which browsers take at this path)."""
+    return _page_file(request.app.state.static_dir, "favicon.svg", "icon")
+
+
 async def static_route(request: Request) -> Response:
     return _page_file(request.app.state.static_dir, request.path_params["path"], "static file")
 
@@ -642,6 +647,7 @@ def create_app(
     routes = [
         Route("/", index_route),
         Route("/healthz", health_route),
+        Route("/favicon.ico", favicon_route),
         Route("/api/targets", targets_route),
         Route("/api/zoo", zoo_route),
         Route("/api/compile", compile_model_route, methods=["POST"]),

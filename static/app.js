@@ -32,7 +32,9 @@ const elements = Object.fromEntries(
   ].map((id) => [id, document.getElementById(id)]),
 );
 
-let chosenFile = null;
+// the model's files: one .onnx, a zip of it and its data files, or the .onnx with its data files (torch.onnx.export
+// writes model.onnx and model.onnx.data), which the server stores as one zip
+let chosenFiles = [];
 let targetInfo = [];
 let events = null;
 
@@ -129,13 +131,35 @@ async function loadZooLinks() {
   }
 }
 
-function chooseFile(file) {
-  chosenFile = file || null;
-  elements["compile-button"].disabled = !chosenFile;
-  elements["tune-button"].disabled = !chosenFile;
-  elements["drop-title"].textContent = chosenFile ? chosenFile.name : "Drop an .onnx file here";
-  elements["drop-detail"].textContent = chosenFile ? formatBytes(chosenFile.size) : "or click to choose one";
-  showError(elements["upload-error"], "");
+const isOnnx = (file) => /\.onnx$/i.test(file.name);
+
+/** Why these files cannot be uploaded together, or "" when they can. */
+function filesProblem(files) {
+  if (files.length <= 1) return "";
+  const models = files.filter(isOnnx);
+  if (models.length !== 1) {
+    return `drop one .onnx model with its data files (or a zip of them); these are ${models.length} .onnx files`;
+  }
+  return "";
+}
+
+function chooseFiles(fileList) {
+  const files = Array.from(fileList || []);
+  const problem = filesProblem(files);
+  chosenFiles = problem ? [] : files;
+  const model = chosenFiles.find(isOnnx) || chosenFiles[0];
+  const data = chosenFiles.length - 1;
+  elements["compile-button"].disabled = chosenFiles.length === 0;
+  // tuning in this tab uploads the .onnx alone, so it takes a model without data files
+  elements["tune-button"].disabled = chosenFiles.length !== 1;
+  elements["drop-title"].textContent = model
+    ? `${model.name}${data ? ` + ${data} data file${data > 1 ? "s" : ""}` : ""}`
+    : "Drop an .onnx file here";
+  const total = chosenFiles.reduce((sum, file) => sum + file.size, 0);
+  elements["drop-detail"].textContent = model
+    ? formatBytes(total)
+    : "or click to choose one: with its .onnx.data files (choose or drop them together), or a zip of them";
+  showError(elements["upload-error"], problem);
 }
 
 function wireDropzone() {
@@ -148,16 +172,16 @@ function wireDropzone() {
   zone.addEventListener("drop", (event) => {
     event.preventDefault();
     zone.classList.remove("dragging");
-    chooseFile(event.dataTransfer.files[0]);
+    chooseFiles(event.dataTransfer.files);
   });
-  elements["file-input"].addEventListener("change", () => chooseFile(elements["file-input"].files[0]));
+  elements["file-input"].addEventListener("change", () => chooseFiles(elements["file-input"].files));
 }
 
 async function submit(event, tunedRecords = null) {
   event?.preventDefault();
-  if (!chosenFile) return;
+  if (chosenFiles.length === 0) return;
   const form = new FormData();
-  form.append("file", chosenFile, chosenFile.name);
+  for (const file of chosenFiles) form.append("file", file, file.name);
   const checked = [...elements.targets.querySelectorAll("input:checked")].map((box) => box.value);
   if (checked.length === 0) {
     showError(elements["upload-error"], "choose at least one target");
@@ -467,14 +491,14 @@ function outputView(name, tensor) {
 wireDropzone();
 // Tuning times wasm kernels in this tab, so the log is for wasm: the compile that follows uses it for wasm bundles.
 async function tune() {
-  if (!chosenFile) return;
+  if (chosenFiles.length !== 1) return;
   elements["tune-button"].disabled = elements["compile-button"].disabled = true;
   showError(elements["upload-error"], "");
   show(elements["progress-card"], true);
   elements.log.textContent = "";
   try {
     const trials = Number(elements["tune-trials"].value) || 32;
-    const records = await tuneOnThisDevice(chosenFile, trials, (status) => {
+    const records = await tuneOnThisDevice(chosenFiles[0], trials, (status) => {
       const best = status.best_seconds ? `, best kernel ${formatMs(status.best_seconds * 1000)}` : "";
       const model = status.estimated_seconds ? `, model ~${formatMs(status.estimated_seconds * 1000)}` : "";
       setProgress(Math.min(1, status.measured / Math.max(1, status.trials)), `tuning on this device: ${status.measured} of ${status.trials} trials${best}${model}`);
@@ -483,7 +507,8 @@ async function tune() {
   } catch (error) {
     showError(elements["upload-error"], error.message);
   } finally {
-    elements["tune-button"].disabled = elements["compile-button"].disabled = !chosenFile;
+    elements["compile-button"].disabled = chosenFiles.length === 0;
+    elements["tune-button"].disabled = chosenFiles.length !== 1;
   }
 }
 

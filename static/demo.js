@@ -34,6 +34,8 @@ function buildBars() {
     row.className = "bar-row";
     row.innerHTML = BAR_ROW;
     row.children[0].textContent = String(digit);
+    // empty until the model has run: a div without a width would fill its whole track
+    row.querySelector(".fill").style.width = "0%";
     bars.append(row);
   }
 }

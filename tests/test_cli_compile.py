@@ -3,12 +3,16 @@ and matches onnxruntime; every user mistake ends as one `tessel: error:` line an
 
 import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from compiler import zoo
+from compiler.build import load_module
 from compiler.cli import COMMANDS, main
 
 
@@ -131,3 +135,66 @@ def test_a_model_with_external_data_compiles_from_its_path_and_matches_onnxrunti
 def test_shapes_too_large_for_the_target_are_refused_before_code_generation(tmp_path, capsys, shape, message):
     model = zoo.save_model("mlp", tmp_path / "mlp.onnx")
     assert message in _error(capsys, ["compile", str(model), "--target", "wasm", "--input-shape", shape])
+
+
+WASM_FILES = {"model.wasm", "model.threads.wasm", "model.relaxed-simd.wasm", "model.threads.relaxed-simd.wasm"}
+
+# Loads a bundle in Node through web_runtime/tessel.js at two threads and prints the variant it ran and its output.
+NODE_RUN = """
+import { readFileSync } from "node:fs";
+import * as tessel from "./web_runtime/tessel.js";
+const [bundle, input] = process.argv.slice(1);
+const bytes = readFileSync(input);
+const model = await tessel.load(bundle, { threads: 2 });
+const outputs = await model.run({ [model.inputNames[0]]: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4) });
+console.log(JSON.stringify({ variant: model.variant, output: Array.from(outputs[model.outputNames[0]].data) }));
+model.dispose();
+"""
+
+
+def test_compile_for_wasm_writes_every_variant_and_tessel_js_runs_the_threaded_one(mlp_bundle, tmp_path):
+    """`tessel compile --target wasm` writes the threads and relaxed-SIMD variants beside the plain code, as the
+    service does; tessel.js in Node 20 (threads, no relaxed SIMD without a flag) picks model.threads.wasm at two
+    threads and gives the Python runtime's outputs."""
+    manifest = json.loads((mlp_bundle / "manifest.json").read_text())
+    assert {variant["code"] for variant in manifest["variants"]} == WASM_FILES - {"model.wasm"}
+    assert WASM_FILES <= {path.name for path in mlp_bundle.iterdir()}
+    module = load_module(mlp_bundle)
+    feeds = module.random_inputs(seed=4)
+    (expected,) = module.run(feeds).values()
+    (tmp_path / "input.bin").write_bytes(next(iter(feeds.values())).astype(np.float32).tobytes())
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node (Node.js 20) is not installed; run `make test`, which installs it")
+    completed = subprocess.run(
+        [node, "--input-type=module", "-e", NODE_RUN, str(mlp_bundle), str(tmp_path / "input.bin")],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    ran = json.loads(completed.stdout)
+    assert ran["variant"] == {"code": "model.threads.wasm", "features": ["threads"], "threads": 2}
+    np.testing.assert_allclose(np.array(ran["output"], np.float32), expected.ravel(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "choice, variants",
+    [("none", set()), ("threads", {"model.threads.wasm"}), ("relaxed-simd", {"model.relaxed-simd.wasm"})],
+)
+def test_wasm_variants_chooses_the_code_written(choice, variants, tmp_path, capsys):
+    model = zoo.save_model("digits", tmp_path / "digits.onnx")
+    assert main(["compile", str(model), "--wasm-variants", choice, "-o", str(tmp_path / "out")]) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert {variant["code"] for variant in manifest.get("variants", [])} == variants
+    assert {path.name for path in (tmp_path / "out").glob("*.wasm")} == {"model.wasm", *variants}
+    out = capsys.readouterr().out
+    assert all(name in out for name in variants) and ("; variants " in out) == bool(variants), out
+
+
+def test_wasm_variants_on_another_target_is_one_error(tmp_path, capsys):
+    model = zoo.save_model("digits", tmp_path / "digits.onnx")
+    message = _error(capsys, ["compile", str(model), "--target", "llvm", "--wasm-variants", "threads"])
+    assert "--wasm-variants threads applies to --target wasm, not llvm" in message
+    assert "invalid choice: 'fast'" in _error(capsys, ["compile", str(model), "--wasm-variants", "fast"])

@@ -8,6 +8,8 @@
 // group per dispatch. A run: the inputs written, one command encoder with every dispatch and the outputs' copies
 // into one readback buffer, one map.
 
+import { TesselError, checkSeal, sha256 } from "./tessel.js";
+
 // The spec's default limits (https://www.w3.org/TR/webgpu/#limit-default): a device gets these unless it asks for
 // more, so a bundle needing more names them in requestDevice's requiredLimits.
 const DEFAULT_LIMITS = {
@@ -25,13 +27,14 @@ const DEFAULT_LIMITS = {
   maxBindingsPerBindGroup: 1000,
 };
 const READBACK_ALIGNMENT = 256;
+const BINDING_LINE = "// tessel_manifest_digest ";
 
 const roundUp = (value, multiple) => Math.ceil(value / multiple) * multiple;
 // A WebGPU buffer, a binding and a copy are whole 4-byte words and never empty.
 const wordBytes = (bytes) => roundUp(Math.max(bytes, 4), 4);
 
-function invalid(what) {
-  throw new Error(`tessel: manifest.json is not a valid WebGPU manifest: ${what}; export the model again`);
+function invalid(what, field = "webgpu") {
+  throw new TesselError("manifest", field, `manifest.json is not a valid WebGPU manifest: ${what}; export the model again`);
 }
 
 /** The WebGPU parts of a manifest, checked before anything is sized from them: every dispatch names a known entry
@@ -108,20 +111,14 @@ export function requiredLimits(manifest) {
   return needed;
 }
 
-async function sha256Hex(bytes) {
-  const digest = await globalThis.crypto.subtle.digest("SHA-256", bytes);
-  return Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
-}
-
 async function checkDigest(manifest, name, bytes) {
-  const expected = manifest.files && manifest.files[name];
-  if (!expected || !globalThis.crypto || !globalThis.crypto.subtle) return;
-  if ((await sha256Hex(bytes)) !== expected) {
-    throw new Error(`tessel: ${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
+  const digest = Array.from(await sha256(bytes), (byte) => byte.toString(16).padStart(2, "0")).join("");
+  if (digest !== manifest.files[name]) {
+    throw new TesselError("digest", name, `${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
   }
 }
 
-class DeviceLost extends Error {}
+class DeviceLost extends TesselError {}
 
 /** Runs one WebGPU bundle on one device; made by createExecutor, remade on a new device by reload(). */
 class WebGPUExecutor {
@@ -138,7 +135,7 @@ class WebGPUExecutor {
     const { manifest } = this;
     const gpu = navigator.gpu;
     const adapter = await gpu.requestAdapter();
-    if (!adapter) throw new Error('tessel: WebGPU gave no adapter on this machine; load the bundle with {backend: "wasm"}');
+    if (!adapter) throw new TesselError("device", "adapter", 'WebGPU gave no adapter on this machine; load the bundle with {backend: "wasm"}');
     this.adapter = adapterName(adapter);
     let device;
     try {
@@ -147,7 +144,7 @@ class WebGPUExecutor {
         requiredFeatures: manifest.webgpu.features || [],
       });
     } catch (error) {
-      throw new Error(`tessel: the WebGPU adapter (${this.adapter}) refused a device for this bundle: ${error.message}`);
+      throw new TesselError("device", "device", `the WebGPU adapter (${this.adapter}) refused a device for this bundle: ${error.message}`);
     }
     this.device = device;
     this.options.mark("device-ready");
@@ -155,15 +152,28 @@ class WebGPUExecutor {
     // A lost device (driver reset, tab backgrounded on some systems, device.destroy()) must fail a pending or later
     // run at once: a map that never resolves would hang the page.
     this.lost = device.lost.then((info) => {
-      if (this.device !== device) return new DeviceLost("superseded");
+      if (this.device !== device) return new DeviceLost("device", "device", "superseded");
       this.lostInfo = info;
       return new DeviceLost(
+        "device",
+        "device",
         `tessel: the WebGPU device was lost (${info.reason || "unknown"}: ${info.message || "no message"}); ` +
           "call model.reload() to make the device again, or load the bundle again",
       );
     });
     const code = await this.source.text(manifest.code);
-    await checkDigest(manifest, manifest.code, new TextEncoder().encode(code));
+    const bytes = new TextEncoder().encode(code);
+    await checkDigest(manifest, manifest.code, bytes);
+    await checkSeal(manifest.code, bytes, "text");
+    // the first line names the binding digest of the manifest the code was generated for (compiler/backends.py)
+    if (this.options.binding && code.slice(0, code.indexOf("\n")) !== BINDING_LINE + this.options.binding) {
+      throw new TesselError(
+        "binding",
+        manifest.code,
+        `${manifest.code} was not generated for this manifest.json (its binding digest differs: the manifest or the ` +
+          "code was edited or swapped); export the model again",
+      );
+    }
     this.options.mark("code-in");
     // Pipelines compile while params.bin downloads: the page keeps running meanwhile.
     const pipelines = this.createPipelines(code);
@@ -181,7 +191,7 @@ class WebGPUExecutor {
     const scopeError = await device.popErrorScope();
     if (errors.length || scopeError) {
       const first = errors.length ? `line ${errors[0].lineNum}: ${errors[0].message}` : scopeError.message;
-      throw new Error(`tessel: this browser's WebGPU refused ${this.manifest.code} (${first}); export the bundle again`);
+      throw new TesselError("code", this.manifest.code, `this browser's WebGPU refused ${this.manifest.code} (${first}); export the bundle again`);
     }
     this.layouts = new Map();
     const created = [...this.entries.values()].map(async (entry) => {
@@ -211,7 +221,7 @@ class WebGPUExecutor {
       this.pipelines = new Map(await Promise.all(created));
       this.options.mark("pipelines-ready");
     } catch (error) {
-      throw new Error(`tessel: this browser's WebGPU cannot make a pipeline for ${this.manifest.code}: ${error.message}`);
+      throw new TesselError("code", this.manifest.code, `this browser's WebGPU cannot make a pipeline for ${this.manifest.code}: ${error.message}`);
     }
   }
 
@@ -267,14 +277,14 @@ class WebGPUExecutor {
     try {
       for await (const chunk of this.source.chunks(manifest.params.file)) {
         if (loaded + chunk.byteLength > total) {
-          throw new Error(`tessel: params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
+          throw new TesselError("file", "params.bin", `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
         }
         target.set(chunk, loaded);
         loaded += chunk.byteLength;
         if (onProgress) onProgress({ phase: "params", loaded, total });
       }
       if (loaded !== total) {
-        throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
+        throw new TesselError("file", "params.bin", `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
       }
       this.options.mark("params-in");
       await checkDigest(manifest, manifest.params.file, target.subarray(0, total));
@@ -320,7 +330,7 @@ class WebGPUExecutor {
     const narrow = new this.typedArrays[spec.device_dtype](array.length);
     array.forEach((value, position) => {
       if (value < -2147483648n || value > 2147483647n) {
-        throw new Error(`tessel: input '${spec.name}' holds int64 values outside int32's range, which webgpu stores it in`);
+        throw new TesselError("input", spec.name, `input '${spec.name}' holds int64 values outside int32's range, which webgpu stores it in`);
       }
       narrow[position] = Number(value);
     });
@@ -335,7 +345,7 @@ class WebGPUExecutor {
   }
 
   async runNow(arrays) {
-    if (!this.device) throw new Error("tessel: this model was disposed; load the bundle again");
+    if (!this.device) throw new TesselError("disposed", null, "this model was disposed; load the bundle again");
     if (this.lostInfo) throw await this.lost;
     const { device, manifest } = this;
     arrays.forEach((given, position) => {
@@ -386,7 +396,7 @@ class WebGPUExecutor {
       this.readback.unmap();
     }
     // the number (from 1) of a call whose index check failed, as compiler/runtime/webgpu.py reads it
-    if (failed) throw new Error(`tessel: ${this.options.describeFailure(manifest, failed)}`);
+    if (failed) throw new TesselError("run", manifest.calls[failed - 1]?.group ?? null, this.options.describeFailure(manifest, failed));
     // Outputs that are an input or another output passed straight through, as in compiler/build.py.
     manifest.outputs.forEach((spec, position) => {
       const from = spec.source;

@@ -6,6 +6,9 @@
 //   const model = await tessel.load("/bundles/<id>/", { backend: "auto", threads: 4, onProgress });
 //   const outputs = await model.run({ input: new Float32Array(64) });  // {name: {data, dims, dtype}}
 
+/** This runtime's version (the npm package tessel-runtime's); a bundle's manifest.runtime_version must be compatible. */
+export const VERSION = "0.1.0";
+
 const PAGE_BYTES = 65536;
 const ALIGNMENT = 64;
 const FORMAT_VERSION = 2;
@@ -76,6 +79,12 @@ function shapeText(shape) {
 
 // ---- where the bundle's files come from --------------------------------------------------------------
 
+// Node's built-in modules, imported only in Node: the name is not a literal and the comments tell webpack and Vite
+// to leave it alone, so a bundler making a browser bundle neither resolves nor warns about them.
+function nodeModule(name) {
+  return import(/* webpackIgnore: true */ /* @vite-ignore */ name);
+}
+
 function isNode() {
   return typeof process === "object" && process.versions != null && process.versions.node != null;
 }
@@ -106,10 +115,10 @@ class FetchSource {
     try {
       response = await fetch(url);
     } catch (error) {
-      throw new Error(`tessel: cannot fetch ${url}: ${error.message}; is the server running?`);
+      fail("file", name, `cannot fetch ${url}: ${error.message}; is the server running?`);
     }
     if (!response.ok) {
-      throw new Error(`tessel: fetching ${url} failed with HTTP ${response.status}; check the bundle URL`);
+      fail("file", name, `fetching ${url} failed with HTTP ${response.status}; check the bundle URL`);
     }
     return response;
   }
@@ -118,18 +127,18 @@ class FetchSource {
     return (await this.response(name)).text();
   }
 
-  // Streaming instantiation overlaps download and compile; a second branch of the body gives the bytes for
-  // the digest check.
-  async wasm(name, imports, onProgress) {
+  // Streaming compilation overlaps download and compile; a second branch of the body gives the bytes for the
+  // digest and seal checks, made before the module is instantiated.
+  async wasm(name, onProgress) {
     const response = await this.response(name);
     const [forCompile, forBytes] = response.body.tee();
     const headers = { "Content-Type": "application/wasm" };
-    const instantiated = WebAssembly.instantiateStreaming(new Response(forCompile, { headers }), imports);
+    const compiled = WebAssembly.compileStreaming(new Response(forCompile, { headers }));
     // Awaited below; until then a failed compile must not count as an unhandled rejection.
-    instantiated.catch(() => {});
+    compiled.catch(() => {});
     const total = Number(response.headers.get("Content-Length")) || 0;
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
-    return { bytes: await collect(readStream(forBytes), onLoaded), instantiated };
+    return { bytes: await collect(readStream(forBytes), onLoaded), compiled };
   }
 
   async *chunks(name) {
@@ -203,39 +212,39 @@ class DiskSource {
   }
 
   async path(name) {
-    const { join } = await import("node:path");
+    const { join } = await nodeModule("node:path");
     return join(this.directory, name);
   }
 
   async text(name) {
-    const { readFile } = await import("node:fs/promises");
+    const { readFile } = await nodeModule("node:fs/promises");
     const path = await this.path(name);
     try {
       return await readFile(path, "utf8");
     } catch (error) {
-      throw new Error(`tessel: cannot read ${path}: ${error.code || error.message}; is this a bundle directory?`);
+      fail("file", name, `cannot read ${path}: ${error.code || error.message}; is this a bundle directory?`);
     }
   }
 
-  async wasm(name, imports, onProgress) {
-    const { stat } = await import("node:fs/promises");
+  async wasm(name, onProgress) {
+    const { stat } = await nodeModule("node:fs/promises");
     const path = await this.path(name);
     const total = await stat(path).then((info) => info.size, () => 0);
     const onLoaded = (loaded) => reportProgress(onProgress, "code", loaded, total);
     const bytes = await collect(this.chunks(name), onLoaded);
-    const instantiated = WebAssembly.instantiate(bytes, imports);
-    instantiated.catch(() => {});
-    return { bytes, instantiated };
+    const compiled = WebAssembly.compile(bytes);
+    compiled.catch(() => {});
+    return { bytes, compiled };
   }
 
   async *chunks(name) {
-    const { open } = await import("node:fs/promises");
+    const { open } = await nodeModule("node:fs/promises");
     const path = await this.path(name);
     let file;
     try {
       file = await open(path, "r");
     } catch (error) {
-      throw new Error(`tessel: cannot read ${path}: ${error.code || error.message}; is this a bundle directory?`);
+      fail("file", name, `cannot read ${path}: ${error.code || error.message}; is this a bundle directory?`);
     }
     try {
       for (;;) {
@@ -254,7 +263,7 @@ async function openSource(bundleUrl) {
   const text = bundleUrl instanceof URL ? bundleUrl.href : String(bundleUrl);
   if (isNode() && !/^https?:/i.test(text)) {
     if (text.startsWith("file:")) {
-      const { fileURLToPath } = await import("node:url");
+      const { fileURLToPath } = await nodeModule("node:url");
       return new DiskSource(fileURLToPath(text));
     }
     return new DiskSource(text);
@@ -265,19 +274,92 @@ async function openSource(bundleUrl) {
 
 // ---- checks shared by every backend ------------------------------------------------------------------
 
-async function sha256Hex(bytes) {
-  const digest = await globalThis.crypto.subtle.digest("SHA-256", bytes);
-  return Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
+/**
+ * The one error tessel.js throws for anything a caller or a bundle got wrong. `code` says which kind ("manifest",
+ * "version", "file", "digest", "seal", "binding", "code", "memory", "backend", "options", "input", "run",
+ * "disposed", "device"); `field` names the thing: a manifest field such as "outputs[0].shape", a file name, an
+ * input name, an option. docs/web.md lists them.
+ */
+export class TesselError extends Error {
+  constructor(code, field, message) {
+    super(message.startsWith("tessel: ") ? message : `tessel: ${message}`);
+    this.name = "TesselError";
+    this.code = code;
+    this.field = field;
+  }
 }
 
-// Browsers give crypto.subtle only in secure contexts (https, localhost); elsewhere the check is skipped
-// and the wasm validator and size checks still catch a truncated download.
-function willCheckDigest(manifest, name) {
-  return Boolean(manifest.files && manifest.files[name] && globalThis.crypto && globalThis.crypto.subtle);
+function fail(code, field, message) {
+  throw new TesselError(code, field, message);
+}
+
+// SHA-256 in JavaScript, for pages without crypto.subtle (browsers give it only in secure contexts: https,
+// localhost), so every digest below is checked everywhere. The constants are the fractional parts of the primes'
+// square and cube roots (FIPS 180-4).
+let roundConstants, initialHash;
+
+function sha256Js(input) {
+  if (!roundConstants) {
+    const primes = [];
+    for (let candidate = 2; primes.length < 64; candidate++) {
+      if (primes.every((prime) => candidate % prime)) primes.push(candidate);
+    }
+    const fraction = (value) => ((value - Math.floor(value)) * 2 ** 32) >>> 0;
+    roundConstants = Uint32Array.from(primes, (prime) => fraction(Math.cbrt(prime)));
+    initialHash = Uint32Array.from(primes.slice(0, 8), (prime) => fraction(Math.sqrt(prime)));
+  }
+  const length = input.byteLength;
+  const padded = new Uint8Array(Math.ceil((length + 9) / 64) * 64);
+  padded.set(input instanceof Uint8Array ? input : new Uint8Array(input.buffer || input, input.byteOffset || 0, length));
+  padded[length] = 0x80;
+  const view = new DataView(padded.buffer);
+  view.setUint32(padded.length - 8, Math.floor(length / 2 ** 29));
+  view.setUint32(padded.length - 4, (length * 8) >>> 0);
+  const hash = Uint32Array.from(initialHash);
+  const words = new Uint32Array(64);
+  const rotate = (value, bits) => (value >>> bits) | (value << (32 - bits));
+  for (let block = 0; block < padded.length; block += 64) {
+    for (let t = 0; t < 64; t++) {
+      if (t < 16) {
+        words[t] = view.getUint32(block + 4 * t);
+      } else {
+        const [early, late] = [words[t - 15], words[t - 2]];
+        const s0 = rotate(early, 7) ^ rotate(early, 18) ^ (early >>> 3);
+        const s1 = rotate(late, 17) ^ rotate(late, 19) ^ (late >>> 10);
+        words[t] = words[t - 16] + s0 + words[t - 7] + s1;
+      }
+    }
+    let [a, b, c, d, e, f, g, h] = hash;
+    for (let t = 0; t < 64; t++) {
+      const t1 = h + (rotate(e, 6) ^ rotate(e, 11) ^ rotate(e, 25)) + ((e & f) ^ (~e & g)) + roundConstants[t] + words[t];
+      const t2 = (rotate(a, 2) ^ rotate(a, 13) ^ rotate(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      [h, g, f, e, d, c, b, a] = [g, f, e, (d + t1) >>> 0, c, b, a, (t1 + t2) >>> 0];
+    }
+    [a, b, c, d, e, f, g, h].forEach((value, position) => (hash[position] += value));
+  }
+  const digest = new DataView(new ArrayBuffer(32));
+  hash.forEach((value, position) => digest.setUint32(4 * position, value));
+  return new Uint8Array(digest.buffer);
+}
+
+/** The SHA-256 of `bytes` (a typed array or ArrayBuffer, not shared): WebCrypto's where there is one. */
+export async function sha256(bytes) {
+  const subtle = globalThis.crypto && globalThis.crypto.subtle;
+  return subtle ? new Uint8Array(await subtle.digest("SHA-256", bytes)) : sha256Js(bytes);
+}
+
+const hex = (bytes) => Array.from(bytes, (byte) => byte.toString(16).padStart(2, "0")).join("");
+
+async function sha256Hex(bytes) {
+  return hex(await sha256(bytes));
 }
 
 function isShared(memory) {
   return typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
+}
+
+function corrupted(name) {
+  fail("digest", name, `${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
 }
 
 // params.bin's digest as it streams in (compiler/bundle.py, chunked_digest): each chunk_bytes-long piece is hashed as
@@ -287,7 +369,7 @@ function isShared(memory) {
 function chunkedHasher(manifest, name, total) {
   const chunked = manifest.chunked_files;
   const expected = chunked && chunked.sha256[name];
-  if (!expected || !willCheckDigest(manifest, name)) return null;
+  if (!expected) return null;
   const size = chunked.chunk_bytes;
   const pieces = [];
   let hashed = 0;
@@ -302,7 +384,7 @@ function chunkedHasher(manifest, name, total) {
       scratch.set(piece);
       input = scratch.subarray(0, piece.byteLength);
     }
-    pieces.push(globalThis.crypto.subtle.digest("SHA-256", input));
+    pieces.push(sha256(input));
     hashed = end;
   };
   return {
@@ -315,110 +397,357 @@ function chunkedHasher(manifest, name, total) {
       if (hashed < total) hash(view, total);
       const digests = await Promise.all(pieces);
       const joined = new Uint8Array(digests.length * 32);
-      digests.forEach((digest, position) => joined.set(new Uint8Array(digest), position * 32));
-      if ((await sha256Hex(joined)) !== expected) {
-        throw new Error(`tessel: ${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
-      }
+      digests.forEach((digest, position) => joined.set(digest, position * 32));
+      if ((await sha256Hex(joined)) !== expected) corrupted(name);
     },
   };
 }
 
 async function checkDigest(manifest, name, bytes) {
-  if (!willCheckDigest(manifest, name)) return;
-  if ((await sha256Hex(bytes)) !== manifest.files[name]) {
-    throw new Error(`tessel: ${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
+  if ((await sha256Hex(bytes)) !== manifest.files[name]) corrupted(name);
+}
+
+// The code file's own seal (compiler/bundle.py, seal_code): a wasm module ends with a custom section
+// "tessel.sha256" holding the sha256 of everything before it; GPU source with a comment line.
+const SEAL_NAME = "tessel.sha256";
+
+export async function checkSeal(name, bytes, style) {
+  const size = style === "wasm" ? 3 + SEAL_NAME.length + 32 : SEAL_NAME.length + 70;
+  const body = bytes.subarray(0, Math.max(bytes.length - size, 0));
+  const digest = await sha256(body);
+  const seal =
+    style === "wasm"
+      ? [0, SEAL_NAME.length + 33, SEAL_NAME.length, ...new TextEncoder().encode(SEAL_NAME), ...digest]
+      : new TextEncoder().encode(`\n// ${SEAL_NAME} ${hex(digest)}\n`);
+  if (bytes.length <= size || seal.some((byte, position) => bytes[body.length + position] !== byte)) {
+    fail("seal", name, `${name} is truncated or damaged (its own sha256 seal does not match); export the model again`);
   }
 }
 
-// The keys and sizes this runtime reads, each checked before it sizes memory from them (compiler/bundle.py
-// checks the whole manifest the same way).
+// The binding digest (compiler/bundle.py, binding_digest): the sha256 of the manifest fields the code was generated
+// for, as Python's json.dumps(sort_keys=True, separators=(",", ":")) writes them, recomputed here from the manifest's
+// text (numbers keep Python's spelling, which a JSON.parse would lose: 2.0) and compared with the one the code
+// carries before anything runs, so an edited manifest, even rehashed, or another model's code is refused.
+class Raw {
+  constructor(text) {
+    this.text = text;
+  }
+}
+
+function pythonNumber(text) {
+  if (!/[.eE]/.test(text)) return text === "-0" ? "0" : text;
+  const value = Number(text);
+  if (!Number.isFinite(value)) return value > 0 ? "Infinity" : "-Infinity";
+  const sign = value < 0 || Object.is(value, -0) ? "-" : "";
+  if (value === 0) return `${sign}0.0`;
+  const [mantissa, exponent] = Math.abs(value).toExponential().split("e");
+  const digits = mantissa.replace(".", "");
+  const power = Number(exponent);
+  if (power < -4 || power >= 16) {
+    const fraction = digits.length > 1 ? `.${digits.slice(1)}` : "";
+    return `${sign}${digits[0]}${fraction}e${power < 0 ? "-" : "+"}${String(Math.abs(power)).padStart(2, "0")}`;
+  }
+  if (power < 0) return `${sign}0.${"0".repeat(-power - 1)}${digits}`;
+  const whole = digits.padEnd(power + 1, "0");
+  return `${sign}${whole.slice(0, power + 1)}.${whole.slice(power + 1) || "0"}`;
+}
+
+// JSON text (already accepted by JSON.parse) as values whose numbers are Raw; objects are Maps (the last of a
+// repeated key wins, as in Python).
+function parseRaw(text) {
+  const token = /\s*("(?:[^"\\]|\\.)*"|[-0-9][-+.0-9eE]*|true|false|null|[{}[\],:])/y;
+  const next = () => token.exec(text)[1];
+  const value = (first) => {
+    if (first === "{" || first === "[") {
+      const object = first === "{" ? new Map() : [];
+      for (let item = next(); item !== "}" && item !== "]"; item = next()) {
+        if (item === ",") continue;
+        if (first === "[") object.push(value(item));
+        else object.set(JSON.parse(item), (next(), value(next())));
+      }
+      return object;
+    }
+    if (first[0] === '"') return JSON.parse(first);
+    return new Raw(/^[-0-9]/.test(first) ? pythonNumber(first) : first);
+  };
+  return value(next());
+}
+
+function pythonString(text) {
+  const short = { '"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f" };
+  return `"${text.replace(/[^ -~]|["\\]/g, (char) => short[char] || `\\u${char.charCodeAt(0).toString(16).padStart(4, "0")}`)}"`;
+}
+
+function byCodePoint(left, right) {
+  const [a, b] = [Array.from(left, (char) => char.codePointAt(0)), Array.from(right, (char) => char.codePointAt(0))];
+  for (let position = 0; position < Math.min(a.length, b.length); position++) {
+    if (a[position] !== b[position]) return a[position] - b[position];
+  }
+  return a.length - b.length;
+}
+
+function pythonJson(value) {
+  if (value instanceof Raw) return value.text;
+  if (typeof value === "string") return pythonString(value);
+  if (Array.isArray(value)) return `[${value.map(pythonJson).join(",")}]`;
+  const keys = [...value.keys()].sort(byCodePoint);
+  return `{${keys.map((key) => `${pythonString(key)}:${pythonJson(value.get(key))}`).join(",")}}`;
+}
+
+/** The binding digest of a manifest's text, as compiler/bundle.py's binding_digest computes it. */
+export async function bindingDigest(text) {
+  const bound = parseRaw(text);
+  bound.delete("files");
+  bound.delete("chunked_files");
+  if (bound.get("memory") instanceof Map) bound.get("memory").delete("wasm_import");
+  for (const variant of Array.isArray(bound.get("variants")) ? bound.get("variants") : []) {
+    if (variant instanceof Map) variant.delete("wasm_import");
+  }
+  return sha256Hex(new TextEncoder().encode(pythonJson(bound)));
+}
+
+// The manifest's schema, as compiler/bundle.py's MANIFEST_SCHEMA: each checker throws one TesselError naming the
+// field ("outputs[0].shape[1]") before anything is sized from it. The code's binding digest then vouches for every
+// field the compiler fixed; what it leaves out (files, digests, memory limits) is checked here and against the files.
+const MAX_BYTES = 2 ** 40;
+const MAX_ITEMS = 2 ** 20;
+const MAX_PAGES = 65536;
+const DTYPES = ["float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"];
+const CODE_FILES = { wasm: "model.wasm", llvm: "model.so", opencl: "kernels.cl", cuda: "kernels.cu", webgpu: "kernels.wgsl" };
+const WASM_FEATURES = ["threads", "relaxed-simd"];
+// a bundle's files are plain names beside manifest.json: no directories, no "..", nothing a URL or path resolves
+const FILE_NAME = /^(?!\.\.?$)[\w.+-]{1,200}$/;
+
+const isCount = (value, limit = MAX_BYTES) => Number.isSafeInteger(value) && value >= 0 && value <= limit;
+const isObject = (value) => value !== null && typeof value === "object" && !Array.isArray(value);
+
+function invalid(where, wanted, value) {
+  const shown = value === undefined ? "nothing" : isObject(value) ? "an object" : Array.isArray(value) ? "a list" : JSON.stringify(value).slice(0, 60);
+  fail("manifest", where, `manifest.json is not a valid manifest: ${where} must be ${wanted}, got ${shown}; export the model again`);
+}
+
+const text = (where, value) => (typeof value === "string" && value.length <= 4096) || invalid(where, "a string", value);
+const count = (limit = MAX_BYTES) => (where, value) => isCount(value, limit) || invalid(where, `a whole number in [0, ${limit}]`, value);
+const oneOf = (...choices) => (where, value) => choices.includes(value) || invalid(where, `one of ${choices.join(", ")}`, value);
+const optional = (schema) => (where, value) => value === null || checkSchema(schema, where, value);
+const anything = () => true;
+const listOf = (item) => (where, value) => {
+  if (!Array.isArray(value) || value.length > MAX_ITEMS) invalid(where, "a list", value);
+  value.forEach((element, position) => checkSchema(item, `${where}[${position}]`, element));
+};
+const dictOf = (item) => (where, value) => {
+  if (!isObject(value)) invalid(where, "an object", value);
+  for (const [key, element] of Object.entries(value)) checkSchema(item, `${where}.${key}`, element);
+};
+
+function checkSchema(schema, where, value) {
+  if (typeof schema === "function") return schema(where, value);
+  if (!isObject(value)) invalid(where, "an object", value);
+  for (const [key, item] of Object.entries(schema)) {
+    const name = key.replace(/\?$/, "");
+    const field = where ? `${where}.${name}` : name;
+    if (!Object.hasOwn(value, name)) {
+      if (key.endsWith("?")) continue;
+      fail("manifest", field, `manifest.json is not a valid manifest: ${field} is missing; export the model again`);
+    }
+    checkSchema(item, field, value[name]);
+  }
+}
+
+const TENSOR = { name: text, shape: listOf(count()), dtype: oneOf(...DTYPES), "device_dtype?": oneOf("int32") };
+const WASM_IMPORT = { initial_pages: count(MAX_PAGES), maximum_pages: optional(count(MAX_PAGES)), "shared?": oneOf(true, false) };
+const DIGEST = (where, value) => /^[0-9a-f]{64}$/.test(value) || invalid(where, "a sha256 in hex", value);
+const MANIFEST_SCHEMA = {
+  format_version: oneOf(FORMAT_VERSION),
+  content_hash: text,
+  compiler_version: text,
+  runtime_version: text,
+  target: text,
+  triple: text,
+  code: text,
+  entry: { name: text, arguments: listOf(text) },
+  inputs: listOf(TENSOR),
+  outputs: listOf({ ...TENSOR, source: optional({ region: oneOf("input", "output", "params") }) }),
+  kernels: listOf({ name: text, ops: listOf(text), groups: listOf(text), "config?": anything }),
+  calls: listOf({ kernel: text, group: text, pattern: text, args: listOf(listOf(anything)) }),
+  memory: { arena_bytes: count(), intermediate_bytes: count(), alignment: count(), "wasm_import?": WASM_IMPORT },
+  "variants?": listOf({ code: text, features: listOf(oneOf(...WASM_FEATURES)), wasm_import: WASM_IMPORT, "stack_bytes?": count() }),
+  params: { file: oneOf("params.bin"), bytes: count(), layout: listOf({ ...TENSOR, offset: count(), nbytes: count() }) },
+  options: anything,
+  files: dictOf(DIGEST),
+  "chunked_files?": { chunk_bytes: count(), sha256: dictOf(DIGEST) },
+  "dispatches?": listOf(anything),
+  "webgpu?": anything,
+};
+
+const ITEM_BYTES = { float16: 2, bool: 1, int8: 1, uint8: 1, int16: 2, int32: 4, float32: 4, int64: 8, float64: 8 };
+
+/** Bytes of a manifest tensor, refused above MAX_BYTES (so no size below overflows a safe integer). */
+function tensorBytes(spec, where, dtype = spec.dtype) {
+  let bytes = ITEM_BYTES[dtype];
+  for (const size of spec.shape) {
+    bytes *= size;
+    if (bytes > MAX_BYTES) invalid(`${where}.shape`, `a shape of at most ${MAX_BYTES} bytes`, spec.shape);
+  }
+  return bytes;
+}
+
+// each loaded manifest's binding digest, computed from its text
+const bindings = new WeakMap();
+
+/** Refuse code that does not carry the binding digest of `manifest` (the wasm module's getter gives its address). */
+function checkBinding(manifest, name, getter, memory) {
+  const address = typeof getter === "function" ? getter() : -1;
+  if (!(Number.isSafeInteger(address) && address >= 0 && address + 64 <= memory.buffer.byteLength)) {
+    fail("binding", name, `${name} is not a Tessel model module (no tessel_manifest_digest); export the model again`);
+  }
+  if (new TextDecoder().decode(copyOut(memory, address, 64)) !== bindings.get(manifest)) bindingMismatch(name);
+}
+
+function bindingMismatch(name) {
+  fail(
+    "binding",
+    name,
+    `${name} was not generated for this manifest.json (its binding digest differs: the manifest or the code was ` +
+      "edited or swapped); export the model again",
+  );
+}
+
+// A bundle runs on the runtime versions compatible with the one it was compiled for, as npm's ^ reads it: the same
+// major version (the same minor while the major is 0), and not older than it.
+function checkRuntimeVersion(wanted) {
+  const parse = (text) => /^(\d+)\.(\d+)\.(\d+)$/.exec(text)?.slice(1).map(Number);
+  const [bundle, here] = [parse(wanted), parse(VERSION)];
+  if (!bundle) {
+    fail(
+      "version",
+      "runtime_version",
+      `the bundle names no runtime version (runtime_version ${JSON.stringify(wanted)}): it was compiled by a Tessel ` +
+        `older than tessel-runtime 0.1.0; compile the model again`,
+    );
+  }
+  const sameLine = bundle[0] === here[0] && (bundle[0] > 0 || bundle[1] === here[1]);
+  const notOlder = bundle[1] < here[1] || (bundle[1] === here[1] && bundle[2] <= here[2]);
+  if (!sameLine || !notOlder) {
+    fail(
+      "version",
+      "runtime_version",
+      `the bundle was compiled for tessel-runtime ${wanted} and this is ${VERSION}: install tessel-runtime@^${wanted}, ` +
+        `or compile the model again with a Tessel whose runtime is ${VERSION}`,
+    );
+  }
+}
+
 function checkManifest(manifest) {
-  if (!manifest || typeof manifest !== "object" || manifest.format_version !== FORMAT_VERSION) {
-    throw new Error(
-      `tessel: bundle format version ${manifest && manifest.format_version}; this runtime reads version ` +
+  if (!isObject(manifest)) fail("manifest", "", "manifest.json is not a JSON object; export the model again");
+  if (manifest.format_version !== FORMAT_VERSION) {
+    fail(
+      "version",
+      "format_version",
+      `bundle format version ${JSON.stringify(manifest.format_version)}; this runtime reads version ` +
         `${FORMAT_VERSION}: compile the model again with a matching Tessel`,
     );
   }
-  const invalid = (what) => {
-    throw new Error(`tessel: manifest.json is not a valid manifest: ${what}; export the model again`);
-  };
-  const isCount = (value) => Number.isSafeInteger(value) && value >= 0;
-  for (const key of ["inputs", "outputs"]) {
-    if (!Array.isArray(manifest[key])) invalid(`${key} must be a list`);
-    manifest[key].forEach((spec, position) => {
-      if (!spec || typeof spec.name !== "string" || !Array.isArray(spec.shape) || !spec.shape.every(isCount)) {
-        invalid(`${key}[${position}] must have a name and a shape of whole numbers`);
-      }
-    });
+  checkRuntimeVersion(manifest.runtime_version);
+  checkSchema(MANIFEST_SCHEMA, "", manifest);
+  const kind = manifest.target.split(" ")[0];
+  if (CODE_FILES[kind] === undefined) invalid("target", `a target of kind ${Object.keys(CODE_FILES).join(", ")}`, manifest.target);
+  if (manifest.code !== CODE_FILES[kind]) invalid("code", `"${CODE_FILES[kind]}" for target ${kind}`, manifest.code);
+  for (const name of Object.keys(manifest.files)) {
+    if (!FILE_NAME.test(name)) invalid(`files`, "plain file names beside manifest.json (no '/' or '..')", name);
   }
-  if (!manifest.params || !isCount(manifest.params.bytes)) invalid("params.bytes must be a whole number");
-  if (!manifest.memory || !isCount(manifest.memory.arena_bytes)) invalid("memory.arena_bytes must be a whole number");
-  if (typeof manifest.code !== "string" || !manifest.entry || typeof manifest.entry.name !== "string") {
-    invalid("code and entry.name must be strings");
+  const listed = (where, name) => Object.hasOwn(manifest.files, name) || invalid(where, "a file that manifest.files lists", name);
+  listed("code", manifest.code);
+  listed("params.file", manifest.params.file);
+  for (const name of Object.keys(manifest.chunked_files ? manifest.chunked_files.sha256 : {})) listed("chunked_files.sha256", name);
+  if (manifest.chunked_files && manifest.chunked_files.chunk_bytes === 0) invalid("chunked_files.chunk_bytes", "positive", 0);
+  const params = manifest.params;
+  for (const [key, specs] of [["inputs", manifest.inputs], ["outputs", manifest.outputs], ["params.layout", params.layout]]) {
+    specs.forEach((spec, position) => tensorBytes(spec, `${key}[${position}]`));
   }
-  const chunked = manifest.chunked_files;
-  if (chunked !== undefined && (!chunked || !(isCount(chunked.chunk_bytes) && chunked.chunk_bytes > 0) || !chunked.sha256)) {
-    invalid("chunked_files must have a positive chunk_bytes and a sha256 per file");
-  }
-  if (manifest.variants !== undefined && !Array.isArray(manifest.variants)) invalid("variants must be a list");
-  (manifest.variants || []).forEach((variant, position) => {
-    const memory = variant && variant.wasm_import;
-    if (
-      typeof variant.code !== "string" ||
-      !Array.isArray(variant.features) ||
-      !memory ||
-      !isCount(memory.initial_pages) ||
-      !(memory.maximum_pages === null || isCount(memory.maximum_pages)) ||
-      !(variant.stack_bytes === undefined || isCount(variant.stack_bytes))
-    ) {
-      invalid(`variants[${position}] must have a code file, features and a wasm_import of whole page counts`);
+  params.layout.forEach((entry, position) => {
+    if (entry.nbytes !== tensorBytes(entry, "") || entry.offset + entry.nbytes > params.bytes) {
+      invalid(`params.layout[${position}]`, `a tensor inside params.bin's ${params.bytes} bytes`, entry.name);
     }
   });
-  for (const spec of [...manifest.inputs, ...manifest.outputs]) {
-    if (!(spec.dtype in TYPED_ARRAYS)) {
-      throw new Error(`tessel: ${spec.name} has dtype ${spec.dtype}, which this runtime cannot hold in a typed array`);
+  const limits = (where, memory) => {
+    if (memory && memory.maximum_pages !== null && memory.maximum_pages < memory.initial_pages) {
+      invalid(`${where}.maximum_pages`, "at least initial_pages", memory.maximum_pages);
     }
-  }
+  };
+  limits("memory.wasm_import", manifest.memory.wasm_import);
+  (manifest.variants || []).forEach((variant, position) => {
+    const where = `variants[${position}]`;
+    if (variant.code !== ["model", ...variant.features, "wasm"].join(".")) invalid(`${where}.code`, "the file of its features", variant.code);
+    listed(`${where}.code`, variant.code);
+    limits(`${where}.wasm_import`, variant.wasm_import);
+  });
+  const kernels = new Set(manifest.kernels.map((kernel) => kernel.name));
+  manifest.calls.forEach((call, position) => kernels.has(call.kernel) || invalid(`calls[${position}].kernel`, "a kernel of kernels", call.kernel));
+  manifest.outputs.forEach((spec, position) => {
+    const source = spec.source;
+    const where = `outputs[${position}].source`;
+    if (source === null) return;
+    if (source.region === "params") {
+      count()(`${where}.offset`, source.offset);
+      if (source.offset + tensorBytes(spec, where, spec.device_dtype || spec.dtype) > params.bytes) {
+        invalid(`${where}.offset`, `inside params.bin's ${params.bytes} bytes`, source.offset);
+      }
+      return;
+    }
+    const among = source.region === "input" ? manifest.inputs : manifest.outputs;
+    count(among.length - 1)(`${where}.index`, source.index);
+    const from = among[source.index];
+    if (from.dtype !== spec.dtype || from.shape.length !== spec.shape.length || from.shape.some((size, axis) => size !== spec.shape[axis])) {
+      invalid(where, `a ${source.region} of shape ${shapeText(spec.shape)} and dtype ${spec.dtype}`, source.index);
+    }
+  });
 }
 
 /** The feeds as one typed array per manifest input, in manifest order, after checking names, dtypes and sizes. */
 function checkFeeds(feeds, inputs) {
   if (feeds === null || typeof feeds !== "object" || ArrayBuffer.isView(feeds)) {
-    throw new Error("tessel: run takes an object of input name -> typed array or {data, dims}");
+    fail("input", null, "run takes an object of input name -> typed array or {data, dims}");
   }
   const names = inputs.map((spec) => spec.name);
   for (const name of Object.keys(feeds)) {
     if (!names.includes(name)) {
-      throw new Error(`tessel: unknown input "${name}"; the model's inputs are ${names.join(", ")}`);
+      fail("input", name, `unknown input "${name}"; the model's inputs are ${names.join(", ")}`);
     }
   }
   return inputs.map((spec) => {
     if (!(spec.name in feeds)) {
-      throw new Error(`tessel: missing input "${spec.name}"; the model's inputs are ${names.join(", ")}`);
+      fail("input", spec.name, `missing input "${spec.name}"; the model's inputs are ${names.join(", ")}`);
     }
     const feed = feeds[spec.name];
     const data = ArrayBuffer.isView(feed) ? feed : feed && feed.data;
     const Expected = TYPED_ARRAYS[spec.dtype];
     if (!(data instanceof Expected)) {
       const given = [data, feed].find((value) => value != null)?.constructor.name ?? String(feed);
-      throw new Error(
-        `tessel: input "${spec.name}" must be a ${Expected.name} (dtype ${spec.dtype}), got ${given}; ` +
+      fail(
+        "input",
+        spec.name,
+        `input "${spec.name}" must be a ${Expected.name} (dtype ${spec.dtype}), got ${given}; ` +
           `convert it, e.g. ${Expected.name}.from(values)`,
       );
     }
     if (!ArrayBuffer.isView(feed) && feed.dims != null) {
       const dims = Array.from(feed.dims, Number);
       if (dims.length !== spec.shape.length || dims.some((size, axis) => size !== spec.shape[axis])) {
-        throw new Error(
-          `tessel: input "${spec.name}" has dims ${shapeText(dims)}, the model takes ${shapeText(spec.shape)}; ` +
+        fail(
+          "input",
+          spec.name,
+          `input "${spec.name}" has dims ${shapeText(dims)}, the model takes ${shapeText(spec.shape)}; ` +
             "compile with another input shape to run other sizes",
         );
       }
     }
     const count = elementCount(spec.shape);
     if (data.length !== count) {
-      throw new Error(
-        `tessel: input "${spec.name}" has ${data.length} elements, the model takes ${count} ` +
+      fail(
+        "input",
+        spec.name,
+        `input "${spec.name}" has ${data.length} elements, the model takes ${count} ` +
           `(shape ${shapeText(spec.shape)})`,
       );
     }
@@ -483,7 +812,7 @@ class WasmExecutor {
       try {
         memory.grow(Math.ceil(missing / PAGE_BYTES));
       } catch (error) {
-        throw new Error(`tessel: cannot grow wasm memory to ${end} bytes for this model: ${error.message}`);
+        fail("memory", "memory", `cannot grow wasm memory to ${end} bytes for this model: ${error.message}`);
       }
     }
   }
@@ -497,12 +826,12 @@ class WasmExecutor {
     // hashed from a second copy, written chunk by chunk as they arrive
     const hasher = chunkedHasher(this.manifest, name, total);
     const staging =
-      !hasher && willCheckDigest(this.manifest, name) && isShared(this.memory) ? new Uint8Array(total) : null;
+      !hasher && isShared(this.memory) ? new Uint8Array(total) : null;
     let loaded = 0;
     reportProgress(onProgress, "params", 0, total);
     for await (const chunk of chunks) {
       if (loaded + chunk.byteLength > total) {
-        throw new Error(`tessel: params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
+        fail("file", name, `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
       }
       view.set(chunk, loaded);
       if (staging) staging.set(chunk, loaded);
@@ -511,7 +840,7 @@ class WasmExecutor {
       reportProgress(onProgress, "params", loaded, total);
     }
     if (loaded !== total) {
-      throw new Error(`tessel: params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
+      fail("file", name, `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
     }
     mark("params-in");
     // The digest (crypto.subtle copies its input when called; Node hashes on its thread pool, Chromium on the calling
@@ -560,7 +889,7 @@ class WasmExecutor {
     });
     if (this.workers.length > 0 && this.wakePool) this.wakePool();
     const failed = this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
-    if (failed) throw new Error(`tessel: ${describeFailure(this.manifest, failed)}`);
+    if (failed) fail("run", this.manifest.calls[failed - 1]?.group ?? null, describeFailure(this.manifest, failed));
     const results = outputs.map((spec, position) => {
       const Type = TYPED_ARRAYS[spec.dtype];
       return new Type(copyOut(this.memory, this.outputOffsets[position], byteSize(spec)));
@@ -602,9 +931,11 @@ function poolWorker(data, ready) {
 }
 
 const BROWSER_WORKER_SOURCE = `onmessage = (event) => (${poolWorker})(event.data, () => postMessage("ready"));`;
+// a dynamic import, not require: the worker's source is CommonJS or an ES module depending on Node's flags (a program
+// run with --input-type=module passes that on to its workers)
 const NODE_WORKER_SOURCE =
-  `const { parentPort } = require("node:worker_threads");\n` +
-  `parentPort.once("message", (data) => (${poolWorker})(data, () => parentPort.postMessage("ready")));`;
+  `import("node:worker_threads").then(({ parentPort }) =>\n` +
+  `  parentPort.once("message", (data) => (${poolWorker})(data, () => parentPort.postMessage("ready"))));`;
 
 let browserWorkerUrl;
 
@@ -612,7 +943,7 @@ let browserWorkerUrl;
 async function startPoolWorker(data) {
   let worker;
   if (isNode()) {
-    const { Worker } = await import("node:worker_threads");
+    const { Worker } = await nodeModule("node:worker_threads");
     worker = new Worker(NODE_WORKER_SOURCE, { eval: true });
     // a worker serving the pool forever must not keep Node alive once the caller is done
     worker.unref();
@@ -647,7 +978,7 @@ function availableCores() {
 }
 
 async function nodeCores() {
-  const os = await import("node:os");
+  const os = await nodeModule("node:os");
   return os.availableParallelism ? os.availableParallelism() : os.cpus().length;
 }
 
@@ -657,7 +988,7 @@ const MAX_DEFAULT_THREADS = 4;
 
 async function threadsHere(requested) {
   if (requested !== undefined && !(Number.isSafeInteger(requested) && requested >= 1)) {
-    throw new Error(`tessel: threads must be a whole number of at least 1, got ${requested}`);
+    fail("options", "threads", `threads must be a whole number of at least 1, got ${requested}`);
   }
   const cores = isNode() ? await nodeCores() : availableCores();
   const threads = requested ?? Math.min(cores, MAX_DEFAULT_THREADS);
@@ -715,36 +1046,44 @@ const wasmBackend = {
   async create(manifest, source, options) {
     const variant = await chooseVariant(manifest, options);
     const limits = variant.wasm_import;
-    if (!limits) throw new Error("tessel: the bundle's manifest has no memory.wasm_import; compile it again");
-    const memory = new WebAssembly.Memory({
-      initial: limits.initial_pages,
-      ...(limits.maximum_pages === null ? {} : { maximum: limits.maximum_pages }),
-      ...(limits.shared ? { shared: true } : {}),
-    });
+    if (!limits) fail("manifest", "memory.wasm_import", "the bundle's manifest has no memory.wasm_import; compile it again");
+    let memory;
+    try {
+      memory = new WebAssembly.Memory({
+        initial: limits.initial_pages,
+        ...(limits.maximum_pages === null ? {} : { maximum: limits.maximum_pages }),
+        ...(limits.shared ? { shared: true } : {}),
+      });
+    } catch (error) {
+      fail("memory", "wasm_import", `cannot make the ${limits.initial_pages} pages of wasm memory the bundle asks for: ${error.message}`);
+    }
     // The params download beside the code's; they are copied in once the module says where they go.
     const params = prefetched(source.chunks(manifest.params.file));
-    // The digest is checked before the compile's outcome is looked at, so a damaged download says so rather
-    // than giving the engine's CompileError.
-    const { bytes, instantiated } = await source.wasm(variant.code, { env: { memory } }, options.onProgress);
+    // The digest and the code's own seal are checked before the compile's outcome is looked at, so a damaged
+    // download says so rather than giving the engine's CompileError; nothing is instantiated before them.
+    const { bytes, compiled } = await source.wasm(variant.code, options.onProgress);
     mark("code-downloaded");
     await checkDigest(manifest, variant.code, bytes);
+    await checkSeal(variant.code, bytes, "wasm");
     let instance, module;
     try {
-      ({ instance, module } = await instantiated);
+      module = await compiled;
+      instance = await WebAssembly.instantiate(module, { env: { memory } });
     } catch (error) {
       if (error instanceof WebAssembly.LinkError) {
-        throw new Error(`tessel: a Tessel wasm module imports only env.memory; this one does not link: ${error.message}`);
+        fail("code", variant.code, `a Tessel wasm module imports only env.memory; this one does not link: ${error.message}`);
       }
       if (error instanceof WebAssembly.CompileError) {
-        throw new Error(`tessel: ${variant.code} is not a valid wasm module (${error.message}); export the bundle again`);
+        fail("code", variant.code, `${variant.code} is not a valid wasm module (${error.message}); export the bundle again`);
       }
       throw error;
     }
     mark("code-compiled");
+    checkBinding(manifest, variant.code, instance.exports.tessel_manifest_digest, memory);
     const entry = instance.exports[manifest.entry && manifest.entry.name];
     const expected = manifest.inputs.length + manifest.outputs.length + 2;
     if (typeof entry !== "function" || entry.length !== expected) {
-      throw new Error(`tessel: ${variant.code} has no entry taking the manifest's ${expected} arguments; export it again`);
+      fail("code", variant.code, `${variant.code} has no entry taking the manifest's ${expected} arguments; export it again`);
     }
     const executor = new WasmExecutor(manifest, instance, memory, variant.threads - 1, variant.stack_bytes || 0);
     executor.variant = { code: variant.code, features: variant.features, threads: variant.threads };
@@ -792,7 +1131,7 @@ const webgpuBackend = {
   },
   async create(manifest, source, options) {
     const { createExecutor } = await import("./tessel-webgpu.js");
-    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure, mark });
+    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure, mark, binding: bindings.get(manifest) });
   },
 };
 
@@ -810,7 +1149,7 @@ export function registerBackend(backend) {
   const merged = { ...backends.get(backend.name), ...backend };
   for (const key of ["name", "describe", "probe", "create"]) {
     if (typeof merged[key] !== (key === "name" ? "string" : "function")) {
-      throw new Error(`tessel: a backend needs ${key}; see docs/web.md`);
+      fail("backend", key, `a backend needs ${key}; see docs/web.md`);
     }
   }
   backends.set(backend.name, merged);
@@ -844,11 +1183,11 @@ async function chooseBackend(candidates, requested) {
       }
       reasons.push(`${backend.name} (${reason})`);
     }
-    throw new Error(`tessel: no backend can run this bundle here (${reasons.join("; ")})`);
+    fail("backend", "backend", `no backend can run this bundle here (${reasons.join("; ")})`);
   }
   const backend = backends.get(requested);
   if (!backend) {
-    throw new Error(`tessel: unknown backend "${requested}"; choose auto, ${[...backends.keys()].join(", ")}`);
+    fail("options", "backend", `unknown backend "${requested}"; choose auto, ${[...backends.keys()].join(", ")}`);
   }
   const { candidate, reason } = await reasonFor(backend);
   if (reason) {
@@ -858,7 +1197,7 @@ async function chooseBackend(candidates, requested) {
       if (found && !other.describe(found.manifest)) others.push(other.name);
     }
     const hint = others.length ? `; load it with {backend: "${others[0]}"} or "auto"` : "";
-    throw new Error(`tessel: cannot use the ${requested} backend: ${reason}${hint}`);
+    fail("backend", "backend", `cannot use the ${requested} backend: ${reason}${hint}`);
   }
   return { backend, ...candidate, reason: `asked for ${backend.name}` };
 }
@@ -893,7 +1232,7 @@ export class Model {
 
   /** Run once: feeds map each input name to a typed array or {data, dims}; returns {name: {data, dims, dtype}}. */
   async run(feeds) {
-    if (!this.executor) throw new Error("tessel: this model was disposed; load the bundle again");
+    if (!this.executor) fail("disposed", null, "this model was disposed; load the bundle again");
     const arrays = checkFeeds(feeds, this.manifest.inputs);
     const results = await this.executor.run(arrays);
     return Object.fromEntries(
@@ -906,7 +1245,7 @@ export class Model {
 
   /** Make the backend's device state again, e.g. after a lost WebGPU device (run rejects saying so). */
   async reload() {
-    if (!this.executor) throw new Error("tessel: this model was disposed; load the bundle again");
+    if (!this.executor) fail("disposed", null, "this model was disposed; load the bundle again");
     if (this.executor.reload) await this.executor.reload();
   }
 
@@ -927,14 +1266,15 @@ function resolveAgainst(relative, file) {
 
 async function readManifest(source, onProgress) {
   reportProgress(onProgress, "manifest", 0, 1);
+  const text = await source.text("manifest.json");
   let manifest;
   try {
-    manifest = JSON.parse(await source.text("manifest.json"));
+    manifest = JSON.parse(text);
   } catch (error) {
-    if (error instanceof SyntaxError) throw new Error(`tessel: manifest.json is not JSON (${error.message})`);
-    throw error;
+    fail("manifest", "manifest.json", `manifest.json is not JSON (${error.message}); export the model again`);
   }
   checkManifest(manifest);
+  bindings.set(manifest, await bindingDigest(text));
   reportProgress(onProgress, "manifest", 1, 1);
   return manifest;
 }
@@ -956,7 +1296,7 @@ async function bundleCandidates(bundle, onProgress) {
     try {
       set = JSON.parse(await source.text(name));
     } catch (error) {
-      if (error instanceof SyntaxError) throw new Error(`tessel: the bundle set ${name} is not JSON (${error.message})`);
+      if (error instanceof SyntaxError) fail("manifest", name, `the bundle set ${name} is not JSON (${error.message})`);
       throw error;
     }
   }
@@ -966,7 +1306,7 @@ async function bundleCandidates(bundle, onProgress) {
     return async () => ({ manifest, source });
   }
   if (!set.bundles || typeof set.bundles !== "object") {
-    throw new Error('tessel: a bundle set is {bundles: {webgpu: "<url>", wasm: "<url>"}}; see docs/web.md');
+    fail("manifest", "bundles", 'a bundle set is {bundles: {webgpu: "<url>", wasm: "<url>"}}; see docs/web.md');
   }
   const loaded = new Map();
   return (name) => {

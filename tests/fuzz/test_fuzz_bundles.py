@@ -2,13 +2,15 @@
 truncations, manifest edits, each with and without the manifest's digests recomputed) loaded and run in a child
 process, and hostile requests (bad multipart, odd and huge headers, traversal paths, bad form values, JSON
 bodies) against the service, in process and over raw sockets against a real uvicorn. Every case must end in
-success or in one TesselError / 4xx JSON answer: never another exception, a 500, a signal or a hang. Seeds are
+success or in one TesselError / 4xx JSON answer: never another exception, a 500, a signal or a hang. The damaged
+bundles also go through web_runtime/tessel.js in Node (fuzz_bundles.mjs), where success must be Python's result. Seeds are
 fixed; the whole file takes about a minute on two cores. TESSEL_FUZZ_SCALE=10 runs ten times the cases."""
 
 import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,11 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
 from compiler import zoo
-from compiler.build import compile_model
+from compiler.build import compile_model, load_module
 from server.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,26 +123,33 @@ def _damaged(source: Path, folder: Path, rng: random.Random) -> str:
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz-bundles")
-    return [compile_model(zoo.build_model("mlp"), target).export(root / target) for target in ("llvm", "wasm")]
+    model = zoo.build_model("mlp")
+    # the wasm bundle carries a threaded variant, as `tessel compile --target wasm` writes it, so tessel.js's
+    # workers over shared memory meet the damage too
+    return [
+        compile_model(model, "llvm").export(root / "llvm"),
+        compile_model(model, "wasm", wasm_variants=("threads",)).export(root / "wasm"),
+    ]
 
 
-def test_damaged_bundles_end_in_success_or_one_error(bundles, tmp_path):
-    rng = random.Random(14)
-    cases = {}
-    for number in range(BUNDLE_CASES):
-        folder = tmp_path / f"case{number}"
-        cases[str(folder)] = _damaged(bundles[number % len(bundles)], folder, rng)
-    pending, outcomes, deadline = list(cases), {}, time.monotonic() + 300
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    """Another model's wasm bundle, with the same variant."""
+    root = tmp_path_factory.mktemp("fuzz-other")
+    return compile_model(zoo.build_model("digits"), "wasm", wasm_variants=("threads",)).export(root / "digits")
+
+
+def _run_cases(command: list[str], paths: list[str], feed_stdin: bool) -> dict[str, str]:
+    """Run `command` over `paths` (on its stdin, one a line, or already in its arguments), restarting it past a case
+    that kills it, until every case has an outcome or 300 s have passed; a case running when the process died or
+    hung is a crash."""
+    pending, outcomes, deadline = list(paths), {}, time.monotonic() + 300
     while pending and time.monotonic() < deadline:
+        arguments = command if feed_stdin else [*command[:-1], _case_list(command[-1], pending)]
         runner = subprocess.Popen(
-            [sys.executable, "-c", RUNNER],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+            arguments, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
-        runner.stdin.write("".join(path + "\n" for path in pending))
+        runner.stdin.write("".join(path + "\n" for path in pending) if feed_stdin else "")
         runner.stdin.close()
         running = None
         for line in runner.stdout:
@@ -149,16 +159,132 @@ def test_damaged_bundles_end_in_success_or_one_error(bundles, tmp_path):
             else:
                 outcomes[message["done"]] = message["outcome"]
                 running = None
-        code = runner.wait(60)
+        try:
+            code = runner.wait(60)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            code = runner.wait()
         if running is not None:
             name = signal.Signals(-code).name if code < 0 else f"exit {code}"
             outcomes[running] = f"crash: the process ended with {name}"
         pending = [path for path in pending if path not in outcomes]
     assert not pending, f"{len(pending)} cases did not finish in time (a hang?): {pending[:3]}"
+    return outcomes
+
+
+def _case_list(template: str, pending: list[str]) -> str:
+    """The JSON file the Node runner reads: `template` (inputs and expected outputs) with the cases still pending."""
+    path = Path(template)
+    written = path.with_name(f"pending-{len(pending)}.json")
+    written.write_text(json.dumps({**json.loads(path.read_text()), "cases": pending}))
+    return str(written)
+
+
+def _halve(value: int) -> int:
+    return value // 2
+
+
+# Edits of the wasm bundle's manifest that keep it well formed, each rehashed: the ones the issue saw tessel.js accept
+# (a shape doubled or halved, a dtype or target changed, a file outside the bundle, an output's source or the entry
+# renamed) and more of the fields the code relies on; the last one (memory limits, not bound to the code) must run.
+TARGETED = {
+    "input shape doubled": lambda m: m["inputs"][0]["shape"].__setitem__(1, m["inputs"][0]["shape"][1] * 2),
+    "input shape halved": lambda m: m["inputs"][0]["shape"].__setitem__(1, _halve(m["inputs"][0]["shape"][1])),
+    "output shape doubled": lambda m: m["outputs"][0]["shape"].__setitem__(1, m["outputs"][0]["shape"][1] * 2),
+    "output shape halved": lambda m: m["outputs"][0]["shape"].__setitem__(1, _halve(m["outputs"][0]["shape"][1])),
+    "output dtype int32": lambda m: m["outputs"][0].__setitem__("dtype", "int32"),
+    "output dtype float64": lambda m: m["outputs"][0].__setitem__("dtype", "float64"),
+    "a file outside the bundle": lambda m: m["files"].__setitem__("../../etc/passwd", m["files"]["params.bin"]),
+    "target changed": lambda m: m.__setitem__("target", "wasm -mattr=+simd128"),
+    "output source renamed": lambda m: m["outputs"][0].__setitem__("source", {"region": "weights", "index": 0}),
+    "output source another output": lambda m: m["outputs"][0].__setitem__("source", {"region": "output", "index": 0}),
+    "output source params": lambda m: m["outputs"][0].__setitem__("source", {"region": "params", "offset": 0}),
+    "entry renamed": lambda m: m["entry"].__setitem__("name", "tessel_worker"),
+    "arena halved": lambda m: m["memory"].__setitem__("arena_bytes", _halve(m["memory"]["arena_bytes"])),
+    "param moved": lambda m: m["params"]["layout"][0].__setitem__("offset", 64),
+    "calls reversed": lambda m: m["calls"].reverse(),
+    "variant without threads": lambda m: m["variants"][0].__setitem__("features", []),
+    "memory one page larger": lambda m: m["memory"]["wasm_import"].__setitem__(
+        "initial_pages", m["memory"]["wasm_import"]["initial_pages"] + 1
+    ),
+}
+
+
+def _targeted(source: Path, folder: Path, edit) -> None:
+    shutil.copytree(source, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edit(manifest)
+    for name in manifest["files"]:
+        if "/" not in name:  # a file outside the bundle keeps the digest it was given
+            manifest["files"][name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _damage_all(bundles, other, tmp_path) -> dict[str, str]:
+    rng = random.Random(14)
+    cases = {}
+    for number in range(BUNDLE_CASES):
+        folder = tmp_path / f"case{number}"
+        cases[str(folder)] = _damaged(bundles[number % len(bundles)], folder, rng)
+    for number, (kind, edit) in enumerate(TARGETED.items()):
+        _targeted(bundles[1], tmp_path / f"targeted{number}", edit)
+        cases[str(tmp_path / f"targeted{number}")] = kind
+    # another model's code (and variant), rehashed: what a swapped or mislabelled model.wasm looks like
+    swapped = tmp_path / "swapped"
+    shutil.copytree(bundles[1], swapped)
+    for name in ("model.wasm", "model.threads.wasm"):
+        (swapped / name).write_bytes((other / name).read_bytes())
+    _rehash(swapped, json.loads((swapped / "manifest.json").read_text()))
+    cases[str(swapped)] = "another model's code, rehashed"
+    return cases
+
+
+def test_damaged_bundles_end_in_success_or_one_error(bundles, other, tmp_path):
+    cases = _damage_all(bundles, other, tmp_path)
+    outcomes = _run_cases([sys.executable, "-c", RUNNER], list(cases), feed_stdin=True)
     crashes = {cases[path]: outcome for path, outcome in outcomes.items() if outcome.startswith("crash")}
     assert not crashes, json.dumps(crashes, indent=1)[:6000]
     errors = sum(outcome.startswith("error") for outcome in outcomes.values())
     print(f"\n{len(outcomes)} damaged bundles: {errors} refused with one error, {len(outcomes) - errors} ran")
+    assert errors > len(outcomes) // 2
+
+
+def test_damaged_bundles_in_tessel_js_end_in_the_right_result_or_one_tessel_error(bundles, other, tmp_path):
+    """The same damaged bundles (same seed) loaded and run by web_runtime/tessel.js in Node, every other case on two
+    threads: each must give Python's outputs for the undamaged bundle or throw one TesselError, never another
+    exception, a wrong result or a hang. The llvm bundles' cases are in too (tessel.js must refuse them cleanly)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node (Node.js 20) is not installed; run `make test`, which installs it")
+    cases = _damage_all(bundles, other, tmp_path / "cases")
+    module = load_module(bundles[1])
+    feeds = module.random_inputs()
+    (expected,) = module.run(feeds).values()
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    described = {}
+    for kind, name, array in [("inputs", *next(iter(feeds.items()))), ("expected", module.outputs[0].name, expected)]:
+        path = arrays / f"{kind}.bin"
+        path.write_bytes(np.ascontiguousarray(array, np.float32).tobytes())
+        described[kind] = {name: {"file": str(path), "shape": list(array.shape), "dtype": "float32"}}
+    template = tmp_path / "cases.json"
+    template.write_text(json.dumps(described))
+    outcomes = _run_cases([node, str(ROOT / "tests/fuzz/fuzz_bundles.mjs"), str(template)], list(cases), False)
+    bad = {
+        f"{Path(path).name} {cases[path]}": outcome
+        for path, outcome in outcomes.items()
+        if not (outcome == "ok" or outcome.startswith("error: TesselError"))
+    }
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+    targeted = {cases[path]: outcome for path, outcome in outcomes.items() if "targeted" in path or "swapped" in path}
+    assert targeted.pop("memory one page larger") == "ok"
+    assert all(outcome.startswith("error") for outcome in targeted.values()), targeted
+    errors = sum(outcome.startswith("error") for outcome in outcomes.values())
+    kinds = sorted({outcome.split()[2] for outcome in outcomes.values() if outcome.startswith("error")})
+    print(
+        f"\ntessel.js, {len(outcomes)} damaged bundles: {errors} refused with one TesselError ({', '.join(kinds)}), "
+        f"{len(outcomes) - errors} gave Python's result"
+    )
     assert errors > len(outcomes) // 2
 
 

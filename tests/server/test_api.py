@@ -281,3 +281,13 @@ def test_a_waiting_job_stream_sends_keepalives(serve, monkeypatch):
             if line == ": keepalive":
                 break
     assert 'data: {"state": "queued", "position": 1, "error": null, "result": null}' in seen
+
+
+def test_the_favicon_is_served_and_every_page_names_it(serve):
+    """/favicon.ico, which browsers ask every origin for, is static/favicon.svg (it was a 404 on every page)."""
+    client = serve()
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+    assert icon.text.startswith("<svg") and 'viewBox="0 0 32 32"' in icon.text
+    for page in ("/", "/static/demo.html"):
+        assert '<link rel="icon" href="/favicon.ico" type="image/svg+xml" />' in client.get(page).text

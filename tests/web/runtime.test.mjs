@@ -202,7 +202,7 @@ describe("loading", () => {
       manifest.chunked_files.chunk_bytes = 0;
       await writeFile(join(path, "manifest.json"), JSON.stringify(manifest));
     });
-    await assert.rejects(tessel.load(directory), /chunked_files must have a positive chunk_bytes/);
+    await assert.rejects(tessel.load(directory), /chunked_files\.chunk_bytes must be positive/);
   });
 
   test("a truncated params.bin is refused", async () => {
@@ -317,6 +317,9 @@ describe("backends", () => {
       });
     });
 
+    // the edited bundle for webgpu, the untouched one for wasm
+    const withWasm = () => ({ bundles: { webgpu: bundle, wasm: digits.bundle } });
+
     function withAdapter(limits) {
       const adapter = limits && { limits, features: new Set() };
       Object.defineProperty(globalThis, "navigator", {
@@ -328,11 +331,13 @@ describe("backends", () => {
 
     test("without an adapter, auto uses wasm and says why; webgpu is refused with the way out", async () => {
       withAdapter(null);
-      const model = await tessel.load(bundle);
+      const model = await tessel.load(withWasm());
       assert.equal(model.backend, "wasm");
       assert.match(model.backendReason, /auto chose wasm.*passing over webgpu \(WebGPU gave no adapter/);
+      // the edited manifest itself is refused by the wasm code's binding digest
+      await assert.rejects(tessel.load(bundle, { backend: "wasm" }), { code: "binding" });
       await assert.rejects(
-        tessel.load(bundle, { backend: "webgpu" }),
+        tessel.load(withWasm(), { backend: "webgpu" }),
         /cannot use the webgpu backend: WebGPU gave no adapter.*\{backend: "wasm"\}/,
       );
     });
@@ -362,14 +367,14 @@ describe("backends", () => {
         },
       });
       withAdapter({ maxStorageBufferBindingSize: 1 << 30 });
-      const onGpu = await tessel.load(bundle);
+      const onGpu = await tessel.load(withWasm());
       assert.equal(onGpu.backend, "webgpu");
       assert.equal(created.length, 1);
       assert.equal((await onGpu.run({ input: new Float32Array(64) })).probabilities.data[0], Math.fround(0.1));
       withAdapter({ maxStorageBufferBindingSize: 1024 });
-      assert.equal((await tessel.load(bundle)).backend, "wasm");
+      assert.equal((await tessel.load(withWasm())).backend, "wasm");
       await assert.rejects(
-        tessel.load(bundle, { backend: "webgpu" }),
+        tessel.load(withWasm(), { backend: "webgpu" }),
         /maxStorageBufferBindingSize is 1024, the bundle needs/,
       );
     });

@@ -162,6 +162,34 @@ def test_upload_compile_and_run_in_the_page(server, page, screenshots, tmp_path)
     assert float(top) == pytest.approx(float(expected["output"].max()), rel=1e-3)
 
 
+@pytest.mark.slow
+def test_a_model_with_its_data_file_chosen_together_compiles_and_runs(server, page, tmp_path):
+    """torch.onnx.export's default: model.onnx and model.onnx.data, chosen (or dropped) together; the page sends both
+    and the bundle runs right. Two .onnx files are refused in the page, saying what to drop."""
+    import onnx
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(zoo.build_model("mlp"), path, save_as_external_data=True, location="mlp.onnx.data", size_threshold=1024)
+    page.goto(f"{server}/?seed=3&backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", [str(path), str(tmp_path / "mlp.onnx.data")])
+    assert page.inner_text("#drop-title") == "mlp.onnx + 1 data file"
+    assert page.is_disabled("#tune-button") and not page.is_disabled("#compile-button")
+    page.click("#compile-button")
+    card = page.wait_for_selector(".result[data-target=wasm]", timeout=90_000)
+    card.query_selector("[data-field=run]").click()
+    page.wait_for_selector(".result [data-field=panel][data-state=done]", timeout=30_000)
+    run = page.evaluate("window.tesselLastRun")
+    feeds = {name: np.array(item["data"], np.float32).reshape(item["dims"]) for name, item in run["inputs"].items()}
+    expected = _run_onnxruntime(zoo.build_model("mlp"), feeds)["output"]
+    np.testing.assert_allclose(np.array(run["outputs"]["output"]["data"], np.float32), expected.ravel(), RTOL, ATOL)
+    other = tmp_path / "other.onnx"
+    other.write_bytes(path.read_bytes())
+    page.set_input_files("#file-input", [str(path), str(other)])
+    assert "drop one .onnx model with its data files" in page.inner_text("#upload-error")
+    assert page.is_disabled("#compile-button")
+
+
 def _grey_png(pixels: np.ndarray) -> bytes:
     """An 8-bit greyscale PNG of `pixels` (uint8 [height, width]), written out by hand: no imaging library."""
 
@@ -252,9 +280,15 @@ def _draw(page, cells: np.ndarray) -> None:
 
 @pytest.mark.slow
 def test_digits_demo_classifies_drawn_digits(server, page, screenshots):
+    failed = []
+    page.on("response", lambda response: failed.append(response.url) if response.status >= 400 else None)
     page.goto(f"{server}/demo/digits?backend=wasm")
     page.wait_for_selector("body[data-ready=true]", timeout=90_000)
     assert page.inner_text("#backend") == "wasm"
+    # nothing drawn yet: every probability bar is empty, and no request of the page failed (the favicon was a 404)
+    widths = page.eval_on_selector_all("#bars .fill", "fills => fills.map(fill => fill.getBoundingClientRect().width)")
+    assert len(widths) == 10 and widths == [0] * 10, widths
+    assert not failed, failed
     session = onnxruntime.InferenceSession(str(zoo.DIGITS_PATH), providers=["CPUExecutionProvider"])
     digits = _digits_to_draw()
     assert len(digits) == DIGITS_TO_DRAW

@@ -7,9 +7,11 @@ checked in the page too."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import shutil
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ import test_browser
 from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _get_json, _run_onnxruntime
 
 from compiler import zoo
+from compiler.bundle import BINDING_SYMBOL, binding_digest, seal_code, unsealed
 
 server, store_root = test_browser.server, test_browser.store_root  # the real app under uvicorn, its fixtures reused
 
@@ -269,8 +272,15 @@ def test_limits_above_the_defaults_are_asked_of_the_device(gpu_page, server, bun
     webgpu = bundle_sets["digits"]["bundles"]["webgpu"]
     manifest = _get_json(f"{server}{webgpu}manifest.json")
     manifest["webgpu"]["limits"]["maxStorageBufferBindingSize"] = 200 << 20
+    # the code as the compiler would have written it for this manifest: its binding digest and seal made again
+    with urllib.request.urlopen(f"{server}{webgpu}kernels.wgsl") as response:
+        source = unsealed("text", response.read()).decode()
+    source = f"// {BINDING_SYMBOL} {binding_digest(manifest)}\n" + source.split("\n", 1)[1]
+    code = seal_code("text", source.encode())
+    manifest["files"]["kernels.wgsl"] = hashlib.sha256(code).hexdigest()
     pattern = f"{server}{webgpu}manifest.json"
     gpu_page.route(pattern, lambda route: route.fulfill(body=json.dumps(manifest), content_type="application/json"))
+    gpu_page.route(f"{server}{webgpu}kernels.wgsl", lambda route: route.fulfill(body=code, content_type="text/plain"))
     try:
         limits = gpu_page.evaluate(
             """async (bundle) => {
@@ -286,6 +296,7 @@ def test_limits_above_the_defaults_are_asked_of_the_device(gpu_page, server, bun
         )
     finally:
         gpu_page.unroute(pattern)
+        gpu_page.unroute(f"{server}{webgpu}kernels.wgsl")
     assert limits["asked"] == {"maxStorageBufferBindingSize": 200 << 20}
     assert limits["got"] >= 200 << 20
 

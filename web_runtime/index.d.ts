@@ -1,0 +1,200 @@
+// Type declarations of tessel-runtime (tessel.js): the whole public API. Checked with tsc against an example by
+// tests/web/test_package.py.
+
+/** This runtime's version; a bundle's manifest.runtime_version must be compatible with it (same major, and the same
+ * minor while the major is 0, and no newer than this). */
+export const VERSION: string;
+
+/** The element types a bundle's inputs and outputs may have. */
+export type Dtype = "float32" | "float16" | "float64" | "int8" | "uint8" | "int16" | "int32" | "int64" | "bool";
+
+/** The typed array that holds each dtype (float16 as its raw bits; bool as 0/1 bytes). */
+export interface TypedArrayOf {
+  float32: Float32Array;
+  float16: Uint16Array;
+  float64: Float64Array;
+  int8: Int8Array;
+  uint8: Uint8Array;
+  int16: Int16Array;
+  int32: Int32Array;
+  int64: BigInt64Array;
+  bool: Uint8Array;
+}
+
+export type TensorData = TypedArrayOf[Dtype];
+
+/** A model input or output as the manifest describes it. */
+export interface TensorSpec {
+  name: string;
+  shape: number[];
+  dtype: Dtype;
+}
+
+/** A result of `run`: fresh arrays, which later runs do not overwrite. */
+export interface Tensor<D extends Dtype = Dtype> {
+  data: TypedArrayOf[D];
+  dims: number[];
+  dtype: D;
+}
+
+/** An input: the typed array of its dtype, or with dims, which must equal the model's shape when given. */
+export type TensorInput = TensorData | { data: TensorData; dims?: readonly number[] };
+
+export type Feeds = Record<string, TensorInput>;
+
+/** What `onProgress` is called with while a bundle loads: bytes of the file of each phase so far. */
+export interface LoadProgress {
+  phase: "manifest" | "code" | "params" | "ready";
+  loaded: number;
+  total: number;
+}
+
+export type BackendName = "auto" | "wasm" | "webgpu";
+
+export interface LoadOptions {
+  /** "auto" (the default) tries webgpu, then wasm, and takes the first that can run here. */
+  backend?: BackendName | (string & {});
+  /** wasm threads for a bundle with a threaded variant: default the cores, at most 4; one (with a console warning)
+   * on a page that is not cross-origin isolated. */
+  threads?: number;
+  /** false keeps to plain SIMD128 where the engine has relaxed SIMD. */
+  relaxedSimd?: boolean;
+  onProgress?: (progress: LoadProgress) => void;
+}
+
+/** The same model compiled for several backends: each URL is a bundle directory, relative to the set's own URL
+ * when the set is loaded from a .json file. */
+export interface BundleSet {
+  bundles: Partial<Record<"wasm" | "webgpu", string>> & Record<string, string | undefined>;
+}
+
+/** The wasm code a model runs: the plain model.wasm or a variant, on how many threads. */
+export interface WasmVariant {
+  code: string;
+  features: Array<"threads" | "relaxed-simd">;
+  threads: number;
+}
+
+/** The parts of manifest.json a caller may read (compiler/bundle.py's MANIFEST_SCHEMA has all of it). */
+export interface Manifest {
+  format_version: number;
+  runtime_version: string;
+  content_hash: string;
+  compiler_version: string;
+  target: string;
+  code: string;
+  inputs: Array<TensorSpec & { device_dtype?: "int32" }>;
+  outputs: Array<TensorSpec & { device_dtype?: "int32"; source: null | { region: "input" | "output" | "params"; index?: number; offset?: number } }>;
+  params: { file: "params.bin"; bytes: number; layout: Array<TensorSpec & { offset: number; nbytes: number }> };
+  memory: { arena_bytes: number; intermediate_bytes: number; alignment: number; wasm_import?: WasmImport };
+  variants?: Array<{ code: string; features: Array<"threads" | "relaxed-simd">; wasm_import: WasmImport; stack_bytes?: number }>;
+  files: Record<string, string>;
+  chunked_files?: { chunk_bytes: number; sha256: Record<string, string> };
+  [key: string]: unknown;
+}
+
+export interface WasmImport {
+  initial_pages: number;
+  maximum_pages: number | null;
+  shared?: boolean;
+}
+
+/** A loaded bundle; make one with load(). */
+export class Model {
+  private constructor();
+  readonly manifest: Manifest;
+  /** The backend that runs the model: "wasm" or "webgpu". */
+  readonly backend: string;
+  /** Why: "asked for wasm", "auto chose wasm: the first that can run here, passing over webgpu (...)". */
+  readonly backendReason: string;
+  /** wasm: the code file, its features and threads; null on other backends. */
+  readonly variant: WasmVariant | null;
+  readonly inputs: TensorSpec[];
+  readonly outputs: TensorSpec[];
+  readonly inputNames: string[];
+  readonly outputNames: string[];
+  /** Run once. Rejects with a TesselError (code "input") naming a wrong, missing or unknown input. */
+  run(feeds: Feeds): Promise<Record<string, Tensor>>;
+  /** Make the backend's device state again, e.g. after a lost WebGPU device. */
+  reload(): Promise<void>;
+  /** Release the model's memory, workers and device; it cannot run afterwards. */
+  dispose(): void;
+}
+
+/**
+ * Load a bundle directory (an http(s) or relative URL in a browser; also a path or file: URL in Node), or a bundle
+ * set (its .json URL, or the object). Rejects with a TesselError naming what is wrong.
+ */
+export function load(bundle: string | URL | BundleSet, options?: LoadOptions): Promise<Model>;
+
+export type TesselErrorCode =
+  | "manifest"
+  | "version"
+  | "file"
+  | "digest"
+  | "seal"
+  | "binding"
+  | "code"
+  | "memory"
+  | "backend"
+  | "options"
+  | "input"
+  | "run"
+  | "disposed"
+  | "device";
+
+/** The one error tessel.js throws for what a caller or a bundle got wrong. */
+export class TesselError extends Error {
+  constructor(code: TesselErrorCode, field: string | null, message: string);
+  readonly name: "TesselError";
+  /** Which kind of problem. */
+  readonly code: TesselErrorCode;
+  /** The manifest field ("outputs[0].shape"), file ("model.wasm"), input or option it is about, when there is one. */
+  readonly field: string | null;
+}
+
+/** Reads a bundle's files for a backend's create(). */
+export interface BundleSource {
+  text(name: string): Promise<string>;
+  chunks(name: string): AsyncIterable<Uint8Array>;
+}
+
+/** What a backend's create() gives: runs already-checked inputs, in manifest order. */
+export interface Executor {
+  run(inputs: TensorData[]): Promise<TensorData[]>;
+  dispose(): void;
+  reload?(): Promise<void>;
+  variant?: WasmVariant;
+  adapter?: string;
+}
+
+export interface Backend {
+  name: string;
+  /** null when the bundle carries code for this backend, else why not. */
+  describe(manifest: Manifest): string | null;
+  /** null when this machine can run it, else why not. */
+  probe(manifest: Manifest): Promise<string | null>;
+  create(
+    manifest: Manifest,
+    source: BundleSource,
+    options: { onProgress?: (progress: LoadProgress) => void; threads?: number; relaxedSimd?: boolean },
+  ): Promise<Executor>;
+}
+
+/** Add a backend, or replace some fields of the one with the same name. */
+export function registerBackend(backend: Partial<Backend> & { name: string }): void;
+
+/** True when this engine runs WebAssembly SIMD128, which every Tessel wasm bundle uses. */
+export function hasWasmSimd(): boolean;
+
+/** True when this engine runs WebAssembly relaxed SIMD, which a bundle's relaxed variant uses. */
+export function hasWasmRelaxedSimd(): boolean;
+
+/** SHA-256 of the bytes: WebCrypto's where there is one, else tessel.js's own. */
+export function sha256(bytes: ArrayBuffer | ArrayBufferView): Promise<Uint8Array>;
+
+/** The digest of a manifest's text that the compiler embeds in the code generated for it (compiler/bundle.py). */
+export function bindingDigest(manifestText: string): Promise<string>;
+
+/** Rejects with a TesselError (code "seal") unless the code file's own sha256 seal matches its bytes. */
+export function checkSeal(name: string, bytes: Uint8Array, style: "wasm" | "text"): Promise<void>;
