@@ -18,13 +18,14 @@ import numpy as np
 
 from compiler import zoo
 from compiler.backends import BACKENDS
-from compiler.build import compile_model, load_module
+from compiler.build import EVERY_WASM_VARIANT, compile_model, load_module
 from compiler.data.train_digits import held_out_split
 from compiler.errors import ModelError, ShapeError, TesselError
 from compiler.frontend.onnx import load_onnx
 from compiler.frontend.onnx import parse_input_shapes as parse
 from compiler.passes.fuse_ops import group_summary
 from compiler.passes.pipeline import optimize
+from compiler.target import Target
 from compiler.tune import report
 from compiler.tune.session import tune_file
 
@@ -229,12 +230,9 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
 WASM_VARIANT_CHOICES = ("all", "threads", "relaxed-simd", "none")
 
 
-def _wasm_variants(args: argparse.Namespace) -> tuple[str, ...]:
+def _wasm_variants(args: argparse.Namespace, target: Target) -> tuple[str, ...]:
     """What --wasm-variants asks for: every variant by default on wasm, as the service compiles; none elsewhere."""
-    from compiler.build import EVERY_WASM_VARIANT
-    from compiler.target import Target
-
-    wasm = Target.parse(args.target).kind == "wasm"
+    wasm = target.kind == "wasm"
     choice = args.wasm_variants or ("all" if wasm else "none")
     if not wasm and choice != "none":
         raise TesselError(
@@ -252,14 +250,15 @@ def _run_compile(args: argparse.Namespace) -> int:
 
     if not args.model.is_file():
         raise ModelError(f"cannot read {args.model}: no such file; give the path of an .onnx model")
+    target = Target.parse(args.target)
     module = compile_model(
         args.model,
-        target=args.target,
+        target=target,
         input_shapes=parse_input_shapes(args.input_shape),
         tuning_records=args.records,
         num_threads=args.threads,
         progress=progress,
-        wasm_variants=_wasm_variants(args),
+        wasm_variants=_wasm_variants(args, target),
     )
     output = args.output or args.model.with_suffix(".bundle")
     path = module.export(output)
