@@ -316,3 +316,13 @@ def test_serve_still_has_its_arguments():
         [sys.executable, "-m", "compiler.cli", "serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and "--port" in done.stdout and "--store" in done.stdout
+
+
+# A module past this many lines holds more than one family of code: split it (docs/architecture.md, "Layout").
+MAX_MODULE_LINES = 800
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[_module_name(path) for path in MODULES])
+def test_modules_stay_small(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{_module_name(path)} has {lines} lines; split it by family"

@@ -2,7 +2,7 @@
 named as in compiler/graph/ops/), the tags they give their stages (tags.py), and the translation of a fused group into
 tensor expressions that the schedules (compiler/schedules/) take."""
 
-from compiler.compute import conv, dense, elementwise, norm, pool, reduce, resize, transform
+from compiler.compute import conv, dense, elementwise, norm, pool, quantize, reduce, resize, transform
 from compiler.compute.group import GroupTE, group_to_te
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "group_to_te",
     "norm",
     "pool",
+    "quantize",
     "reduce",
     "resize",
     "transform",
