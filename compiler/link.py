@@ -65,7 +65,7 @@ def _thread_pool_object(target: Target) -> bytes:
 
 def link_shared(object_code: bytes, target: Target) -> bytes:
     """A shared library holding the object's kernels and the thread pool; libm (float64 transcendentals,
-    codegen/llvm.py) and pthreads are linked."""
+    codegen/llvm/) and pthreads are linked."""
     command = shared_library_command(target)
     with tempfile.TemporaryDirectory(prefix="tessel-link-") as folder:
         source, pool, output = Path(folder, "kernel.o"), Path(folder, "thread_pool.o"), Path(folder, "kernel.so")

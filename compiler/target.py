@@ -96,7 +96,7 @@ _CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 
 @dataclass(frozen=True)
 class Machine:
-    """What code for a CPU target may assume beyond its triple and features; codegen/llvm.py and the linker read these
+    """What code for a CPU target may assume beyond its triple and features; codegen/llvm/ and the linker read these
     instead of testing the target's kind.
 
     - `libm`: a C library's math to call (float64 exp, log, ...); else every function is expanded in IR.

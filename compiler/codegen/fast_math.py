@@ -1,4 +1,4 @@
-"""Math intrinsics as straight-line LLVM IR for codegen/llvm.py: exp, log and half-precision conversions, built from
+"""Math intrinsics as straight-line LLVM IR for codegen/llvm/: exp, log and half-precision conversions, built from
 selects, bit casts and polynomials so they work lane-wise on vectors and need no libm (wasm32 has none, and a libm
 call stops vectorization natively). erf, tanh, sigmoid and pow are loop-IR rewrites over these (tir/fast_math.py)."""
 

@@ -40,7 +40,7 @@ ISOLATED_MACS_PER_ELEMENT = 64
 ISOLATED_MIN_MACS = 1 << 22
 
 # the columns of a packed dense weight's panel, by the target's vector width in bytes: the dense template's register
-# block is tile_m rows x one panel (compiler/schedules/cpu.py, "dense_packed"): four AVX-512 vectors, two of AVX2,
+# block is tile_m rows x one panel (compiler/schedules/cpu/dense.py, "dense_packed"): four AVX-512 vectors, two of AVX2,
 # two of wasm SIMD128 or NEON (XNNPACK's 4 x 8 wasm tile)
 DENSE_PANEL_COLUMNS = {64: 64, 32: 16, 16: 8}
 

@@ -16,7 +16,7 @@ from compiler.graph.ops.dense import attention_types
 from compiler.target import Target
 
 # The most keys an Attention takes: a task holds its row tile's scores and their exponentials in local buffers
-# (compiler/schedules/cpu.py, _attention), at most a few hundred KB within a wasm worker's 1 MB stack
+# (compiler/schedules/cpu/attention.py), at most a few hundred KB within a wasm worker's 1 MB stack
 MAX_KEYS = 4096
 
 

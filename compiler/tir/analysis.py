@@ -1,6 +1,6 @@
 """Target-neutral analysis of the loop IR that code generators decide with: an index's affine coefficient in a loop
 variable, a clamped run (a padded row read in vectors), and whether a vectorized loop's body can be widened lane by
-lane. codegen/llvm.py widens loads and loops by them; the C and WGSL printers can read the same facts."""
+lane. codegen/llvm/ widens loads and loops by them; the C and WGSL printers can read the same facts."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_the_attention_kernel_matches_the_reference(target, shape, mask, guard):
 
 @pytest.mark.parametrize("target", ["llvm", "wasm"])
 def test_every_attention_config_computes_the_block(target):
-    """The template's space (compiler/schedules/cpu.py, _attention): query rows per task, the scores' key tile, the
+    """The template's space (compiler/schedules/cpu/attention.py): query rows per task, the scores' key tile, the
     output's column tile and the partial vectors of the row maxima and sums, a spread of configs built and run."""
     graph = attention_graph(shape=(1, 2, 9, 40, 24), mask=(1, 1, 1, 40), guard=True)
     feeds = feeds_for(graph)

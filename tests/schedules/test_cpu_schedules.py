@@ -1,4 +1,4 @@
-"""The default CPU schedules (compiler/schedules/cpu.py) on whole fused groups: results against the numpy reference
+"""The default CPU schedules (compiler/schedules/cpu/) on whole fused groups: results against the numpy reference
 executor natively and in wasmtime, and the loop structure they promise (epilogue at the anchor's tile, parallel and
 vectorized loops) read from the kernel's loop IR."""
 
@@ -410,7 +410,7 @@ def hottest_loop(assembly: str) -> list[str]:
 
 def test_a_matmul_k_loop_makes_one_step_per_iteration():
     """LLVM may fully unroll a short constant loop (the 11 rows of a filled AVX2 block) but unrolls no loop partly
-    (codegen/llvm.py): it had unrolled the k loop around that block by 2, and the two steps' multiply-adds took a
+    (codegen/llvm/): it had unrolled the k loop around that block by 2, and the two steps' multiply-adds took a
     register copy each."""
     graph = Graph()
     a = graph.add_input("a", TensorType((1, 77, 200), "float32"))
@@ -422,7 +422,7 @@ def test_a_matmul_k_loop_makes_one_step_per_iteration():
 
 @pytest.mark.usefixtures("direct_convs")
 def test_blocked_conv_inner_loop_computes_no_addresses():
-    """Natively an index is computed in 64 bits (codegen/llvm.py, index), so the AVX2 blocked conv's inner loop is
+    """Natively an index is computed in 64 bits (codegen/llvm/, index), so the AVX2 blocked conv's inner loop is
     its broadcasts, weight loads and multiply-adds and the loop's step: in 32 bits it also did a lea and a sign
     extension per weight load (32 of each per 64 multiply-adds)."""
     graph, feeds = conv_graph((1, 32, 12, 12), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "")

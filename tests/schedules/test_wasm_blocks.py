@@ -1,4 +1,4 @@
-"""Register blocks sized for V8's 16 registers on wasm (compiler/schedules/cpu.py, VECTOR_DEFAULTS[16]): the dense
+"""Register blocks sized for V8's 16 registers on wasm (compiler/schedules/cpu/defaults.py, VECTOR_DEFAULTS[16]): the dense
 template's 4 rows x 8 columns (attention's MatMuls of two computed operands), a row tile above 4 (77 rows: 7) with
 fewer columns so the block keeps its accumulators, a MatMul by a param weight's 4 rows x one packed panel of 8
 columns, and an NCHW conv's 2 channels x 16 columns; odd shapes against onnxruntime."""

@@ -1,4 +1,4 @@
-"""The dense/batch_matmul template's search knobs (compiler/schedules/cpu.py, _dense): unroll_k, the parallel axis,
+"""The dense/batch_matmul template's search knobs (compiler/schedules/cpu/dense.py): unroll_k, the parallel axis,
 B's packed panels and a ragged row's vector-multiple tiles. Each point of the space built and run computes what
 numpy does; the fallback is the template's old code, but for AVX-512's k loop unrolled by 4 (the digests of
 tests/tune/test_fallback_schedules.py, and the zoo's MatMuls below)."""
@@ -209,7 +209,7 @@ def packed_node(a_shape, b_shape, target):
 @pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f", "wasm"])
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((1, 13, 24), (24, 100)), ((2, 6, 16), (16, 64))])
 def test_every_packed_dense_config_computes_the_matmul(a_shape, b_shape, target):
-    """The MatMulPacked template's space (compiler/schedules/cpu.py, _dense_packed): rows, the k loop's unrolling, the
+    """The MatMulPacked template's space (compiler/schedules/cpu/dense.py, schedule_dense_packed): rows, the k loop's unrolling, the
     tile order and the parallel loop, each value among the configs built and run; 13 rows and 100 columns leave a
     shorter last row tile and a last panel past N."""
     graph, fused, node = packed_node(a_shape, b_shape, target)
