@@ -1,4 +1,4 @@
-"""Bundles: the directory a compiled model is exported to and loaded from (DESIGN.md §4): manifest.json, the
+"""Bundles: the directory a compiled model is exported to and loaded from (docs/modules.md, "Bundles"): manifest.json, the
 code (its backend's code file: model.so, model.wasm..., and for wasm optional variants such as model.threads.wasm)
 and params.bin. build.py writes the manifest; this module writes the files atomically and checks, on loading, the
 format version, every file's sha256, the manifest's schema (check_manifest) and the sizes it gives against the files. The code carries `binding_digest` of the manifest

@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md §2, read from the source: every import of every module of compiler/ and server/
+"""The import rules (docs/architecture.md, "Import rules, enforced"), read from the source: every import of every module of compiler/ and server/
 (function-level ones too, parsed with ast) must go one way down the pipeline. Each stage lists the stages it may
 import; the drivers see every stage; nothing in compiler/ imports server/ but the CLI's serve command, lazily, and
 `tessel compile` (or --help) never loads the server or Starlette."""

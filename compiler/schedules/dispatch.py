@@ -119,7 +119,7 @@ def padding_stage(schedule: Schedule, anchor: te.Tensor):
     a plain buffer (a select in the vector loop would cost a compare per multiply-add)."""
     for tensor in anchor.op.input_tensors:
         op = tensor.op
-        if isinstance(op, ComputeOp) and op.tag == "injective" and not op.reduce_axis:
+        if isinstance(op, ComputeOp) and op.tag == tags.INJECTIVE and not op.reduce_axis:
             return op
     return None
 

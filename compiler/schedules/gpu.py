@@ -70,23 +70,12 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "pool_max": {"num_thread": 128},
     "pool_avg": {"num_thread": 128},
 }
-# What a target kind's fallback changes in DEFAULTS (docs/gpu.md, "Fewer barriers, cached conv tiles"). WebGPU's
-# only measured adapters (Chromium's SwiftShader and lavapipe) run a workgroup's invocations as SIMD lanes of a CPU
-# thread, and a workgroupBarrier splits them into coroutines: a shared-memory tile costs more there (in shader
-# compilation above all) than the global reads it saves, which the CPU's caches serve anyway (bert_tiny 328 -> 255
-# ms a run and 3.3 -> 1.1 s to the first result on SwiftShader, 55 -> 29 ms on lavapipe). A conv tile of 4 columns
-# whose operands are cached in registers runs a 64-channel 56x56 conv in 282 ms against 455 for one column and
-# compiles in 85 ms, where 4 uncached columns took SwiftShader 8 s to compile.
+# What a target kind's fallback changes in DEFAULTS. WebGPU's measured adapters run a workgroup as SIMD lanes of a
+# CPU thread: shared tiles and barriers cost more there than the reads they save (docs/benchmarks.md, "GPU
+# TARGET_DEFAULTS"). A conv tile of 4 columns, its operands cached in registers:
 _CONV_WEBGPU = {"tile_w": 4, "cache": 1}
-# A row reduction shared by a block's threads is a tree of workgroupBarriers in shared memory: SwiftShader took
-# 240-340 ms to create each such pipeline (45-70 ms without), against microseconds of run time for one thread
-# reducing a row of a few thousand elements, so on webgpu rows up to 4096 are reduced by one thread each.
-# SwiftShader's pipeline creation grows with the unrolled code too: odd_convnet's 7x7 depthwise conv, its 49 taps
-# unrolled over two outputs a thread, took 426 ms to create (34 ms as loops, 84 ms with only the 7 columns unrolled,
-# which ran as fast as all 49: 327 against 315 ms for the model), while a 3x3's 9 taps over 4 outputs unrolled ran
-# 9-17% faster than loops (dwconv_block, mobilenet_v2); so webgpu unrolls at most 64 multiply-adds of taps. A dense
-# register tile whose operands are loaded once per step of k (cache) took 13-16% less time to create and ran 23-32%
-# faster on SwiftShader (bert_tiny, vit_tiny).
+# webgpu: rows up to 4096 reduced by one thread each (no barrier tree), at most 64 multiply-adds of taps unrolled, and
+# a dense tile cached in registers: each shortens pipeline creation, which dominates there ("GPU TARGET_DEFAULTS")
 TARGET_DEFAULTS: dict[str, dict[str, dict[str, object]]] = {
     "webgpu": {
         "reduce": {"serial_row": 4096},
@@ -529,7 +518,7 @@ def _dense(schedule: Schedule, dense: Stage, output: Stage, target: Target, cfg:
     registers, from global memory."""
     values = fallback("dense", target)
     *batch, i, j = output.op.axis
-    partial_op = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
+    partial_op = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == tags.DENSE_PARTIAL), None)
     # powers of two, the last tile guarded: a prime extent (77 tokens, 37 rows) would leave one thread per row
     cfg.define_split("tile_y", i, num_outputs=3, policy="power2", default=values["tile_y"])
     # read from global memory, a block of columns that divides the row count guards no multiply-add
@@ -612,8 +601,8 @@ def _winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
     matrix is unrolled in each step (its select then decided): a thread's other loops stay loops, since SwiftShader's
     time to create a pipeline grows with the code (resnet18: 10.3 s with every loop unrolled)."""
     by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
-    transform, gemm = by_tag["winograd_input"], by_tag[tags.WINOGRAD_GEMM]
-    rows, columns = by_tag["winograd_rows"], by_tag["winograd_columns"]
+    transform, gemm = by_tag[tags.WINOGRAD_INPUT], by_tag[tags.WINOGRAD_GEMM]
+    rows, columns = by_tag[tags.WINOGRAD_ROWS], by_tag[tags.WINOGRAD_COLUMNS]
     for stage in schedule.stages:
         op = stage.op
         kept = stage in (transform, rows, columns)

@@ -22,8 +22,8 @@ def schedule_attention(schedule: Schedule, target: Target, cfg: ConfigSpace) -> 
     values = fallback(tags.ATTENTION, target)
     by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
     (output,) = (stage for stage in schedule.stages if stage.is_output)
-    block, scores, largest = by_tag[tags.ATTENTION], by_tag["attention_scores"], by_tag["attention_max"]
-    exponentials, total = by_tag["attention_exp"], by_tag["attention_sum"]
+    block, scores, largest = by_tag[tags.ATTENTION], by_tag[tags.ATTENTION_SCORES], by_tag[tags.ATTENTION_MAX]
+    exponentials, total = by_tag[tags.ATTENTION_EXP], by_tag[tags.ATTENTION_SUM]
     partials = [factor_row(schedule, stage, target, cfg) for stage in (largest, total)]
     width = lanes(target, output.op.dtype)
     *batch, i, d = output.op.axis

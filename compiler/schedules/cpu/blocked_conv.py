@@ -32,7 +32,7 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     on the tile before it is stored, still in the blocked layout."""
     values = fallback(conv.op.tag, target)
     n, outer, oh, ow, inner = output.op.axis
-    pointwise = conv.op.tag == "conv2d_nchwc" and all(axis.extent == 1 for axis in conv.op.reduce_axis[1:-1])
+    pointwise = conv.op.tag == tags.CONV2D_NCHWC and all(axis.extent == 1 for axis in conv.op.reduce_axis[1:-1])
     pointwise_tile = pointwise and values["pointwise_tile_ow"] is not None
     if pointwise_tile:
         values.update(tile_ow=values["pointwise_tile_ow"], tile_blocks=values["pointwise_tile_blocks"])
@@ -53,7 +53,7 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     least = 0.75 if pointwise_tile else 0.5
     tile_ow = tile_or_tail(ow.extent, max(values["tile_ow"], min(accumulators // blocks, columns)), least)
     cfg.define_split("tile_ow", ow, policy=column_tiles(ow.extent), default=tile_ow)
-    columns_outer = conv.op.tag == "conv2d_nchwc" and values["unroll_outer"] == "columns"
+    columns_outer = conv.op.tag == tags.CONV2D_NCHWC and values["unroll_outer"] == "columns"
     more_blocks = accumulators // tile_ow
     while more_blocks > blocks and not _fits_registers(target, more_blocks, tile_ow, block_vectors, columns_outer):
         more_blocks -= 1
@@ -62,7 +62,7 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     pad = padding_stage(schedule, conv.op.output(0))
     if pad is not None:
         # a dense conv's local rows would be made again for every filter tile: not a choice
-        choices = ["in_place", "copy"] if conv.op.tag == "conv2d_nchwc" else ["in_place", "rows", "copy"]
+        choices = ["in_place", "copy"] if conv.op.tag == tags.CONV2D_NCHWC else ["in_place", "rows", "copy"]
         cfg.define_knob("padding", choices, default=values["padding"])
     block_outer, block_inner = cfg["tile_blocks"].apply(schedule, output, outer)
     ow_outer, ow_inner = cfg["tile_ow"].apply(schedule, output, ow)
@@ -77,7 +77,7 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     cn, couter, coh, cow, cinner = conv.op.axis
     reduce_axes = list(conv.op.reduce_axis)
     unrolled = [couter, cow]
-    if conv.op.tag == "conv2d_nchwc":
+    if conv.op.tag == tags.CONV2D_NCHWC:
         window = math.prod(axis.extent for axis in conv.op.reduce_axis[1:-1])
         short_row = ow.extent <= SMALL_ROW and cfg["tile_ow"].size[-1] <= SMALL_ROW_TILE and window <= SMALL_ROW_TAPS
         taps_place = values["small_row_taps"] if short_row and values["small_row_taps"] is not None else values["taps"]
@@ -92,7 +92,7 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     conv.unroll(couter)
     conv.unroll(cow)
     conv.vectorize(cinner)
-    if conv.op.tag == "conv2d_nchwc" and target.kind == "llvm":
+    if conv.op.tag == tags.CONV2D_NCHWC and target.machine.prefetch:
         _prefetch_filters(conv, cfg, target, rows, oh.extent, ow_outer, reduce_axes)
     if pad is None:
         return
@@ -100,7 +100,7 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     if padding == "in_place":
         pad.compute_inline()
         output.partition(ow_outer)
-        if conv.op.tag == "conv2d_nchwc":
+        if conv.op.tag == tags.CONV2D_NCHWC:
             # the tests of a dense conv's taps come in every input channel's multiply-adds: the rows are cut too (a
             # task's body branches on its row), and in a border row the loop over the window's rows, where a
             # decided-out row's zero products are then dropped (tir/simplify.py). A border column tile keeps its

@@ -34,27 +34,14 @@ def schedule_dense(schedule: Schedule, dense: Stage, output: Stage, target: Targ
     with columns outermost and parallel "outer" it is packed once per column tile and read by every row tile.
     Their fallbacks (no unroll, every tile loop parallel, no packing) build what the template built before them."""
     values = fallback("dense", target)
-    partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == "dense_partial"), None)
+    partial = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == tags.DENSE_PARTIAL), None)
     *batch, i, j = output.op.axis
     width = lanes(target, output.op.dtype)
-    # the column tile is the largest divisor of whole vectors up to tile_n. A row with none of at least half of it
-    # (attention over 77 tokens; 200 columns in 16 lanes) takes the fallback's tile with a guarded last tile, the
-    # loop over column tiles partitioned so only that tile tests it: the divisors of 77 gave 7 x 11-lane
-    # tiles (vit_tiny's Q K^T, 1 thread: 0.082 ms for 4 heads' groups), and odd_transformer's (1, 77, 200) x
-    # (200, 200) took 1.0 ms in wasmtime in 1 x 10-lane tiles (the largest divisors of 77 and 200 up to 4 and 16),
-    # 0.185 ms in 7 x 8. The tail is not narrowed to one vector: codegen emits a vector loop wider than a register
-    # and no power of two as registers and a remnant (_vector_pieces), so a 28-lane tail of 700 columns costs what
-    # its lanes do ((1, 77, 200) x (200, 700), AVX-512, 1 thread: 0.089 ms in 7 x 32, against 0.127 in 7 x 16, the
-    # tile that narrowing chose; onnxruntime 0.095). The tile narrows, a vector at a time, only while the block
-    # does not fit the registers: on AVX2, 7 x 16 (the 7 rows of 77) spilled ((1, 91, 184) x (184, 604): 0.29 ms
-    # against 0.23 in 7 x 8; vit_tiny's (1, 77, 192) x (192, 576) made 30 vector moves (B's 2 loads among them) per 14
-    # multiply-adds once LLVM no longer unrolled its k loop by 2)
-    # The row tile (_row_tile) is a divisor near tile_m. Where none is, or one above it whose block narrowed to fit
-    # the registers holds fewer than FMA_CHAINS accumulators, it is tile_m's balanced tiling with a shorter last
-    # tile, that tile's loop partitioned (tile_or_tail): 77 rows on AVX2 take 12 x 6 + 5, where the divisor 7 made
-    # 7 x 16 (17 registers), narrowed to 7 x 8 and filled to 11 x 8: (1, 77, 192) x (192, 576) 0.229 -> 0.191 ms,
-    # (1, 91, 184) x (184, 604) 0.288 -> 0.237 (onnxruntime 0.209, 0.269). AVX-512's 33 rows keep 11 (11 x 32);
-    # wasm keeps its accumulators by narrowing the columns instead (keep_accumulators)
+    # the column tile: the largest divisor of whole vectors up to tile_n, or, where none is at least half of it, the
+    # fallback's tile with a guarded last tile (not narrowed to one vector: codegen splits a wide vector loop); it
+    # narrows only while the block does not fit the registers. The row tile: a divisor near tile_m, else tile_m's
+    # balanced tiling with a shorter last tile (tile_or_tail). docs/benchmarks.md, "The dense template's tiles on
+    # ragged shapes"
     tile_n = values["tile_n"]
     tile_m = _row_tile(i.extent, values["tile_m"])
     above = tile_m is not None and tile_m > values["tile_m"]

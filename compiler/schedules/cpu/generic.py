@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import compiler.te as te
+from compiler.compute import tags
 from compiler.schedules.cpu.defaults import fallback
 from compiler.schedules.cpu.tiling import lanes, mentions, vector_factor, vectorize_innermost, vectorize_row
 from compiler.schedules.dispatch import host_of, lives_in_host
@@ -224,7 +225,7 @@ def schedule_rest(schedule: Schedule, readers, target: Target, cfg: ConfigSpace,
             parallel = _schedule_reduction(stage, target, cfg)
             if stage in partials and parallel is not None:
                 schedule_partials(partials[stage], stage, parallel)
-        elif stage.op.tag == "layout_nchw":
+        elif stage.op.tag == tags.LAYOUT_NCHW:
             _schedule_unblock(stage, target)
         elif _repeats_columns(stage) or _moves_blocked_columns(stage) or _blocks_channels(stage):
             schedule_rows(stage, target)

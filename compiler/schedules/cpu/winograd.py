@@ -23,7 +23,7 @@ def schedule_winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> N
     block. The loops over a tile's points and over its output positions are partitioned: cut into one piece per
     value, in which each select on them is decided, so each value is its own few adds."""
     by_tag = {stage.op.tag: stage for stage in schedule.stages if isinstance(stage.op, ComputeOp)}
-    transform, gemm = by_tag["winograd_input"], by_tag[tags.WINOGRAD_GEMM]
+    transform, gemm = by_tag[tags.WINOGRAD_INPUT], by_tag[tags.WINOGRAD_GEMM]
     pad = padding_stage(schedule, transform.op.output(0))
     for stage in schedule.stages:
         op = stage.op
