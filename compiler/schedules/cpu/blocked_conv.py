@@ -41,15 +41,13 @@ def schedule_blocked_conv(schedule: Schedule, conv: Stage, output: Stage, target
     # The fallback keeps the accumulators of its full tile (tile_blocks x tile_ow of the defaults), enough
     # multiply-adds in flight to hide their latency: fewer filter blocks than the tile's (3 blocks of 16 channels)
     # take more columns, up to half the vector registers, and a row shorter than the tile takes more filter blocks
-    # while they fit the registers (512 -> 512 channels on 7 x 7, AVX-512, 1 thread: 1.06 ms with 2 blocks x 7
-    # columns, 1.39 with 1 x 7, 1.33 with 4 x 7). In wasm, 1 block x 16 columns of two vectors each made mobilenet_v2
-    # 5% slower than 1 x 8
+    # while they fit the registers (docs/benchmarks.md, "Template measurements")
     accumulators = values["tile_blocks"] * values["tile_ow"]
     blocks = divisor_at_most(outer.extent, values["tile_blocks"])
     block_vectors = -(-inner.extent // lanes(target, output.op.dtype))
     columns = vector_registers(target) // 2 // block_vectors
-    # a pointwise tile keeps its columns with a shorter last tile rather than halve them (14 columns in 4, 4, 4, 2:
-    # mobilenet_v2's 64 -> 384 channels on 14 x 14 0.21 ms in V8, against 0.47 in 7 tiles of 2)
+    # a pointwise tile keeps its columns with a shorter last tile rather than halve them (14 columns in 4, 4, 4, 2;
+    # "Template measurements")
     least = 0.75 if pointwise_tile else 0.5
     tile_ow = tile_or_tail(ow.extent, max(values["tile_ow"], min(accumulators // blocks, columns)), least)
     cfg.define_split("tile_ow", ow, policy=column_tiles(ow.extent), default=tile_ow)
@@ -174,7 +172,7 @@ def schedule_transposed_conv(schedule: Schedule, conv: Stage, output: Stage, tar
     the input channels and the taps of each column's phase are the outer loops and the tile's columns, each a
     vector over the filter block, are held in registers, so one broadcast input value and one weight vector feed
     each multiply-add. The generic reduction schedule kept one vector of accumulators per output position: a chain
-    of C dependent multiply-adds (unet_small's 64 -> 32 2x2 stride-2 upsampling at 24 x 24: 0.11 ms)."""
+    of C dependent multiply-adds (docs/benchmarks.md, "Template measurements")."""
     n, outer, oh, ow, inner = output.op.axis
     cfg.define_split("tile_ow", ow, default=fallback(tags.CONV2D_TRANSPOSE_NCHWC, target)["tile_ow"])
     limit_registers(cfg, target, output.op.dtype, ("tile_ow",), inner.extent)

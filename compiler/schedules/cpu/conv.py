@@ -43,9 +43,8 @@ def schedule_conv1d(schedule: Schedule, conv: Stage, output: Stage, target: Targ
     that tile tests it."""
     values = fallback("conv1d", target)
     n, oc, ow = output.op.axis
-    # a tail tile wider than one vector is a slow odd-width vector loop (LLVM keeps its accumulators in memory: 96
-    # channels, 125 positions, 8 x 32 tiles: 0.095 ms, 0.032 at 128 positions), so the fallback halves the tile
-    # until the tail fits one vector (8 x 16: 0.045 ms)
+    # a tail tile wider than one vector is a slow odd-width vector loop (LLVM keeps its accumulators in memory), so
+    # the fallback halves the tile until the tail fits one vector (docs/benchmarks.md, "Template measurements")
     width, tile_ow = lanes(target, output.op.dtype), values["tile_ow"]
     while tile_ow > width and ow.extent % tile_ow > width:
         tile_ow //= 2

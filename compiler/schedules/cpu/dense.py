@@ -208,9 +208,8 @@ def _fill_block(target: Target, rows: int, tile_m: int, vectors: int, most: int)
     """The block's rows once its column tile is `vectors` wide. A block of fewer than FMA_CHAINS accumulators waits
     on each multiply-add before the next: narrow columns (8 of 520 in AVX2: 3 x 8, the rows of 33 by at most 6) or a
     tile narrowed to fit (77 x 200: 7 x 8, where 7 x 16 spills) then take the largest divisor of `rows` that keeps
-    the block within the fallback's accumulators (`most`) and the registers. (33, 100) x (100, 520), AVX2, 1 thread:
-    3 x 8 0.096 ms (0.103 rolled), 11 x 8 0.076 unrolled and 0.058 rolled. Measured back to back: with a 50 ms
-    pause before each run at 2 threads the gain did not hold (docs/benchmarks.md, "MatMuls on an AVX2 host")."""
+    the block within the fallback's accumulators (`most`) and the registers: faster back to back, not with pauses
+    between runs at 2 threads (docs/benchmarks.md, "MatMuls on an AVX2 host")."""
     if tile_m * vectors >= FMA_CHAINS:
         return tile_m
     fitting = [

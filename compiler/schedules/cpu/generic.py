@@ -42,7 +42,7 @@ def _schedule_unblock(stage: Stage, target: Target) -> None:
     """NCHW[x]c -> NCHW: parallel over (batch, channel block, row); inside, each of the block's x channels is one
     output row, a vector loop over its columns that reads the column's x channels, a stride of x apart, from the
     row's x-by-W tile while it is in cache. Fusing all the axes (the generic injective template) made a division
-    and a modulo per element and, over a width no vector divides, no vector loop: (1, 32, 112, 112) 0.23 ms."""
+    and a modulo per element and, over a width no vector divides, no vector loop ("Template measurements")."""
     n, c, *rows, w = stage.op.axis  # (N, C, W) for a 1-D value
     block = next(load.tensor.shape[-1] for load in walk(stage.op.body) if isinstance(load, TensorLoad))
     outer, inner = stage.split(c, block)
@@ -75,7 +75,7 @@ def _moves_blocked_columns(stage: Stage) -> bool:
     """An NCHW[x]c stage that reads a blocked input at a column computed from its own (a Resize or a Pad): by rows,
     each row's columns a serial loop of block vectors, its coordinates and blend weights come from the row and the
     column counters. The injective template's one fused loop recomputed the row and column of every vector by
-    division (unet_small's 2x bilinear upsampling, (1, 2, 96, 96, 16): 0.19 ms)."""
+    division (docs/benchmarks.md, "Template measurements")."""
     loads = _blocked_stage_loads(stage)
     column = stage.op.axis[3] if loads else None
     return any(
@@ -90,8 +90,7 @@ def _blocks_channels(stage: Stage) -> bool:
     """An NCHW[x]c stage that reads an NCHW (or NCW) value at a channel made from its block axis: the LayoutTransform
     into the blocked layout. By rows (parallel over batch, channel block and row), each column's x channels are
     one vector read x planes apart from one base, where the injective template's single fused loop divided the
-    fused index into the row and the column for every vector: inception_block's (1, 192, 28, 28) input, 1 thread,
-    0.103 -> 0.065 ms on AVX-512 and 0.165 -> 0.059 in wasmtime."""
+    fused index into the row and the column for every vector (docs/benchmarks.md, "Template measurements")."""
     loads = _blocked_stage_loads(stage)
     inner = stage.op.axis[4] if loads else None
     return any(len(node.indices) in (3, 4) and any(part is inner for part in walk(node.indices[1])) for node in loads)
@@ -131,8 +130,8 @@ def _schedule_channel_pieces(stage: Stage, target: Target) -> None:
     """Parallel over (batch, row); inside, the loop over channel blocks partitioned where the selects' tests change
     (each Concat input's blocks), so each piece reads its one input with no select, then the row's columns, each a
     block vector. The injective template's one fused loop tested every input's range and loaded from all of them
-    for each vector, after dividing its index into block, row and column (densenet_block's 256-channel Concat +
-    BatchNormalization + ReLU on 28 x 28, 1 thread: 0.140 ms, onnxruntime's three nodes 0.11)."""
+    for each vector, after dividing its index into block, row and column (docs/benchmarks.md, "Template
+    measurements")."""
     n, block, row, column, inner = stage.op.axis
     vector = vectorize_innermost(stage, lanes(target, stage.op.dtype))
     stage.reorder(n, row, block, column, *([] if vector is inner else [vector]))

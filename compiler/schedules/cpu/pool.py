@@ -20,7 +20,7 @@ def _pool_nchw(schedule: Schedule, pool: Stage, output: Stage, target: Target, c
     Per tile of tile_ow output columns (whole vectors; the last, shorter tile in its own partitioned piece) the
     taps are unrolled around the tile held in registers; strided taps read their columns as contiguous runs
     (codegen's strided loads). The generic reduction schedule gathered every stride-2 tap column by column and
-    tested the padding in each: (1, 64, 111, 111) 3x3 stride 2 ceil_mode, 0.48 ms, onnxruntime 0.106."""
+    tested the padding in each (docs/benchmarks.md, "Template measurements")."""
     n, c, oh, ow = output.op.axis
     width = lanes(target, output.op.dtype)
     vectors = [width * count for count in range(1, 5) if width * count <= ow.extent] or [ow.extent]

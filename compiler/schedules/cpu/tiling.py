@@ -116,8 +116,7 @@ def is_ragged(extent: int, limit: int, width: int) -> bool:
 def define_row_tile(cfg: ConfigSpace, name: str, axis, limit: int, width: int) -> None:
     """A split of a vectorized row into tiles of at most `limit` lanes: its divisors, the largest of whole vectors
     the fallback; a ragged row takes tiles of 1-4 whole vectors instead, the last one shorter, in its own piece
-    (`partition_tail`). odd_convnet's 3-group dilated conv on 49 x 66 (1 thread) took 1.0 ms in 5 x 11-lane
-    tiles, 0.56 ms in 5 x 16 and a tail of 2."""
+    (`partition_tail`), which beat the divisors' narrow tiles (docs/benchmarks.md, "Template measurements")."""
     if not is_ragged(axis.extent, limit, width):
         cfg.define_split(name, axis, default=vector_divisor(axis.extent, limit, width) or limit)
         return

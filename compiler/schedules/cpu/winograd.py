@@ -16,8 +16,7 @@ from compiler.te.tensor import ComputeOp
 
 def schedule_winograd(schedule: Schedule, target: Target, cfg: ConfigSpace) -> None:
     """A ConvWinogradNCHWc group (compiler/compute/conv.py, conv_winograd). Its padded input is copied by rows
-    (read in place, each of a tile's loads kept its padding's select: 32 -> 32 channels on 64 x 64, F(4, 3), 1
-    thread, 0.94 ms against 0.58 with the copy). The input transform runs parallel over (tile, channel block), a
+    (read in place, each of a tile's loads kept its padding's select; "Template measurements" in docs/benchmarks.md). The input transform runs parallel over (tile, channel block), a
     vector over the block. The matmuls are the dense template's (and its knobs), batched over the points. The output
     transform is inlined into the group's outputs, parallel over their rows of tiles, a vector over the filter
     block. The loops over a tile's points and over its output positions are partitioned: cut into one piece per
