@@ -1,7 +1,9 @@
 """Attention as the exporters write it, made one op for CPU targets: MatMul(Q, Kt), an optional scale (Mul or Div by a
 scalar param) and additive mask (Add), Softmax over the last axis, an optional guard that turns its NaNs into zeros
 (Where(IsNaN(p), 0, p): torch's scaled_dot_product_attention for fully masked rows) and MatMul(p, V) become one
-Attention node, so the kernel stage makes the scores, their softmax and the product with V per tile of query rows,
+Attention node. Several constant additive terms between the scores and the softmax, with reshapes between them (Swin's
+relative position bias, then its shifted-window mask added to the scores viewed per window) are first merged into one
+constant mask, when it stays within the constant-folding size limit; so the kernel stage makes the scores, their softmax and the product with V per tile of query rows,
 in cache, and the (..., M, N) score matrix never reaches memory. Runs before alter_layout; hands it a graph whose
 attention blocks are Attention nodes (compiler/graph/ops/dense.py).
 """
@@ -13,6 +15,7 @@ import numpy as np
 from compiler.errors import ShapeError
 from compiler.graph.ir import Graph, Node, Value
 from compiler.graph.ops.dense import attention_types
+from compiler.graph.registry import worth_folding
 from compiler.target import Target
 
 # The most keys an Attention takes: a task holds its row tile's scores and their exponentials in local buffers
@@ -23,7 +26,7 @@ MAX_KEYS = 4096
 def fuse_attention(graph: Graph, target: Target) -> Graph:
     """Every float32 softmax(Q Kt [* scale] [+ mask]) V over at most MAX_KEYS keys whose intermediate values nothing
     else reads becomes an Attention node computing the last MatMul's output."""
-    result = graph.copy()
+    result = _merge_masks(graph.copy())
     blocks = _Blocks(result)
     replaced: dict[int, Node] = {}
     removed: set[int] = set()
@@ -152,3 +155,47 @@ class _Blocks:
         ):
             return None
         return [check, where]
+
+
+def _merge_masks(graph: Graph) -> Graph:
+    """Each softmax input made from a value s of its own shape by additions of params and reshapes only (every step
+    read by its next one alone), with at least two steps, becomes s + one param: the steps applied to zeros. A
+    reshape keeps the elements' order and an addition of a constant is one, so the chain is s + that constant up to
+    the order of float additions. Left alone where the merged constant would outgrow the folding limit."""
+    blocks = _Blocks(graph)
+    replaced: dict[int, Node] = {}
+    removed: set[int] = set()
+    for softmax in graph.nodes:
+        if softmax.op != "Softmax":
+            continue
+        chain, value = [], softmax.inputs[0]
+        while blocks.private(value) and (step := blocks.producer.get(value)) is not None:
+            if step.op == "Reshape":
+                value = step.inputs[0]
+            elif step.op == "Add":
+                running = [u for u in step.inputs if u not in graph.params]
+                if len(running) != 1 or tuple(running[0].type.shape) != tuple(value.type.shape):
+                    break
+                value = running[0]
+            else:
+                break
+            chain.insert(0, step)
+        logits = softmax.inputs[0]
+        if len(chain) < 2 or tuple(value.type.shape) != tuple(logits.type.shape) or value.type.dtype != "float32":
+            continue
+        terms = {id(step): next(u for u in step.inputs if u in graph.params) for step in chain if step.op == "Add"}
+        if not worth_folding([term.type for term in terms.values()], [logits.type]):
+            continue
+        merged = np.zeros(value.type.shape, np.float32)
+        for step in chain:
+            if step.op == "Add":
+                merged = merged + graph.params[terms[id(step)]].astype(np.float32)
+            else:
+                merged = merged.reshape(step.outputs[0].type.shape)
+        mask = graph.add_param(f"{chain[-1].name}_mask", merged.reshape(logits.type.shape).astype(np.float32))
+        replaced[id(chain[-1])] = Node("Add", [value, mask], [logits], {}, chain[-1].name)
+        removed.update(id(step) for step in chain)
+    graph.nodes = [
+        replaced.get(id(node), node) for node in graph.nodes if id(node) not in removed or id(node) in replaced
+    ]
+    return graph

@@ -131,3 +131,50 @@ def test_every_attention_config_computes_the_block(target):
         out = np.full(expected.shape, np.nan, np.float32)
         kernel(*[feeds[value.name] for value in node.inputs], out)
         assert_close_in_range(out, expected, err_msg=str(config.to_json()))
+
+
+def swin_graph(windows=4, heads=3, tokens=9, depth=8, shifted=True):
+    """Swin's window attention as torchvision writes it: scores + a relative position bias (heads, N, N), then, in a
+    shifted block, viewed per window (1, windows, heads, N, N) + the shifted-window mask (1, windows, 1, N, N) and
+    viewed back, softmax, @ V."""
+    graph = Graph()
+    q = graph.add_input("q", TensorType((windows, heads, tokens, depth), "float32"))
+    kt = graph.add_input("kt", TensorType((windows, heads, depth, tokens), "float32"))
+    v = graph.add_input("v", TensorType((windows, heads, tokens, depth), "float32"))
+    (scores,) = graph.add_node("MatMul", [q, kt])
+    bias = graph.add_param("bias", RNG.standard_normal((1, heads, tokens, tokens)).astype(np.float32))
+    (scores,) = graph.add_node("Add", [scores, bias])
+    if shifted:
+        (scores,) = graph.add_node("Reshape", [scores], {"shape": (1, windows, heads, tokens, tokens)})
+        mask = np.where(RNG.random((1, windows, 1, tokens, tokens)) < 0.3, -100.0, 0.0).astype(np.float32)
+        (scores,) = graph.add_node("Add", [graph.add_param("shift_mask", mask), scores])
+        (scores,) = graph.add_node("Reshape", [scores], {"shape": (-1, heads, tokens, tokens)})
+    (weights,) = graph.add_node("Softmax", [scores], {"axis": -1})
+    (out,) = graph.add_node("MatMul", [weights, v])
+    graph.outputs = [out]
+    return graph
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+def test_swin_bias_and_shifted_window_mask_become_one_mask(shifted):
+    """The bias and the window mask, with the reshapes between them, merge into one constant mask of the scores'
+    shape, so Swin's shifted blocks are Attention nodes too; the result is the graph's (up to the order of the two
+    additions)."""
+    graph = swin_graph(shifted=shifted)
+    fused = fuse_attention(graph, Target.parse("llvm"))
+    (node,) = [node for node in fused.nodes if node.op != "Reshape"]
+    assert node.op == "Attention" and len(node.inputs) == 4
+    mask = node.inputs[3]
+    assert fused.params[mask].shape == ((4, 3, 9, 9) if shifted else (1, 3, 9, 9))
+    feeds = feeds_for(graph)
+    expected, actual = run_reference(graph, feeds), run_reference(fused, feeds)
+    name = graph.outputs[0].name
+    np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-6)
+    outputs, _ = compile_and_run(graph, feeds, "llvm", packed=True)
+    assert_close_in_range(outputs[name], expected[name])
+
+
+def test_a_mask_chain_past_the_folding_limit_is_left_alone(monkeypatch):
+    monkeypatch.setattr("compiler.passes.fuse_attention.worth_folding", lambda inputs, outputs: False)
+    fused = fuse_attention(swin_graph(), Target.parse("llvm"))
+    assert [node.op for node in fused.nodes].count("Softmax") == 1
