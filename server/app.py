@@ -33,6 +33,7 @@ from compiler import zoo
 from compiler.backends import BACKENDS
 from compiler.errors import TargetError, TesselError
 from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
+from compiler.tune.ray_runner import RayBuilder
 from compiler.tune.records import read_records
 from server.jobs import (
     FINISHED,
@@ -44,6 +45,7 @@ from server.jobs import (
     default_workers,
     new_job_id,
 )
+from server.ray_jobs import RayRunner
 from server.store import JOB_ID, Store
 from server.tuning import Sessions, parse_answer
 
@@ -628,12 +630,16 @@ def create_app(
     prebuild: tuple[str, ...] = (),
     static_dir: str | Path = STATIC_DIR,
     runtime_dir: str | Path = RUNTIME_DIR,
+    ray: str | None = None,
 ) -> Starlette:
     """The service over the store at `store_dir`. Workers start when the app's lifespan starts (the
-    TestClient's `with` block, or uvicorn) and stop with it."""
+    TestClient's `with` block, or uvicorn) and stop with it. `ray`: a Ray cluster's address ("auto", HOST:PORT, or
+    "local" for one in this process) to compile on instead of local processes (server/ray_jobs.py)."""
     prebuild = check_prebuild(prebuild)
+    runner = RayRunner(ray) if ray is not None else None  # None: the queue's local worker processes
     store = Store(store_dir)
-    queue = JobQueue(store, max_workers or default_workers(), max_queue, job_timeout_s, import_memory_bytes)
+    workers = max_workers or (runner.default_workers() if runner else default_workers())
+    queue = JobQueue(store, workers, max_queue, job_timeout_s, import_memory_bytes, runner=runner)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -677,7 +683,7 @@ def create_app(
     app.state.static_dir = Path(static_dir)
     app.state.runtime_dir = Path(runtime_dir)
     app.state.prebuilt = {}
-    app.state.tuning = Sessions(store.uploads)
+    app.state.tuning = Sessions(store.uploads, RayBuilder if ray is not None else None)
     return app
 
 
@@ -721,6 +727,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--import-memory-mb", type=float, default=2048, help="memory one upload's import may use in MiB (default 2048)"
     )
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="compile on the Ray cluster at ADDRESS (HOST:PORT, or auto for the one `ray start` began here) "
+        "instead of local processes; --workers then defaults to the cluster's CPUs",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -741,6 +754,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         job_timeout_s=args.job_timeout,
         import_memory_bytes=int(args.import_memory_mb * MiB),
+        ray=args.ray,
     )
     return 0
 

@@ -1,6 +1,6 @@
 """The compile queue: jobs wait in line, then run compiler.compile_model in a pool of worker processes
 sized to the cores (never on the event loop), report progress back over a pipe, and leave bundles in the
-Store. app.py submits jobs and reads their state; a restart marks jobs it interrupted as failed."""
+Store; under `tessel serve --ray` the same queue runs them as Ray tasks instead (server/ray_jobs.py). app.py submits jobs and reads their state; a restart marks jobs it interrupted as failed."""
 
 from __future__ import annotations
 
@@ -298,11 +298,13 @@ async def import_in_process(context, model_path: Path, input_shapes: dict, memor
 
 
 class WorkerDied(Exception):
-    """The worker's end of the pipe closed: the process crashed or was killed."""
+    """The worker's end of the pipe closed (the process crashed or was killed), or its Ray task's worker died."""
 
 
 class Worker:
-    """One compile process and the server's end of its pipe."""
+    """One compile process and the server's end of its pipe. What the queue asks of a worker (a Ray task's
+    server/ray_jobs.RayWorker answers the same): `start(task)`, `await receive()` for the next message, `kill()`,
+    and `death_message()` once receive raised WorkerDied."""
 
     def __init__(self, context):
         self.lock = threading.Lock()
@@ -310,6 +312,15 @@ class Worker:
         self.process = context.Process(target=_worker_main, args=(child,), daemon=True, name="tessel-compile")
         self.process.start()
         child.close()
+
+    def start(self, task: CompileTask) -> None:
+        self.connection.send(task)
+
+    def death_message(self) -> str:
+        return (
+            f"the compiler process died (exit code {self.process.exitcode}); "
+            "the model may need more memory than this server has"
+        )
 
     async def receive(self):
         """The next message, awaited with the pipe registered on the event loop (no thread blocks)."""
@@ -350,6 +361,30 @@ def _context():
     return context
 
 
+class ProcessRunner:
+    """Where jobs compile by default: worker processes on this machine, kept for the next job once one ends."""
+
+    def __init__(self, context):
+        self.context = context
+        self.idle: list[Worker] = []
+
+    async def take(self) -> Worker:
+        while self.idle:
+            worker = self.idle.pop()
+            if worker.process.is_alive():
+                return worker
+            worker.connection.close()
+        return await asyncio.to_thread(Worker, self.context)
+
+    def give_back(self, worker: Worker) -> None:
+        self.idle.append(worker)
+
+    async def close(self) -> None:
+        for worker in self.idle:
+            await asyncio.to_thread(worker.kill)
+        self.idle.clear()
+
+
 # ---- the queue -----------------------------------------------------------------------------------------
 
 
@@ -365,6 +400,7 @@ class JobQueue:
         job_timeout_s: float,
         import_memory_bytes: int = 2 << 30,
         import_timeout_s: float = 60.0,
+        runner=None,
     ):
         self.store = store
         self.import_memory_bytes = import_memory_bytes
@@ -377,11 +413,12 @@ class JobQueue:
         self.jobs: dict[str, Job] = {}
         self.waiting: deque[Job] = deque()
         self.running: dict[str, asyncio.Task] = {}
-        self.idle: list[Worker] = []
         self.busy: dict[str, Worker] = {}
         self.compiles = 0
         self._changed = asyncio.Event()
         self.context = _context()
+        # where compiles run: local worker processes, or Ray tasks (server/ray_jobs.RayRunner), chosen by create_app
+        self.runner = runner if runner is not None else ProcessRunner(self.context)
 
     async def start(self) -> None:
         """Load the saved jobs; one that was queued or running when the last process ended has lost its
@@ -404,10 +441,10 @@ class JobQueue:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for worker in [*self.busy.values(), *self.idle]:
+        for worker in self.busy.values():
             await asyncio.to_thread(worker.kill)
         self.busy.clear()
-        self.idle.clear()
+        await self.runner.close()
 
     async def import_upload(self, model_path: Path, input_shapes: dict) -> None:
         """Import an upload in a process of its own under this queue's limits; ImportRefused if it fails."""
@@ -495,14 +532,6 @@ class JobQueue:
         self.store.save_job(job.record())
         self._touch(job)
 
-    async def _take_worker(self) -> Worker:
-        while self.idle:
-            worker = self.idle.pop()
-            if worker.process.is_alive():
-                return worker
-            worker.connection.close()
-        return await asyncio.to_thread(Worker, self.context)
-
     async def _run(self, job: Job) -> None:
         task = CompileTask(
             str(self.store.root),
@@ -515,9 +544,9 @@ class JobQueue:
         started = time.perf_counter()
         worker: Worker | None = None
         try:
-            worker = await self._take_worker()
+            worker = await self.runner.take()
             self.busy[job.id] = worker
-            worker.connection.send(task)
+            worker.start(task)
             deadline = time.monotonic() + self.job_timeout_s
             while True:
                 kind, *payload = await asyncio.wait_for(worker.receive(), max(0.0, deadline - time.monotonic()))
@@ -539,7 +568,7 @@ class JobQueue:
                     job.log.append(f"failed: {payload[0]['message']}")
                     self._finish(job, FAILED, error=payload[0])
                     break
-            self.idle.append(worker)
+            self.runner.give_back(worker)
         except TimeoutError:
             await asyncio.to_thread(worker.kill)
             message = (
@@ -550,10 +579,7 @@ class JobQueue:
             self._finish(job, FAILED, error={"message": message, "status": 504})
         except WorkerDied:
             await asyncio.to_thread(worker.kill)
-            message = (
-                f"the compiler process died (exit code {worker.process.exitcode}); "
-                "the model may need more memory than this server has"
-            )
+            message = worker.death_message()
             job.log.append(message)
             self._finish(job, FAILED, error={"message": message, "status": 500})
         except Exception as error:

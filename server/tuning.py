@@ -83,8 +83,10 @@ class TuningSession:
     """One model tuned for one page: a thread runs tune_model; `next_candidate` hands the page what to time and
     `answer` takes its reply. States: tuning, done, failed."""
 
-    def __init__(self, model_path: Path, log_path: Path, trials: int):
+    def __init__(self, model_path: Path, log_path: Path, trials: int, make_builder=None):
         self.id = secrets.token_hex(16)
+        # what builds the candidates: a process here, or Ray tasks under `tessel serve --ray` (RayBuilder)
+        self.make_builder = make_builder or (lambda: LocalBuilder(1))
         self.model_path, self.log_path, self.trials = model_path, log_path, trials
         self.state, self.error = "tuning", None
         self.measured = 0
@@ -105,7 +107,7 @@ class TuningSession:
     # -- the tuning thread --
 
     def _tune(self) -> None:
-        builder = LocalBuilder(1)
+        builder = self.make_builder()
         try:
             tasks = extract_tasks(str(self.model_path), "wasm")
             self.tasks = len(tasks)
@@ -209,8 +211,9 @@ class TuningSession:
 class Sessions:
     """The service's tuning sessions, at most MAX_SESSIONS tuning at once."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, make_builder=None):
         self.folder = folder
+        self.make_builder = make_builder
         self.sessions: dict[str, TuningSession] = {}
 
     def start(self, model: bytes, trials: int) -> TuningSession:
@@ -221,7 +224,7 @@ class Sessions:
         name = secrets.token_hex(8)
         model_path, log_path = self.folder / f"{name}.tune.onnx", self.folder / f"{name}.tune.jsonl"
         model_path.write_bytes(model)
-        session = TuningSession(model_path, log_path, trials)
+        session = TuningSession(model_path, log_path, trials, self.make_builder)
         self.sessions[session.id] = session
         return session.start()
 

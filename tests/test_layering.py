@@ -144,7 +144,7 @@ LAZY_PACKAGES = {
     "cuda": "the cuda extra, and a driver, exist only on machines that run CUDA",
     "pyopencl": "the opencl extra, loaded only when an OpenCL bundle runs",
     "wgpu": "the webgpu extra, loaded only when a WebGPU bundle runs natively",
-    "ray": "the ray extra: only a tuning session on a Ray cluster",
+    "ray": "the ray extra: only a tuning session on a Ray cluster, or `tessel serve --ray` compiling on one",
     "xgboost": "the tune extra: only the learned cost model",
     "rich": "the tune extra: only the live tuning display",
     "matplotlib": "the tune extra: only the tuning report's plot",

@@ -251,7 +251,7 @@ def test_command_line_arguments_reach_serve(monkeypatch):
     add_arguments(parser)
     arguments = (
         "--port 9000 --store /tmp/x --prebuild digits,mobilenet_v2 --workers 3 --max-upload-mb 1 --job-timeout 5 "
-        "--import-memory-mb 64"
+        "--import-memory-mb 64 --ray 10.0.0.7:6379"
     )
     assert run_from_args(parser.parse_args(arguments.split())) == 0
     (args, kwargs), *_ = calls
@@ -263,6 +263,7 @@ def test_command_line_arguments_reach_serve(monkeypatch):
         "max_queue": 64,
         "job_timeout_s": 5.0,
         "import_memory_bytes": 64 * 2**20,
+        "ray": "10.0.0.7:6379",
     }
     with pytest.raises(TesselError, match="unknown zoo model"):
         run_from_args(parser.parse_args(["--prebuild", "nope"]))

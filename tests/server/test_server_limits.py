@@ -98,7 +98,7 @@ def test_a_job_over_the_time_limit_fails_and_its_worker_is_replaced(serve):
     job = wait_finished(client, upload(client, model_bytes("mobilenet_v2")).json()["job"])
     assert job["state"] == "failed"
     assert "longer than this server's limit of 0.3 s" in job["error"]["message"]
-    assert job["error"]["status"] == 504 and queue.idle == []
+    assert job["error"]["status"] == 504 and queue.runner.idle == []
     queue.job_timeout_s = 60
     after = wait_finished(client, upload(client, model_bytes("mlp")).json()["job"])
     assert after["state"] == "done", "a fresh worker takes the next job"
