@@ -60,6 +60,9 @@ export interface LoadOptions {
   /** false keeps to plain SIMD128 where the engine has relaxed SIMD. */
   relaxedSimd?: boolean;
   onProgress?: (progress: LoadProgress) => void;
+  /** The cache of bundle files (Cache API, else IndexedDB; none in Node), keyed by the manifest's digests:
+   * "default" uses and fills it, "reload" fetches every file again and refills it, "none" neither reads nor writes. */
+  cache?: "default" | "reload" | "none";
 }
 
 /** The same model compiled for several backends: each URL is a bundle directory, relative to the set's own URL
@@ -183,6 +186,9 @@ export interface Backend {
 
 /** Add a backend, or replace some fields of the one with the same name. */
 export function registerBackend(backend: Partial<Backend> & { name: string }): void;
+
+/** Empty the cache of bundle files that load keeps (the Cache API's, and IndexedDB's); resolves at once in Node. */
+export function clearCache(): Promise<void>;
 
 /** True when this engine runs WebAssembly SIMD128, which every Tessel wasm bundle uses. */
 export function hasWasmSimd(): boolean;
