@@ -9,15 +9,21 @@ import http.server
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _run_onnxruntime
 
 from compiler import compile_model, zoo
 
 RUNTIME = Path(__file__).resolve().parents[2] / "web_runtime"
+# the params of the "stalled" bundle (2 MiB: two 1 MiB pieces of its chunked digest) stop for STALL_S after STALL_AT
+STALLED = "/stalled/params.bin"
+STALL_AT, STALL_S = 3 << 19, 1.0
 
 RUN = """async ({bundle, feeds, options}) => {
   const tessel = await import("/runtime/tessel.js");
@@ -41,6 +47,18 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
 
     def do_GET(self):
         self.requests.append(self.path)
+        if self.path == STALLED:
+            # params.bin's first STALL_AT bytes, a pause, then the rest: what arrived must be in use before the end
+            data = (Path(self.directory) / self.path.lstrip("/")).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:STALL_AT])
+            self.wfile.flush()
+            time.sleep(STALL_S)
+            self.wfile.write(data[STALL_AT:])
+            return
         super().do_GET()
 
     def end_headers(self):
@@ -51,6 +69,19 @@ class _CountingHandler(http.server.SimpleHTTPRequestHandler):
 
     def log_message(self, *arguments):
         return None
+
+
+def _matmul_model() -> onnx.ModelProto:
+    """input [1, 512] @ a [512, 1024] weight: 2 MiB of params."""
+    weight = np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32) * 0.05
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "w"], ["output"])],
+        "matmul",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, (1, 512))],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, (1, 1024))],
+        [helper.make_tensor("w", TensorProto.FLOAT, weight.shape, weight.ravel())],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +96,10 @@ def site(tmp_path_factory):
         compile_model(model, "wasm").export(root / "bundles" / name)
         feeds = zoo.sample_input(name, seed=2)
         cases[name] = ({key: value.ravel().tolist() for key, value in feeds.items()}, _run_onnxruntime(model, feeds))
+    stalled = _matmul_model()
+    compile_model(stalled, "wasm").export(root / "stalled")
+    feeds = {"input": np.random.default_rng(3).standard_normal((1, 512)).astype(np.float32)}
+    cases["stalled"] = ({"input": feeds["input"].ravel().tolist()}, _run_onnxruntime(stalled, feeds))
     return root, cases
 
 
@@ -171,4 +206,42 @@ def test_without_the_cache_api_indexeddb_keeps_the_files(site, served, context):
     page.evaluate("import('/runtime/tessel.js').then((tessel) => tessel.clearCache())")
     assert page.evaluate("indexedDB.databases().then((all) => all.length)") == 0
     page.close()
+    assert not errors, errors
+
+
+STREAMED = """async ({feeds}) => {
+  const tessel = await import("/runtime/tessel.js");
+  const hashed = [];
+  const digest = crypto.subtle.digest.bind(crypto.subtle);
+  crypto.subtle.digest = (algorithm, data) => {
+    hashed.push({at: performance.now(), bytes: data.byteLength});
+    return digest(algorithm, data);
+  };
+  const progress = [];
+  const onProgress = ({phase, loaded, total}) => phase === "params" && progress.push({at: performance.now(), loaded, total});
+  const model = await tessel.load("/stalled/", {threads: 1, cache: "none", onProgress});
+  const outputs = await model.run({input: Float32Array.from(feeds.input)});
+  return {hashed, progress, output: Array.from(outputs.output.data)};
+}"""
+
+
+def test_params_stream_in_with_progress_and_are_hashed_as_they_arrive(site, served, context):
+    """params.bin (2 MiB) stops for a second after 1.5 MiB: by then progress has reported the bytes that arrived and
+    the first 1 MiB piece has been hashed; the rest comes after the pause, and the outputs are onnxruntime's."""
+    url, _ = served
+    page, errors = _page(context, url)
+    feeds, expected = site[1]["stalled"]
+    report = page.evaluate(STREAMED, {"feeds": feeds})
+    page.close()
+    progress, total = report["progress"], 2 << 20
+    end = progress[-1]["at"]
+    assert progress[-1]["loaded"] == total and all(event["total"] == total for event in progress), progress
+    loaded = [event["loaded"] for event in progress]
+    assert loaded == sorted(loaded) and len(set(loaded)) >= 3, loaded
+    before_pause = [event for event in progress if end - event["at"] > 0.5 * STALL_S * 1000]
+    assert before_pause and max(event["loaded"] for event in before_pause) >= 1 << 20, progress
+    pieces = [item for item in report["hashed"] if item["bytes"] == 1 << 20]
+    assert len(pieces) == 2, report["hashed"]
+    assert end - pieces[0]["at"] > 0.5 * STALL_S * 1000, (pieces, end)
+    np.testing.assert_allclose(np.array(report["output"], np.float32), expected["output"].ravel(), RTOL, ATOL)
     assert not errors, errors
