@@ -63,6 +63,10 @@ export interface LoadOptions {
   /** The cache of bundle files (Cache API, else IndexedDB; none in Node), keyed by the manifest's digests:
    * "default" uses and fills it, "reload" fetches every file again and refills it, "none" neither reads nor writes. */
   cache?: "default" | "reload" | "none";
+  /** true runs the model in a dedicated module worker (browsers), with the same API: outputs come back transferred,
+   * inputs are copied, errors are TesselErrors, dispose() terminates the worker. A string or URL names the tessel.js
+   * the worker starts, for an app bundled into one file (where import.meta.url is the bundle, not tessel.js). */
+  worker?: boolean | string | URL;
 }
 
 /** The same model compiled for several backends: each URL is a bundle directory, relative to the set's own URL

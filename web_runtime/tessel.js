@@ -1484,14 +1484,111 @@ async function bundleCandidates(bundle, onProgress) {
  * options.threads: wasm threads for a bundle with a threaded variant (default: the cores, at most 4; one, with a
  * console.warn, in a page that is not cross-origin isolated); options.relaxedSimd: false keeps to plain SIMD.
  * options.cache: "default" (read and fill the cache of code and params), "reload" (fill it only) or "none".
+ * options.worker: true runs the model in a dedicated worker (a browser's), with the same API; or the URL of the
+ * tessel.js the worker starts, where import.meta.url is not it (an app bundled into one file).
  */
 export async function load(bundleUrl, options = {}) {
-  const { backend = "auto", onProgress, threads, relaxedSimd, cache = "default" } = options;
+  const { backend = "auto", onProgress, threads, relaxedSimd, cache = "default", worker } = options;
   if (!CACHE_MODES.includes(cache)) fail("options", "cache", `cache must be one of ${CACHE_MODES.join(", ")}, got ${JSON.stringify(cache)}`);
+  if (worker) return loadInWorker(bundleUrl, options);
   const candidates = await bundleCandidates(bundleUrl, onProgress);
   const { backend: chosen, manifest, source, reason } = await chooseBackend(candidates, backend);
   const files = cachedSource(source, manifest, cache);
   const executor = await chosen.create(manifest, files, { onProgress, threads, relaxedSimd });
   reportProgress(onProgress, "ready", 1, 1);
   return new Model(manifest, chosen.name, executor, reason);
+}
+
+// ---- worker mode: the model in a dedicated worker ------------------------------------------------------------------
+//
+// load(url, {worker: true}) starts this module as a module worker named WORKER_NAME, which loads the bundle itself
+// (its cache, threads and checks as on the page) and runs it; the page keeps a Model whose executor posts the checked
+// inputs (copied: the caller keeps them) and gets the outputs back transferred, not copied. Errors come back as
+// TesselError with their code and field. dispose() terminates the worker.
+const WORKER_NAME = "tessel-runtime";
+
+function serveInWorker() {
+  let model = null;
+  globalThis.onmessage = async ({ data }) => {
+    const { id, op } = data;
+    try {
+      if (op === "load") {
+        const onProgress = data.progress ? (progress) => postMessage({ id, progress }) : undefined;
+        model = await load(data.bundle, { ...data.options, onProgress });
+        const { manifest, backend, backendReason, variant } = model;
+        postMessage({ id, result: { manifest, backend, backendReason, variant } });
+      } else if (op === "run") {
+        const results = await model.executor.run(data.arrays);
+        postMessage({ id, result: results }, [...new Set(results.map((array) => array.buffer))]);
+      } else {
+        postMessage({ id, result: await model.reload() });
+      }
+    } catch (error) {
+      const { code, field, message } = error;
+      postMessage({ id, error: { code, field, message, tessel: error instanceof TesselError } });
+    }
+  };
+}
+
+async function loadInWorker(bundle, options) {
+  if (isNode() || typeof Worker !== "function") {
+    fail("options", "worker", "worker mode needs Web Workers (a browser); in Node, load the model in a worker_threads worker");
+  }
+  const script = new URL(options.worker === true ? import.meta.url : String(options.worker), location.href).href;
+  // the worker's URLs are relative to the script, so the page's are made absolute here
+  const absolute = (url) => (url instanceof URL || typeof url === "string" ? new URL(url, location.href).href : url);
+  const set = bundle && typeof bundle === "object" && !(bundle instanceof URL) && bundle.bundles;
+  const target = set ? { bundles: Object.fromEntries(Object.entries(set).map(([name, url]) => [name, absolute(url)])) } : absolute(bundle);
+  const worker = new Worker(script, { type: "module", name: WORKER_NAME });
+  const pending = new Map();
+  let next = 0;
+  let broken = null;
+  const settleAll = (error) => {
+    broken = error;
+    for (const { reject } of pending.values()) reject(error);
+    pending.clear();
+  };
+  worker.onmessage = ({ data }) => {
+    const waiting = pending.get(data.id);
+    if (!waiting) return;
+    if (data.progress) return reportProgress(options.onProgress, data.progress.phase, data.progress.loaded, data.progress.total);
+    pending.delete(data.id);
+    const { error } = data;
+    if (!error) waiting.resolve(data.result);
+    else waiting.reject(error.tessel ? new TesselError(error.code, error.field, error.message) : new Error(error.message));
+  };
+  worker.onerror = (event) => {
+    event.preventDefault();
+    settleAll(new TesselError("backend", "worker", `the model's worker failed: ${event.message || `${script} did not start as a module worker`}`));
+  };
+  const call = (op, message) =>
+    broken
+      ? Promise.reject(broken)
+      : new Promise((resolve, reject) => {
+          const id = next++;
+          pending.set(id, { resolve, reject });
+          worker.postMessage({ id, op, ...message });
+        });
+  const { onProgress, worker: _, ...rest } = options;
+  let info;
+  try {
+    info = await call("load", { bundle: target, options: rest, progress: Boolean(onProgress) });
+  } catch (error) {
+    worker.terminate();
+    throw error;
+  }
+  const executor = {
+    variant: info.variant,
+    run: (arrays) => call("run", { arrays }),
+    reload: () => call("reload", {}),
+    dispose() {
+      worker.terminate();
+      settleAll(new TesselError("disposed", null, "this model was disposed; load the bundle again"));
+    },
+  };
+  return new Model(info.manifest, info.backend, executor, info.backendReason);
+}
+
+if (typeof WorkerGlobalScope === "function" && globalThis instanceof WorkerGlobalScope && globalThis.name === WORKER_NAME) {
+  serveInWorker();
 }
