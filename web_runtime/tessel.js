@@ -1215,6 +1215,8 @@ async function chooseBackend(candidates, requested) {
 // checked against its digest before it is used; one that does not match is dropped and the file fetched again.
 // Where there is neither (Node), or where storing fails (quota, private mode), nothing is cached and nothing is said.
 const CACHE_NAME = "tessel-runtime";
+// each file's write still under way, by digest: a lookup of the same digest and clearCache() wait for it
+const storing = new Map();
 const cacheKey = (digest) => `https://tessel-runtime.invalid/sha256/${digest}`;
 
 function idbRequest(request) {
@@ -1259,6 +1261,7 @@ function fileCache() {
 
 /** Empty the cache of bundle files (the Cache API's and IndexedDB's); in Node, where there is none, nothing to do. */
 export async function clearCache() {
+  await Promise.all(storing.values());
   try {
     if (typeof caches === "object" && caches) await caches.delete(CACHE_NAME);
     if (typeof indexedDB === "object" && indexedDB) await idbRequest(indexedDB.deleteDatabase(CACHE_NAME));
@@ -1294,6 +1297,7 @@ class CachedSource {
   async hit(name) {
     const digest = this.manifest.files[name];
     if (this.mode !== "default" || !digest) return null;
+    await storing.get(digest);
     const bytes = await quietly(this.store.get(digest));
     if (!bytes) return null;
     if (await matches(this.manifest, name, bytes)) return bytes;
@@ -1304,7 +1308,9 @@ class CachedSource {
   keep(name, bytes) {
     const digest = this.manifest.files[name];
     if (!digest) return;
-    quietly(matches(this.manifest, name, bytes).then((ok) => ok && this.store.put(digest, bytes)));
+    const write = quietly(matches(this.manifest, name, bytes).then((ok) => ok && this.store.put(digest, bytes)));
+    storing.set(digest, write);
+    write.then(() => storing.get(digest) === write && storing.delete(digest));
   }
 
   async text(name) {
