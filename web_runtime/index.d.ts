@@ -60,6 +60,13 @@ export interface LoadOptions {
   /** false keeps to plain SIMD128 where the engine has relaxed SIMD. */
   relaxedSimd?: boolean;
   onProgress?: (progress: LoadProgress) => void;
+  /** The cache of bundle files (Cache API, else IndexedDB; none in Node), keyed by the manifest's digests:
+   * "default" uses and fills it, "reload" fetches every file again and refills it, "none" neither reads nor writes. */
+  cache?: "default" | "reload" | "none";
+  /** true runs the model in a dedicated module worker (browsers), with the same API: outputs come back transferred,
+   * inputs are copied, errors are TesselErrors, dispose() terminates the worker. A string or URL names the tessel.js
+   * the worker starts, for an app bundled into one file (where import.meta.url is the bundle, not tessel.js). */
+  worker?: boolean | string | URL;
 }
 
 /** The same model compiled for several backends: each URL is a bundle directory, relative to the set's own URL
@@ -183,6 +190,9 @@ export interface Backend {
 
 /** Add a backend, or replace some fields of the one with the same name. */
 export function registerBackend(backend: Partial<Backend> & { name: string }): void;
+
+/** Empty the cache of bundle files that load keeps (the Cache API's, and IndexedDB's); resolves at once in Node. */
+export function clearCache(): Promise<void>;
 
 /** True when this engine runs WebAssembly SIMD128, which every Tessel wasm bundle uses. */
 export function hasWasmSimd(): boolean;

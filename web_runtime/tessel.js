@@ -113,7 +113,8 @@ class FetchSource {
     const url = new URL(name, this.base).href;
     let response;
     try {
-      response = await fetch(url);
+      // manifest.json is always revalidated: its digests say whether the cached code and params are current
+      response = await fetch(url, name === "manifest.json" ? { cache: "no-cache" } : {});
     } catch (error) {
       fail("file", name, `cannot fetch ${url}: ${error.message}; is the server running?`);
     }
@@ -196,7 +197,11 @@ async function collect(chunks, onLoaded) {
     loaded += chunk.byteLength;
     onLoaded(loaded);
   }
-  const bytes = new Uint8Array(loaded);
+  return join(parts, loaded);
+}
+
+function join(parts, length) {
+  const bytes = new Uint8Array(length);
   let offset = 0;
   for (const part of parts) {
     bytes.set(part, offset);
@@ -1202,6 +1207,157 @@ async function chooseBackend(candidates, requested) {
   return { backend, ...candidate, reason: `asked for ${backend.name}` };
 }
 
+// ---- the cache: code and params kept by their digests ------------------------------------------------------------
+//
+// A fetched bundle's files (all but manifest.json, which is always revalidated) are kept in the Cache API, or in
+// IndexedDB where there is no Cache API (a page over plain http that is not localhost), keyed by the sha256 the
+// manifest gives, so a second load downloads nothing and a changed bundle (other digests) is a miss. An entry is
+// checked against its digest before it is used; one that does not match is dropped and the file fetched again.
+// Where there is neither (Node), or where storing fails (quota, private mode), nothing is cached and nothing is said.
+const CACHE_NAME = "tessel-runtime";
+// each file's write still under way, by digest: a lookup of the same digest and clearCache() wait for it
+const storing = new Map();
+const cacheKey = (digest) => `https://tessel-runtime.invalid/sha256/${digest}`;
+
+function idbRequest(request) {
+  return new Promise((resolve, reject) => {
+    request.onsuccess = () => resolve(request.result);
+    request.onerror = () => reject(request.error);
+  });
+}
+
+async function idb(mode, use) {
+  const opening = indexedDB.open(CACHE_NAME, 1);
+  opening.onupgradeneeded = () => opening.result.createObjectStore("files");
+  const db = await idbRequest(opening);
+  try {
+    return await idbRequest(use(db.transaction("files", mode).objectStore("files")));
+  } finally {
+    db.close();
+  }
+}
+
+function fileCache() {
+  if (typeof caches === "object" && caches) {
+    const open = () => caches.open(CACHE_NAME);
+    return {
+      get: async (digest) => {
+        const response = await (await open()).match(cacheKey(digest));
+        return response ? new Uint8Array(await response.arrayBuffer()) : null;
+      },
+      put: async (digest, bytes) => (await open()).put(cacheKey(digest), new Response(bytes)),
+      delete: async (digest) => (await open()).delete(cacheKey(digest)),
+    };
+  }
+  if (typeof indexedDB === "object" && indexedDB) {
+    return {
+      get: (digest) => idb("readonly", (store) => store.get(digest)).then((bytes) => bytes || null),
+      put: (digest, bytes) => idb("readwrite", (store) => store.put(bytes, digest)),
+      delete: (digest) => idb("readwrite", (store) => store.delete(digest)),
+    };
+  }
+  return null;
+}
+
+/** Empty the cache of bundle files (the Cache API's and IndexedDB's); in Node, where there is none, nothing to do. */
+export async function clearCache() {
+  await Promise.all(storing.values());
+  try {
+    if (typeof caches === "object" && caches) await caches.delete(CACHE_NAME);
+    if (typeof indexedDB === "object" && indexedDB) await idbRequest(indexedDB.deleteDatabase(CACHE_NAME));
+  } catch (error) {
+    fail("file", "cache", `cannot clear the cache of bundle files: ${error.message}`);
+  }
+}
+
+const quietly = (promise) => promise.catch(() => null);
+
+// True when `bytes` are the file `name` as the manifest's digests give it (the chunked digest where there is one).
+async function matches(manifest, name, bytes) {
+  try {
+    const hasher = chunkedHasher(manifest, name, bytes.byteLength);
+    if (hasher) {
+      hasher.arrived(bytes, bytes.byteLength);
+      await hasher.finish(bytes);
+    } else {
+      await checkDigest(manifest, name, bytes);
+    }
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** A FetchSource's files through the cache: mode "default" reads and fills it, "reload" only fills it. */
+class CachedSource {
+  constructor(inner, manifest, store, mode) {
+    Object.assign(this, { inner, manifest, store, mode });
+  }
+
+  async hit(name) {
+    const digest = this.manifest.files[name];
+    if (this.mode !== "default" || !digest) return null;
+    await storing.get(digest);
+    const bytes = await quietly(this.store.get(digest));
+    if (!bytes) return null;
+    if (await matches(this.manifest, name, bytes)) return bytes;
+    await quietly(this.store.delete(digest));
+    return null;
+  }
+
+  keep(name, bytes) {
+    const digest = this.manifest.files[name];
+    if (!digest) return;
+    const write = quietly(matches(this.manifest, name, bytes).then((ok) => ok && this.store.put(digest, bytes)));
+    storing.set(digest, write);
+    write.then(() => storing.get(digest) === write && storing.delete(digest));
+  }
+
+  async text(name) {
+    const cached = await this.hit(name);
+    if (cached) return new TextDecoder().decode(cached);
+    const text = await this.inner.text(name);
+    this.keep(name, new TextEncoder().encode(text));
+    return text;
+  }
+
+  async wasm(name, onProgress) {
+    const bytes = await this.hit(name);
+    if (!bytes) {
+      const fetched = await this.inner.wasm(name, onProgress);
+      this.keep(name, fetched.bytes);
+      return fetched;
+    }
+    reportProgress(onProgress, "code", bytes.byteLength, bytes.byteLength);
+    const compiled = WebAssembly.compile(bytes);
+    compiled.catch(() => {});
+    return { bytes, compiled };
+  }
+
+  async *chunks(name) {
+    const cached = await this.hit(name);
+    if (cached) {
+      for (let offset = 0; offset < cached.byteLength; offset += 1 << 20) yield cached.subarray(offset, offset + (1 << 20));
+      return;
+    }
+    const parts = [];
+    let length = 0;
+    for await (const chunk of this.inner.chunks(name)) {
+      parts.push(chunk);
+      length += chunk.byteLength;
+      yield chunk;
+    }
+    this.keep(name, join(parts, length));
+  }
+}
+
+const CACHE_MODES = ["default", "reload", "none"];
+
+function cachedSource(source, manifest, mode) {
+  const store = mode !== "none" && source instanceof FetchSource ? fileCache() : null;
+  return store ? new CachedSource(source, manifest, store, mode) : source;
+}
+
 // ---- the model -----------------------------------------------------------------------------------------
 
 function describeSpec(spec) {
@@ -1333,12 +1489,112 @@ async function bundleCandidates(bundle, onProgress) {
  * model.backend names the backend chosen and model.backendReason says why.
  * options.threads: wasm threads for a bundle with a threaded variant (default: the cores, at most 4; one, with a
  * console.warn, in a page that is not cross-origin isolated); options.relaxedSimd: false keeps to plain SIMD.
+ * options.cache: "default" (read and fill the cache of code and params), "reload" (fill it only) or "none".
+ * options.worker: true runs the model in a dedicated worker (a browser's), with the same API; or the URL of the
+ * tessel.js the worker starts, where import.meta.url is not it (an app bundled into one file).
  */
 export async function load(bundleUrl, options = {}) {
-  const { backend = "auto", onProgress, threads, relaxedSimd } = options;
+  const { backend = "auto", onProgress, threads, relaxedSimd, cache = "default", worker } = options;
+  if (!CACHE_MODES.includes(cache)) fail("options", "cache", `cache must be one of ${CACHE_MODES.join(", ")}, got ${JSON.stringify(cache)}`);
+  if (worker) return loadInWorker(bundleUrl, options);
   const candidates = await bundleCandidates(bundleUrl, onProgress);
   const { backend: chosen, manifest, source, reason } = await chooseBackend(candidates, backend);
-  const executor = await chosen.create(manifest, source, { onProgress, threads, relaxedSimd });
+  const files = cachedSource(source, manifest, cache);
+  const executor = await chosen.create(manifest, files, { onProgress, threads, relaxedSimd });
   reportProgress(onProgress, "ready", 1, 1);
   return new Model(manifest, chosen.name, executor, reason);
+}
+
+// ---- worker mode: the model in a dedicated worker ------------------------------------------------------------------
+//
+// load(url, {worker: true}) starts this module as a module worker named WORKER_NAME, which loads the bundle itself
+// (its cache, threads and checks as on the page) and runs it; the page keeps a Model whose executor posts the checked
+// inputs (copied: the caller keeps them) and gets the outputs back transferred, not copied. Errors come back as
+// TesselError with their code and field. dispose() terminates the worker.
+const WORKER_NAME = "tessel-runtime";
+
+function serveInWorker() {
+  let model = null;
+  globalThis.onmessage = async ({ data }) => {
+    const { id, op } = data;
+    try {
+      if (op === "load") {
+        const onProgress = data.progress ? (progress) => postMessage({ id, progress }) : undefined;
+        model = await load(data.bundle, { ...data.options, onProgress });
+        const { manifest, backend, backendReason, variant } = model;
+        postMessage({ id, result: { manifest, backend, backendReason, variant } });
+      } else if (op === "run") {
+        const results = await model.executor.run(data.arrays);
+        postMessage({ id, result: results }, [...new Set(results.map((array) => array.buffer))]);
+      } else {
+        postMessage({ id, result: await model.reload() });
+      }
+    } catch (error) {
+      const { code, field, message } = error;
+      postMessage({ id, error: { code, field, message, tessel: error instanceof TesselError } });
+    }
+  };
+}
+
+async function loadInWorker(bundle, options) {
+  if (isNode() || typeof Worker !== "function") {
+    fail("options", "worker", "worker mode needs Web Workers (a browser); in Node, load the model in a worker_threads worker");
+  }
+  const script = new URL(options.worker === true ? import.meta.url : String(options.worker), location.href).href;
+  // the worker's URLs are relative to the script, so the page's are made absolute here
+  const absolute = (url) => (url instanceof URL || typeof url === "string" ? new URL(url, location.href).href : url);
+  const set = bundle && typeof bundle === "object" && !(bundle instanceof URL) && bundle.bundles;
+  const target = set ? { bundles: Object.fromEntries(Object.entries(set).map(([name, url]) => [name, absolute(url)])) } : absolute(bundle);
+  const worker = new Worker(script, { type: "module", name: WORKER_NAME });
+  const pending = new Map();
+  let next = 0;
+  let broken = null;
+  const settleAll = (error) => {
+    broken = error;
+    for (const { reject } of pending.values()) reject(error);
+    pending.clear();
+  };
+  worker.onmessage = ({ data }) => {
+    const waiting = pending.get(data.id);
+    if (!waiting) return;
+    if (data.progress) return reportProgress(options.onProgress, data.progress.phase, data.progress.loaded, data.progress.total);
+    pending.delete(data.id);
+    const { error } = data;
+    if (!error) waiting.resolve(data.result);
+    else waiting.reject(error.tessel ? new TesselError(error.code, error.field, error.message) : new Error(error.message));
+  };
+  worker.onerror = (event) => {
+    event.preventDefault();
+    settleAll(new TesselError("backend", "worker", `the model's worker failed: ${event.message || `${script} did not start as a module worker`}`));
+  };
+  const call = (op, message) =>
+    broken
+      ? Promise.reject(broken)
+      : new Promise((resolve, reject) => {
+          const id = next++;
+          pending.set(id, { resolve, reject });
+          worker.postMessage({ id, op, ...message });
+        });
+  const { onProgress, worker: _, ...rest } = options;
+  let info;
+  try {
+    info = await call("load", { bundle: target, options: rest, progress: Boolean(onProgress) });
+  } catch (error) {
+    worker.terminate();
+    throw error;
+  }
+  const executor = {
+    variant: info.variant,
+    run: (arrays) => call("run", { arrays }),
+    reload: () => call("reload", {}),
+    dispose() {
+      worker.terminate();
+      settleAll(new TesselError("disposed", null, "this model was disposed; load the bundle again"));
+    },
+  };
+  return new Model(info.manifest, info.backend, executor, info.backendReason);
+}
+
+if (typeof WorkerGlobalScope === "function" && globalThis instanceof WorkerGlobalScope && globalThis.name === WORKER_NAME) {
+  serveInWorker();
 }

@@ -102,8 +102,10 @@ describe("loading", () => {
   describe("over HTTP (fetch, streaming compilation)", () => {
     let server;
     let base;
+    const requests = [];
     before(async () => {
       server = createServer(async (request, response) => {
+        requests.push(request.url);
         try {
           // /bundles/no-params/ is digits without its params.bin
           const [, name, file] = request.url.match(/^\/bundles\/(digits|no-params)\/([\w.]+)$/);
@@ -126,6 +128,25 @@ describe("loading", () => {
       const feeds = await feedsOf(digits);
       const expected = (await fromDisk.run(feeds)).probabilities.data;
       assert.deepEqual(Array.from((await overHttp.run(feeds)).probabilities.data), Array.from(expected));
+    });
+
+    test("Node has no cache: a second load fetches the code and params again, and nothing is said", async () => {
+      const warn = console.warn;
+      const said = [];
+      console.warn = (...parts) => said.push(parts.join(" "));
+      requests.length = 0;
+      try {
+        for (const cache of ["default", "default", "reload", "none"]) await tessel.load(`${base}/`, { cache });
+        await tessel.clearCache();
+      } finally {
+        console.warn = warn;
+      }
+      for (const file of ["manifest.json", "model.wasm", "params.bin"]) {
+        assert.equal(requests.filter((url) => url.endsWith(`/${file}`)).length, 4, `${file}: ${requests}`);
+      }
+      assert.deepEqual(said, []);
+      await assert.rejects(tessel.load(`${base}/`, { cache: "sometimes" }), { name: "TesselError", code: "options", field: "cache" });
+      await assert.rejects(tessel.load(`${base}/`, { worker: true }), { name: "TesselError", code: "options", field: "worker" });
     });
 
     test("a missing bundle names the URL and the HTTP status", async () => {

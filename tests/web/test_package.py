@@ -33,14 +33,16 @@ PACKAGE_FILES = {"package.json", "README.md", "tessel.js", "tessel-webgpu.js", "
 # esbuild for the browser; window.tesselApp is what the test drives.
 APP_SOURCE = """
 import {
-  load, registerBackend, hasWasmSimd, TesselError, VERSION,
+  load, registerBackend, hasWasmSimd, clearCache, TesselError, VERSION,
   type LoadOptions, type LoadProgress, type Model, type Tensor, type TesselErrorCode,
 } from "tessel-runtime";
 
-async function run(bundle: string, backend: "wasm" | "webgpu", input: number[], threads?: number) {
+async function run(bundle: string, backend: "wasm" | "webgpu", input: number[], threads?: number, worker?: string) {
   const phases: LoadProgress["phase"][] = [];
-  const options: LoadOptions = { backend, onProgress: (progress) => void phases.push(progress.phase) };
+  const options: LoadOptions = { backend, cache: "reload", onProgress: (progress) => void phases.push(progress.phase) };
   if (threads !== undefined) options.threads = threads;
+  // one file bundles tessel.js into the app, so worker mode is given the package's tessel.js served on its own
+  if (worker !== undefined) options.worker = worker;
   const model: Model = await load(bundle, options);
   const outputs: Record<string, Tensor> = await model.run({ input: { data: Float32Array.from(input), dims: [1, 1, 8, 8] } });
   const first: Tensor = outputs[model.outputNames[0]];
@@ -72,7 +74,8 @@ async function failure(bundle: string): Promise<{ code: TesselErrorCode; field: 
 // registerBackend takes a partial backend; its fields are typed
 registerBackend({ name: "wasm", probe: async () => (hasWasmSimd() ? null : "no SIMD") });
 
-(globalThis as unknown as { tesselApp: object }).tesselApp = { run, failure };
+const cleared: Promise<void> = clearCache();
+(globalThis as unknown as { tesselApp: object }).tesselApp = { run, failure, cleared };
 """
 
 # Misuses the declarations must refuse: if tsc accepted these, the types would be `any` and the check worthless.
@@ -82,8 +85,9 @@ const model = await load(42);
 await model.run("not feeds");
 const code: "nonsense" = new TesselError("manifest", null, "x").code;
 model.backend = "webgpu";
+await load("/m/", { cache: "sometimes" });
 """
-WRONG_LINES = 4
+WRONG_LINES = 5
 
 TSCONFIG = {
     "compilerOptions": {
@@ -160,6 +164,8 @@ def app(tmp_path_factory):
         "esbuild", "main.ts", "--bundle", "--format=esm", "--platform=browser", "--outfile=dist/app.js", cwd=site
     )
     assert "warning" not in report.lower(), report
+    (site / "vendor").mkdir()
+    shutil.copy(site / "node_modules" / "tessel-runtime" / "tessel.js", site / "vendor" / "tessel.js")
     (site / "index.html").write_text(
         '<!doctype html><meta charset="utf-8"><script type="module" src="dist/app.js"></script>'
     )
@@ -219,6 +225,9 @@ def test_the_packed_package_bundled_by_esbuild_runs_in_chromium_on_wasm_and_webg
             page.goto(f"{served}/index.html")
             page.wait_for_function("window.tesselApp !== undefined")
             wasm = page.evaluate("([input]) => tesselApp.run('/model/', 'wasm', input, 2)", [values])
+            in_worker = page.evaluate(
+                "([input]) => tesselApp.run('/model/', 'wasm', input, 2, '/vendor/tessel.js')", [values]
+            )
             webgpu = page.evaluate("([input]) => tesselApp.run('/model-gpu/', 'webgpu', input)", [values])
             missing = page.evaluate("tesselApp.failure('/broken/')")
         finally:
@@ -229,6 +238,9 @@ def test_the_packed_package_bundled_by_esbuild_runs_in_chromium_on_wasm_and_webg
     assert wasm["backend"] == "wasm" and wasm["variant"]["threads"] == 2, wasm
     assert "threads" in wasm["variant"]["features"], wasm["variant"]
     assert wasm["phases"] == ["manifest", "code", "params", "ready"], wasm["phases"]
+    assert {key: in_worker[key] for key in ("variant", "phases", "data")} == {
+        key: wasm[key] for key in ("variant", "phases", "data")
+    }, in_worker
     assert webgpu["backend"] == "webgpu" and "adapter" in webgpu["reason"], webgpu
     for result in (wasm, webgpu):
         assert result["dims"] == list(expected.shape)
