@@ -108,8 +108,8 @@ def test_threads_benchmark_prints_a_row_per_model_and_pattern():
 
 
 def test_browser_benchmark_prints_a_row_per_call_pattern():
-    """In headless Chromium against onnxruntime-web's wasm build: both first outputs are checked, then each pattern's
-    runs are timed (the busy-core one with its loads again)."""
+    """In headless Chromium against onnxruntime-web's wasm build: both first outputs are checked on a first and a
+    second visit, then each pattern's runs are timed (the busy-core one with its loads again)."""
     command = [sys.executable, "benchmarks/browser.py", "--backend", "wasm", "--models", "mlp", "--loads", "1"]
     command += ["--repeat", "2"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -118,8 +118,8 @@ def test_browser_benchmark_prints_a_row_per_call_pattern():
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     assert [row[1] for row in cells] == ["back to back", "a run every 200 ms", "back to back, one core busy"]
     for row in cells:
-        assert len(row) == 10 and row[4].endswith("×") and row[7].endswith("×")
-        assert float(row[5]) > 0 and float(row[6]) > 0
+        assert len(row) == 13 and row[4].endswith("×") and row[7].endswith("×") and row[10].endswith("×")
+        assert float(row[5]) > 0 and float(row[6]) > 0 and float(row[8]) > 0 and float(row[9]) > 0
     assert "mlp: Tessel ran asked for wasm, model." in result.stderr, "Tessel's side did not say what it ran"
 
 
