@@ -159,6 +159,26 @@ def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
     }
 
 
+def compile_build(model, target: str, input_shapes, records_path, progress, log, folder: Path) -> dict:
+    """Compile `model` for `target` and export the bundle into `folder`, its warnings to `log`: the build info
+    (target, compile seconds, when). What a local worker and a Ray task (server/ray_jobs.py) both run."""
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TuningWarning)
+        module = compile_model(
+            model,
+            target=target,
+            input_shapes=input_shapes,
+            tuning_records=records_path,
+            progress=progress,
+            **TARGET_OPTIONS.get(target, {}),
+        )
+    for warning in caught:
+        log(f"{target}: warning: {warning.message}")
+    module.export(folder)
+    return {"target": target, "compile_seconds": round(time.perf_counter() - started, 3), "compiled": time.time()}
+
+
 def _compile(task: CompileTask, send) -> dict:
     """Compile every build the store lacks; the bundles of the others are reused as they are."""
     store = Store(task.store_root)
@@ -174,28 +194,22 @@ def _compile(task: CompileTask, send) -> dict:
             def progress(step: str, fraction: float, target=target, position=position) -> None:
                 send(("progress", (position + fraction) / len(task.builds), f"{target}: {step}"))
 
-            started = time.perf_counter()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", TuningWarning)
-                module = compile_model(
-                    model,
-                    target=target,
-                    input_shapes=shapes,
-                    tuning_records=task.records_path,
-                    progress=progress,
-                    **TARGET_OPTIONS.get(target, {}),
-                )
-            for warning in caught:
-                send(("log", f"{target}: warning: {warning.message}"))
-            seconds = time.perf_counter() - started
             staging = store.new_staging_dir()
-            module.export(staging / "bundle")
-            info = {"target": target, "compile_seconds": round(seconds, 3), "compiled": time.time()}
+            info = compile_build(
+                model,
+                target,
+                shapes,
+                task.records_path,
+                progress,
+                lambda line: send(("log", line)),
+                staging / "bundle",
+            )
             (staging / "bundle" / "build.json").write_text(json.dumps(info) + "\n")
             store.install_bundle(staging / "bundle", bundle_id)
             shutil.rmtree(staging, ignore_errors=True)
+            seconds = info["compile_seconds"]
             send(("log", f"{target}: compiled in {seconds:.2f} s into bundle {bundle_id[:12]}"))
-            bundles[target] = {**bundle_summary(store, bundle_id, reused=False), "compile_seconds": round(seconds, 3)}
+            bundles[target] = {**bundle_summary(store, bundle_id, reused=False), "compile_seconds": seconds}
         return bundles
 
 

@@ -15,16 +15,12 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 import traceback
-import warnings
 from pathlib import Path, PurePosixPath
 
-from compiler.build import compile_model
 from compiler.errors import TesselError
-from compiler.schedules.space import TuningWarning
-from compiler.tune.ray_runner import PACKAGE_ROOT
-from server.jobs import TARGET_OPTIONS, CompileTask, WorkerDied, bundle_summary, error_body
+from compiler.tune import ray_runner
+from server.jobs import CompileTask, WorkerDied, bundle_summary, compile_build, error_body
 from server.store import BUILD_INFO_FILE, Store
 from server.uploads import opened_model
 
@@ -57,26 +53,12 @@ def _check_reachable(address: str) -> None:
 
 
 def connect(address: str, **options) -> None:
-    """Join the cluster at `address`: HOST:PORT, "auto" (the one `ray start` began on this machine) or "local" (a new
-    one in this process, with `options` such as num_cpus: what the tests use); nothing when this process already has.
+    """Join the cluster at `address`: HOST:PORT (checked reachable first, so a wrong one is one error at once rather
+    than Ray's retries), "auto" or "local", as the tuner's Ray runner does (compiler/tune/ray_runner.py, connect).
     Workers of a cluster on this machine get this checkout on their path; other machines install tessel."""
-    ray = _ray()
     if address not in ("auto", "local"):
         _check_reachable(address)
-    if ray.is_initialized():
-        return
-    try:
-        ray.init(
-            address=address,
-            runtime_env={"env_vars": {"PYTHONPATH": PACKAGE_ROOT}},
-            log_to_driver=False,
-            **options,
-        )
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        raise TesselError(
-            f"cannot reach a Ray cluster at {address!r} ({str(error).strip().splitlines()[0]}); start one with "
-            "`ray start --head` or give its address (HOST:6379)"
-        ) from None
+    ray_runner.connect(address, **options)
 
 
 # ---- the task, on a Ray worker -------------------------------------------------------------------------
@@ -121,23 +103,13 @@ def _compile_one(model, target, bundle_id, position, count, input_shapes, record
     def progress(step: str, fraction: float) -> None:
         messages.put(("progress", (position + fraction) / count, f"{target}: {step}"))
 
+    def log(line: str) -> None:
+        messages.put(("log", line))
+
     def compile_() -> None:
         try:
-            started = time.perf_counter()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", TuningWarning)
-                module = compile_model(
-                    model,
-                    target=target,
-                    input_shapes=shapes,
-                    tuning_records=str(records_path) if records_path else None,
-                    progress=progress,
-                    **TARGET_OPTIONS.get(target, {}),
-                )
-            for warning in caught:
-                messages.put(("log", f"{target}: warning: {warning.message}"))
-            module.export(folder)
-            messages.put(("exported", round(time.perf_counter() - started, 3)))
+            records = str(records_path) if records_path else None
+            messages.put(("exported", compile_build(model, target, shapes, records, progress, log, folder)))
         except BaseException as error:  # noqa: BLE001 - handed to the generator, which raises it
             messages.put(("raised", error))
 
@@ -150,8 +122,7 @@ def _compile_one(model, target, bundle_id, position, count, input_shapes, record
             break
         yield message
     files = {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-    info = {"target": target, "compile_seconds": message[1], "compiled": time.time()}
-    yield ("bundle", target, bundle_id, files, info)
+    yield ("bundle", target, bundle_id, files, message[1])
 
 
 # ---- the server's side ---------------------------------------------------------------------------------

@@ -37,10 +37,10 @@ def connect(address: str, **options) -> None:
             log_to_driver=False,
             **options,
         )
-    except (ConnectionError, RuntimeError) as error:
+    except (ConnectionError, RuntimeError, ValueError) as error:
         raise TuningError(
-            f"cannot reach a Ray cluster at {address!r} ({error}); start one with `ray start --head` or give its "
-            "address (host:6379)"
+            f"cannot reach a Ray cluster at {address!r} ({str(error).strip().splitlines()[0]}); start one with "
+            "`ray start --head` or give its address (HOST:6379)"
         ) from None
 
 
