@@ -37,6 +37,17 @@ RTOL, ATOL = 1e-4, 1e-5
 DIGITS_TO_DRAW = 3
 
 
+def launch_chromium(playwright, profile, args=CHROMIUM_ARGS, **options):
+    """Debian's chromium, headless, with a profile of its own in the folder `profile`; the test fails (it does not
+    skip) when chromium is missing."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
+    return playwright.chromium.launch_persistent_context(
+        str(profile), executable_path=executable, headless=True, args=list(args), **options
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -75,16 +86,9 @@ def browser(tmp_path_factory):
     """A headless chromium with a fresh profile; the test fails (it does not skip) when chromium is missing."""
     from playwright.sync_api import sync_playwright
 
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=executable,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1100, "height": 900},
+        context = launch_chromium(
+            playwright, tmp_path_factory.mktemp("chromium-profile"), viewport={"width": 1100, "height": 900}
         )
         yield context
         context.close()

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _run_onnxruntime
+from test_browser import ATOL, RTOL, _run_onnxruntime, launch_chromium
 
 from compiler import compile_model, zoo
 from compiler.build import EVERY_WASM_VARIANT
@@ -140,13 +140,8 @@ def served(site):
 def context(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("cache-profile")), executable_path=executable, headless=True, args=CHROMIUM_ARGS
-        )
+        browser = launch_chromium(playwright, tmp_path_factory.mktemp("cache-profile"))
         yield browser
         browser.close()
 

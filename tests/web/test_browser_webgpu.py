@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shutil
 import time
 import urllib.request
 
 import numpy as np
 import pytest
 import test_browser
-from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _get_json, _run_onnxruntime
+from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _get_json, _run_onnxruntime, launch_chromium
 
 from compiler import zoo
 from compiler.bundle import BINDING_SYMBOL, binding_digest, seal_code, unsealed
@@ -72,20 +71,12 @@ def chromium_with(tmp_path_factory):
     of the module; the test fails (it does not skip) when chromium is missing."""
     from playwright.sync_api import sync_playwright
 
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
     with sync_playwright() as playwright:
         contexts = {}
 
         def launch(args: tuple[str, ...]):
             if args not in contexts:
-                contexts[args] = playwright.chromium.launch_persistent_context(
-                    str(tmp_path_factory.mktemp("chromium-profile")),
-                    executable_path=executable,
-                    headless=True,
-                    args=args,
-                )
+                contexts[args] = launch_chromium(playwright, tmp_path_factory.mktemp("chromium-profile"), args)
             return contexts[args]
 
         yield launch

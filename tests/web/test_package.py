@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _run_onnxruntime
+from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _run_onnxruntime, launch_chromium
 
 from compiler import compile_model, zoo
 from compiler.build import EVERY_WASM_VARIANT
@@ -207,17 +207,9 @@ def test_the_packed_package_bundled_by_esbuild_runs_in_chromium_on_wasm_and_webg
     from playwright.sync_api import sync_playwright
 
     site, input_array, expected, bundle_bytes = app
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Debian's chromium is not installed; run `make test`, which installs it (apt package chromium)")
     values = input_array.ravel().tolist()
     with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=executable,
-            headless=True,
-            args=[*CHROMIUM_ARGS, "--enable-unsafe-webgpu"],
-        )
+        context = launch_chromium(playwright, tmp_path / "profile", [*CHROMIUM_ARGS, "--enable-unsafe-webgpu"])
         try:
             page = context.new_page()
             errors: list[str] = []
