@@ -334,10 +334,11 @@ def test_worker_mode_gives_the_same_outputs_and_keeps_the_page_responsive(site, 
         assert mode["phases"] == ["manifest", "code", "params", "ready"], mode
         assert mode["disposedRun"] == ["TesselError", "disposed"], mode
     assert worker["afterDispose"] == ["TesselError", "disposed"], worker
-    # on the page the runs starve the timer (only microtasks run between them); in the worker it keeps firing
-    assert main["maxGap"] >= 0.8 * main["elapsed"] and main["elapsed"] >= 40, main
-    assert worker["maxGap"] < main["maxGap"] / 3, (worker, main)
-    assert worker["ticks"] >= worker["elapsed"] / 16, worker
+    # on the page the runs starve the timer (only microtasks run between them); in the worker it keeps firing. Counted
+    # in ticks, not timed: the gaps' lengths depend on the machine's load (a worker's longest gap was 7.5 ms alone and
+    # 71 ms beside the rest of the suite)
+    assert main["ticks"] == 0 and main["elapsed"] >= 40, main
+    assert worker["ticks"] >= 4, worker
     assert report["missing"] == ["TesselError", "file", "manifest.json"], report["missing"]
     assert report["badWorker"] == ["TesselError", "backend", "worker"], report["badWorker"]
     on_page, in_worker = report["threaded"]
