@@ -18,13 +18,21 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, numpy_helper
 
 from compiler.errors import ModelError, ShapeError, TesselError, UnsupportedOpError
-from compiler.frontend import checks
+from compiler.frontend import checks, quantized
 from compiler.frontend.checks import TENSOR_DTYPES, check_shape, dtype_name
 from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import get_op, is_registered, worth_folding
 
-__all__ = ["OPSET_RANGE", "TENSOR_DTYPES", "external_data_files", "load_onnx", "model_in_folder", "parse_input_shapes"]
+__all__ = [
+    "OPSET_RANGE",
+    "TENSOR_DTYPES",
+    "external_data_files",
+    "load_onnx",
+    "model_in_folder",
+    "parse_input_shapes",
+    "supported_op",
+]
 
 OPSET_RANGE = (11, 21)
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -191,17 +199,20 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def supported_op(op_type: str, domain: str = "") -> bool:
+    """Whether the importer takes a node of this op: a registered op of the default domain, or a quantized form it
+    rewrites (compiler/frontend/quantized.py). Constant never becomes a node: the importer turns it into a param."""
+    if domain in _DEFAULT_DOMAINS and (op_type == "Constant" or is_registered(op_type)):
+        return True
+    return quantized.rewrite_for(domain, op_type) is not None
+
+
 def _check_supported(graph: onnx.GraphProto) -> None:
     """Raise one error naming every op type Tessel lacks, each with the nodes that use it."""
     missing: dict[str, list[str]] = {}
     for index, node in enumerate(graph.node):
-        if node.domain in _DEFAULT_DOMAINS:
-            # Constant never becomes a node: the importer turns it into a param
-            op_type = node.op_type
-            supported = is_registered(op_type)
-        else:
-            op_type, supported = f"{node.domain}.{node.op_type}", False
-        if not supported:
+        op_type = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
+        if not supported_op(node.op_type, node.domain):
             missing.setdefault(op_type, []).append(_node_label(node, index))
     if missing:
         listed = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(missing.items()))
@@ -348,6 +359,9 @@ class _Importer:
         self._define(name, value)
         return value
 
+    def _add_constant(self, array: np.ndarray, hint: str) -> Value:
+        return self._add_param(self._fresh(hint), array)
+
     def _add_inputs(self) -> None:
         initialized = {t.name for t in self.onnx_graph.initializer}
         initialized.update(t.values.name for t in self.onnx_graph.sparse_initializer)
@@ -401,8 +415,13 @@ class _Importer:
     # -- nodes
 
     def _convert(self, node: onnx.NodeProto, label: str) -> None:
-        schema = checks.node_schema(node, self.opset)
-        checks.check_node(node, schema)
+        rewrite = quantized.rewrite_for(node.domain, node.op_type)
+        if node.domain == quantized.CONTRIB_DOMAIN:
+            schema = None
+            quantized.check_contrib(rewrite, node.op_type, node.input, node.attribute)
+        else:
+            schema = checks.node_schema(node, self.opset)
+            checks.check_node(node, schema)
         attrs = {a.name: attribute_value(a, node.op_type, f"attribute {a.name!r}") for a in node.attribute}
         if node.op_type == "Constant":
             (array,) = get_op("Constant").run_reference([], attrs)
@@ -418,9 +437,16 @@ class _Importer:
                     "the model is not in topological order or is incomplete"
                 )
             inputs.append(self.values[name] if name else None)
-        checks.check_dtypes(node, schema, [v.type.dtype if v is not None else None for v in inputs])
-        inputs = self._take_const_inputs(node.op_type, inputs, attrs, node.input)
+        if schema is not None:
+            checks.check_dtypes(node, schema, [v.type.dtype if v is not None else None for v in inputs])
         outputs = list(node.output)
+        if (
+            rewrite is not None
+        ):  # a quantized form that the graph holds as QuantizeLinear, DequantizeLinear and float ops
+            builder = quantized.Builder(self._emit, self._add_constant, self.graph.params, label)
+            quantized.apply(rewrite, builder, inputs, attrs, outputs)
+            return
+        inputs = self._take_const_inputs(node.op_type, inputs, attrs, node.input)
         while outputs and not outputs[-1]:  # trailing empty names are optional outputs nobody asked for
             outputs.pop()
         if len(outputs) > 1:
@@ -474,6 +500,8 @@ class _Importer:
     ) -> list[Value]:
         """Add one node, or fold it to params when its result is known at import."""
         op_def = get_op(op)
+        if op in ("QuantizeLinear", "DequantizeLinear") and len(inputs) > 1 and inputs[1] in self.graph.params:
+            quantized.check_scale(self.graph.params[inputs[1]], f"the scale {inputs[1].name!r}")
         types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
         if len(types) < len(output_names):
             raise UnsupportedOpError(

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, numpy_helper, version_converter
 
 from compiler.errors import UnsupportedOpError
-from compiler.frontend.onnx import OPSET_RANGE, TENSOR_DTYPES, load_onnx
+from compiler.frontend.onnx import OPSET_RANGE, TENSOR_DTYPES, load_onnx, supported_op
 from compiler.graph.ir import Graph
 from compiler.graph.registry import get_op, is_registered
 
@@ -156,7 +156,7 @@ def _skip_reason(model: onnx.ModelProto) -> str | None:
         if elem_type not in TENSOR_DTYPES:
             return f"dtype {TensorProto.DataType.Name(elem_type).lower()}"
     # load_onnx reports these too; asking first saves converting the opset of a case that cannot run
-    missing = sorted({n.op_type for n in model.graph.node if n.op_type != "Constant" and not is_registered(n.op_type)})
+    missing = sorted({n.op_type for n in model.graph.node if not supported_op(n.op_type, n.domain)})
     if missing:
         return f"unsupported op {', '.join(missing)}"
     return None
@@ -230,7 +230,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _unsupported_reason(error: UnsupportedOpError) -> str:
-    missing = sorted(op for op in error.ops if not is_registered(op))
+    missing = sorted(op for op in error.ops if not supported_op(op))
     if missing:
         return f"unsupported op {', '.join(missing)}"
     return f"unsupported: {str(error)[:100]}"

@@ -1,8 +1,10 @@
-"""Quantization: DequantizeLinear, the integer-to-float step of the QDQ form that onnxruntime's quantizer writes (one
-per quantized tensor). y = (x - zero_point) * scale, computed in float32 and stored in the scale's dtype (or
-output_dtype, opset 23), with the scale (and zero point) per tensor, per axis or per block of `block_size` along the
-axis (opset 21). Its shape rule, pattern and numpy reference (ONNX's semantics); compiler/compute/quantize.py has its
-compute."""
+"""Quantization: QuantizeLinear and DequantizeLinear, the two steps of the QDQ form that onnxruntime's quantizer writes
+(one pair per quantized tensor). DequantizeLinear: y = (x - zero_point) * scale, computed in float32 and stored in the
+scale's dtype (or output_dtype); QuantizeLinear: y = saturate(round_half_to_even(x / scale) + zero_point), in the
+zero point's dtype (or output_dtype, else uint8). The scale (and zero point) is per tensor, per axis or per block of
+`block_size` along the axis (opset 21). Their shape rules, patterns and numpy references (ONNX's semantics);
+compiler/compute/quantize.py has their computes. The other quantized forms (QOperator, integer and contrib ops) are
+rewritten into these two and float ops at import (compiler/frontend/quantized.py)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,12 @@ def quantization_axis(x: TensorType, scale: TensorType, attrs: dict, op: str) ->
     return "block", axis, block_size
 
 
+def _same_layout(zero_point: TensorType, scale: TensorType) -> bool:
+    """The zero point has the scale's shape; per tensor, any one-element shape (onnxruntime's quantizer writes a
+    scalar zero point beside a [1] scale for biases)."""
+    return zero_point.shape == scale.shape or (zero_point.size == 1 and scale.size == 1 and len(scale.shape) <= 1)
+
+
 def _infer_dequantize(types, attrs):
     x, scale, zero_point = op_inputs("DequantizeLinear", types, 2, 3)
     if x.dtype not in QUANTIZED_DTYPES:
@@ -55,7 +63,7 @@ def _infer_dequantize(types, attrs):
         )
     if scale.dtype not in SCALE_DTYPES:
         raise ShapeError(f"DequantizeLinear: the scale must be float32 or float16, not {scale.dtype}")
-    if zero_point is not None and (zero_point.dtype != x.dtype or zero_point.shape != scale.shape):
+    if zero_point is not None and (zero_point.dtype != x.dtype or not _same_layout(zero_point, scale)):
         raise ShapeError(
             f"DequantizeLinear: the zero point must have x's dtype ({x.dtype}) and the scale's shape "
             f"({list(scale.shape)}); it is {zero_point.dtype} {list(zero_point.shape)}"
@@ -92,3 +100,59 @@ def _dequantize(x, scale, zero_point=None, axis=1, block_size=0, output_dtype=No
 
 
 register_op("DequantizeLinear", infer=_infer_dequantize, pattern=Pattern.INJECTIVE, reference=_dequantize)
+
+
+# The integer types QuantizeLinear writes; the default when neither a zero point nor output_dtype says.
+QUANTIZE_DTYPES = ("int8", "uint8", "int16")
+
+
+def quantize_dtype(zero_point_dtype: str | None, output_dtype: str | None) -> str:
+    """The dtype QuantizeLinear writes: its zero point's, else output_dtype, else uint8; a ShapeError if they differ."""
+    if zero_point_dtype and output_dtype and zero_point_dtype != output_dtype:
+        raise ShapeError(
+            f"QuantizeLinear: output_dtype is {output_dtype} but the zero point is {zero_point_dtype}; they must agree"
+        )
+    return zero_point_dtype or output_dtype or "uint8"
+
+
+def _infer_quantize(types, attrs):
+    x, scale, zero_point = op_inputs("QuantizeLinear", types, 2, 3)
+    if x.dtype not in SCALE_DTYPES:
+        raise UnsupportedOpError(
+            f"QuantizeLinear of {x.dtype} is not supported; Tessel quantizes float32 and float16",
+            {"QuantizeLinear": []},
+        )
+    if scale.dtype not in SCALE_DTYPES:
+        raise ShapeError(f"QuantizeLinear: the scale must be float32 or float16, not {scale.dtype}")
+    dtype = quantize_dtype(zero_point.dtype if zero_point is not None else None, attrs.get("output_dtype"))
+    if dtype not in QUANTIZE_DTYPES:
+        raise UnsupportedOpError(
+            f"QuantizeLinear to {dtype} is not supported; Tessel quantizes to {', '.join(QUANTIZE_DTYPES)}",
+            {"QuantizeLinear": []},
+        )
+    if zero_point is not None and not _same_layout(zero_point, scale):
+        raise ShapeError(
+            f"QuantizeLinear: the zero point must have the scale's shape ({list(scale.shape)}); it has "
+            f"{list(zero_point.shape)}"
+        )
+    quantization_axis(x, scale, attrs, "QuantizeLinear")
+    return [TensorType(x.shape, dtype)]
+
+
+def _quantize(x, scale, zero_point=None, axis=1, block_size=0, output_dtype=None, **_):
+    x_type, scale_type = TensorType(x.shape, str(x.dtype)), TensorType(scale.shape, str(scale.dtype))
+    granularity, axis, block_size = quantization_axis(
+        x_type, scale_type, {"axis": axis, "block_size": block_size}, "QuantizeLinear"
+    )
+    dtype = np.dtype(quantize_dtype(str(zero_point.dtype) if zero_point is not None else None, output_dtype))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        result = np.rint(
+            x.astype(np.float32) / _spread(scale, x.shape, granularity, axis, block_size).astype(np.float32)
+        )
+    if zero_point is not None:
+        result = result + _spread(zero_point, x.shape, granularity, axis, block_size).astype(np.float32)
+    limits = np.iinfo(dtype)
+    return np.clip(np.nan_to_num(result, nan=0.0), limits.min, limits.max).astype(dtype)
+
+
+register_op("QuantizeLinear", infer=_infer_quantize, pattern=Pattern.INJECTIVE, reference=_quantize)

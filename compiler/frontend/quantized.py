@@ -1,0 +1,434 @@
+"""The quantized forms that are not QDQ, rewritten at import into QuantizeLinear, DequantizeLinear and float ops.
+
+onnxruntime's quantizer writes three forms besides QDQ, and the graph keeps one: an integer product is a float op on
+zero-point-shifted integers (exact: every product and partial sum of 8-bit operands is an integer that float32 holds
+exactly while it stays below 2**24 in magnitude, which a sum of K products of at most 255 * 128 does for any K up to
+513, and for far longer sums of real data), then a requantization (a multiply by scale_a * scale_b / scale_y and a
+QuantizeLinear with scale 1: round half to even, add the zero point, saturate), as onnxruntime's kernels compute it.
+
+- QOperator form: QLinearConv, QLinearMatMul (ONNX); QLinearAdd, QLinearMul, QLinearGlobalAveragePool,
+  QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QGemm (com.microsoft).
+- Integer ops of dynamic quantization: DynamicQuantizeLinear, MatMulInteger, ConvInteger.
+- 4- and 8-bit weights: com.microsoft MatMulNBits, its packed blocks unpacked at import into a blocked
+  DequantizeLinear of the weight, transposed into the MatMul (https://github.com/microsoft/onnxruntime/blob/main/docs/
+  ContribOperators.md#com.microsoft.MatMulNBits describes the packing).
+
+Each rewrite sees the node's inputs as graph Values (None for an omitted optional one) and its attributes, and emits
+registered ops through the importer (`Builder`), which folds whatever is constant, so constant weights and scales
+become params. The importer names the node in every error raised here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from onnx import AttributeProto
+
+from compiler.errors import ModelError, ShapeError, UnsupportedOpError
+from compiler.graph.ir import Value
+
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+class Builder:
+    """What a rewrite needs from the importer: emit a registered op (folded when its inputs are constant), make a
+    constant, and read a constant's value."""
+
+    def __init__(self, emit: Callable, constant: Callable, params: dict, label: str):
+        self._emit, self._constant, self.params, self.label = emit, constant, params, label
+        self._count = 0
+
+    def op(self, op: str, inputs: list, attrs: dict | None = None, output: str | None = None) -> Value:
+        self._count += 1
+        (value,) = self._emit(op, inputs, attrs or {}, f"{self.label}_{op.lower()}{self._count}", [output or ""])[:1]
+        return value
+
+    def const(self, array, dtype: str = "float32") -> Value:
+        return self._constant(np.asarray(array, dtype=dtype), f"{self.label}_const")
+
+    def value(self, value: Value | None) -> np.ndarray | None:
+        return None if value is None else self.params.get(value)
+
+    # -- the pieces the rewrites share
+
+    def float32(self, value: Value) -> Value:
+        return value if value.type.dtype == "float32" else self.op("Cast", [value], {"to": "float32"})
+
+    def shifted(self, x: Value, zero_point: Value | None, zero_shape: tuple[int, ...] | None = None) -> Value:
+        """x - zero_point in float32 (exact for integers), the zero point reshaped to `zero_shape` to broadcast."""
+        result = self.float32(x)
+        if zero_point is None:
+            return result
+        zero = self.float32(zero_point)
+        if zero_shape is not None and zero.type.shape != zero_shape:
+            zero = self.op("Reshape", [zero], {"shape": zero_shape})
+        return self.op("Sub", [result, zero])
+
+    def requantize(self, accumulator: Value, multiplier: Value, zero_point: Value | None, output: str) -> Value:
+        """QuantizeLinear(accumulator * multiplier, 1, zero_point): round half to even, shift, saturate."""
+        scaled = self.op("Mul", [accumulator, multiplier])
+        one = self.const(1.0)
+        inputs = [scaled, one] if zero_point is None else [scaled, one, self.op("Reshape", [zero_point], {"shape": ()})]
+        return self.op("QuantizeLinear", inputs, {}, output)
+
+    def dequantize(self, x: Value, scale: Value, zero_point: Value | None) -> Value:
+        return self.op("DequantizeLinear", [x, scale] if zero_point is None else [x, scale, zero_point])
+
+    def quantize(self, x: Value, scale: Value, zero_point: Value | None, output: str) -> Value:
+        inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
+        return self.op("QuantizeLinear", inputs, {}, output)
+
+
+def _per_tensor(value: Value | None, what: str) -> None:
+    if value is not None and value.type.size != 1:
+        raise ShapeError(f"{what} must hold one value (per-tensor quantization); it has shape {list(value.type.shape)}")
+
+
+def _row_shape(value: Value | None, rows: int, what: str) -> tuple[int, ...] | None:
+    """A per-row scale or zero point of A ([M]) as (M, 1), to broadcast over A's columns; None when per tensor."""
+    if value is None or value.type.size == 1:
+        return None if value is None else ()
+    if value.type.shape != (rows,):
+        raise ShapeError(f"{what} must hold one value or one per row of A ({rows}); it has {list(value.type.shape)}")
+    return (rows, 1)
+
+
+def _column_shape(value: Value | None, columns: int, what: str) -> tuple[int, ...] | None:
+    """A per-column scale or zero point of B ([N]), which broadcasts over B's rows as it is."""
+    if value is None or value.type.size == 1:
+        return None if value is None else ()
+    if value.type.shape not in ((columns,), (1, columns)):
+        raise ShapeError(
+            f"{what} must hold one value or one per column of B ({columns}); it has {list(value.type.shape)}"
+        )
+    return (columns,)
+
+
+def _channel_shape(value: Value | None, channels: int, rank: int, what: str) -> tuple[int, ...] | None:
+    """A per-output-channel scale or zero point ([M]) laid along axis 0 of a rank-`rank` weight."""
+    if value is None or value.type.size == 1:
+        return None if value is None else ()
+    if value.type.shape != (channels,):
+        raise ShapeError(
+            f"{what} must hold one value or one per output channel ({channels}); it has {list(value.type.shape)}"
+        )
+    return (channels, *[1] * (rank - 1))
+
+
+def _multiplier(b: Builder, scales: list[tuple[Value, tuple | None]], y_scale: Value | None) -> Value:
+    """scale_a * scale_b (/ scale_y), each reshaped to broadcast, in float32."""
+    product = None
+    for scale, shape in scales:
+        scale = b.float32(scale)
+        if shape is not None and scale.type.shape != shape:
+            scale = b.op("Reshape", [scale], {"shape": shape})
+        product = scale if product is None else b.op("Mul", [product, scale])
+    if y_scale is not None:
+        product = b.op("Div", [product, b.op("Reshape", [b.float32(y_scale)], {"shape": ()})])
+    return product
+
+
+# -- the rewrites -------------------------------------------------------------------------------------------------
+
+
+def _matmul_integer(b: Builder, inputs, attrs, outputs):
+    a, w, a_zero, w_zero = (*inputs, None, None)[:4]
+    rows, columns = a.type.shape[-2] if len(a.type.shape) > 1 else 1, w.type.shape[-1]
+    product = b.op(
+        "MatMul",
+        [
+            b.shifted(a, a_zero, _row_shape(a_zero, rows, "a_zero_point")),
+            b.shifted(w, w_zero, _column_shape(w_zero, columns, "b_zero_point")),
+        ],
+    )
+    b.op("Cast", [product], {"to": "int32"}, outputs[0])
+
+
+def _conv_integer(b: Builder, inputs, attrs, outputs):
+    x, w, x_zero, w_zero = (*inputs, None, None)[:4]
+    _per_tensor(x_zero, "x_zero_point")
+    rank = len(w.type.shape)
+    accumulator = b.op(
+        "Conv",
+        [b.shifted(x, x_zero, ()), b.shifted(w, w_zero, _channel_shape(w_zero, w.type.shape[0], rank, "w_zero_point"))],
+        attrs,
+    )
+    b.op("Cast", [accumulator], {"to": "int32"}, outputs[0])
+
+
+def _qlinear_matmul(b: Builder, inputs, attrs, outputs):
+    a, a_scale, a_zero, w, w_scale, w_zero, y_scale, y_zero = inputs
+    rows, columns = a.type.shape[-2] if len(a.type.shape) > 1 else 1, w.type.shape[-1]
+    _per_tensor(y_scale, "y_scale")
+    accumulator = b.op(
+        "MatMul",
+        [
+            b.shifted(a, a_zero, _row_shape(a_zero, rows, "a_zero_point")),
+            b.shifted(w, w_zero, _column_shape(w_zero, columns, "b_zero_point")),
+        ],
+    )
+    multiplier = _multiplier(
+        b,
+        [(a_scale, _row_shape(a_scale, rows, "a_scale")), (w_scale, _column_shape(w_scale, columns, "b_scale"))],
+        y_scale,
+    )
+    b.requantize(accumulator, multiplier, y_zero, outputs[0])
+
+
+def _qlinear_conv(b: Builder, inputs, attrs, outputs):
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = (*inputs, None)[:9]
+    for value, what in ((x_scale, "x_scale"), (x_zero, "x_zero_point"), (y_scale, "y_scale")):
+        _per_tensor(value, what)
+    channels, rank = w.type.shape[0], len(w.type.shape)
+    conv_inputs = [
+        b.shifted(x, x_zero, ()),
+        b.shifted(w, w_zero, _channel_shape(w_zero, channels, rank, "w_zero_point")),
+    ]
+    if bias is not None:
+        conv_inputs.append(b.float32(bias))
+    accumulator = b.op("Conv", conv_inputs, attrs)
+    per_channel = (1, channels, *[1] * (rank - 2))
+    multiplier = _multiplier(b, [(x_scale, ()), (w_scale, per_channel if w_scale.type.size > 1 else ())], y_scale)
+    _channel_shape(w_scale, channels, rank, "w_scale")
+    b.requantize(accumulator, multiplier, y_zero, outputs[0])
+
+
+def _qgemm(b: Builder, inputs, attrs, outputs):
+    a, a_scale, a_zero, w, w_scale, w_zero, bias, y_scale, y_zero = (*inputs, None, None, None)[:9]
+    _per_tensor(a_scale, "a_scale")
+    _per_tensor(a_zero, "a_zero_point")
+    trans_b = attrs.get("transB", 0)
+    columns = w.type.shape[0] if trans_b else w.type.shape[-1]
+    zero_shape = _column_shape(w_zero, columns, "b_zero_point")
+    if trans_b and zero_shape:
+        zero_shape = (columns, 1)
+    accumulator = b.op(
+        "Gemm",
+        [b.shifted(a, a_zero, ()), b.shifted(w, w_zero, zero_shape)],
+        {"transA": attrs.get("transA", 0), "transB": trans_b},
+    )
+    if bias is not None:  # int32, at scale a_scale * b_scale
+        accumulator = b.op("Add", [accumulator, b.float32(bias)])
+    scales = [(a_scale, ()), (w_scale, _column_shape(w_scale, columns, "b_scale"))]
+    if attrs.get("alpha", 1.0) != 1.0:
+        scales.append((b.const(attrs["alpha"]), ()))
+    multiplier = _multiplier(b, scales, y_scale)
+    if y_scale is None:
+        b.op("Mul", [accumulator, multiplier], {}, outputs[0])
+    else:
+        _per_tensor(y_scale, "y_scale")
+        b.requantize(accumulator, multiplier, y_zero, outputs[0])
+
+
+def _dynamic_quantize_linear(b: Builder, inputs, attrs, outputs):
+    """ONNX's function body: the range of x widened to hold 0, over 255 levels, a uint8 zero point."""
+    (x,) = inputs
+    x = b.float32(x)
+    low = b.op("Min", [b.op("ReduceMin", [x], {"keepdims": 0}), b.const(0.0)])
+    high = b.op("Max", [b.op("ReduceMax", [x], {"keepdims": 0}), b.const(0.0)])
+    scale = b.op("Div", [b.op("Sub", [high, low]), b.const(255.0)])
+    zero = b.op(
+        "Round", [b.op("Clip", [b.op("Sub", [b.const(0.0), b.op("Div", [low, scale])])], {"min": 0.0, "max": 255.0})]
+    )
+    zero = b.op("Cast", [zero], {"to": "uint8"}, outputs[2] if len(outputs) > 2 else None)
+    b.quantize(x, scale, zero, outputs[0])
+    if len(outputs) > 1 and outputs[1]:
+        b.op("Identity", [scale], {}, outputs[1])
+
+
+def _around(op: str, arity: int = 1):
+    """QLinear<op>(x, x_scale, x_zero_point, ..., y_scale, y_zero_point): Q(op(DQ(x), ...)), as the contrib ops are
+    specified (onnxruntime's kernels compute them in float, or by lookup tables built in float)."""
+
+    def rewrite(b: Builder, inputs, attrs, outputs):
+        floats = [b.dequantize(*inputs[3 * k : 3 * k + 3]) for k in range(arity)]
+        y_scale, y_zero = (*inputs[3 * arity :], None, None)[:2]
+        op_attrs = {key: value for key, value in attrs.items() if key not in ("channels_last", "opset")}
+        if attrs.get("opset", 13) < 13 and attrs.get("axis", -1) not in (-1, len(floats[0].type.shape) - 1):
+            raise UnsupportedOpError(f"QLinear{op} of opset {attrs['opset']} over a middle axis is not supported", {})
+        channels_last = attrs.get("channels_last", 0)
+        if channels_last:
+            rank = len(floats[0].type.shape)
+            floats = [b.op("Transpose", [floats[0]], {"perm": (0, rank - 1, *range(1, rank - 1))})]
+        result = b.op(op, floats, op_attrs)
+        if channels_last:
+            rank = len(result.type.shape)
+            result = b.op("Transpose", [result], {"perm": (0, *range(2, rank), 1)})
+        b.quantize(result, y_scale, y_zero, outputs[0])
+
+    return rewrite
+
+
+def _qlinear_concat(b: Builder, inputs, attrs, outputs):
+    y_scale, y_zero, *triples = inputs
+    if len(triples) % 3 or not triples:
+        raise ModelError(f"it has {len(inputs)} inputs; QLinearConcat takes y_scale, y_zero_point, then triples")
+    floats = [b.dequantize(*triples[k : k + 3]) for k in range(0, len(triples), 3)]
+    b.quantize(b.op("Concat", floats, {"axis": attrs["axis"]}), y_scale, y_zero, outputs[0])
+
+
+def _unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The unsigned `bits`-bit values of uint8 bytes along the last axis, lowest bits first, the first `count`."""
+    per_byte = 8 // bits
+    shifts = np.arange(per_byte, dtype=np.uint8) * bits
+    values = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return values.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
+def _matmul_nbits(b: Builder, inputs, attrs, outputs):
+    a, packed, scales, zeros, group_index, bias = (*inputs, None, None, None)[:6]
+    k, n, bits, block = (int(attrs[name]) for name in ("K", "N", "bits", "block_size"))
+    if bits not in (2, 4, 8):
+        raise UnsupportedOpError(f"MatMulNBits with bits={bits} is not supported; Tessel takes 2, 4 and 8", {})
+    if block < 16 or block & (block - 1):
+        raise ShapeError(f"MatMulNBits: block_size must be a power of two >= 16, not {block}")
+    blocks = -(-k // block)
+    expected = (n, blocks, block * bits // 8)
+    if a.type.shape[-1] != k:
+        raise ShapeError(f"MatMulNBits: A's last axis is {a.type.shape[-1]}, but K is {k}")
+    if packed.type.dtype != "uint8" or packed.type.shape != expected:
+        raise ShapeError(
+            f"MatMulNBits: B must be uint8 of shape {list(expected)} (N, blocks, block_size * bits / 8); it is "
+            f"{packed.type.dtype} {list(packed.type.shape)}"
+        )
+    if scales.type.size != n * blocks or scales.type.dtype != a.type.dtype:
+        raise ShapeError(
+            f"MatMulNBits: scales must be {n * blocks} {a.type.dtype} values (N * blocks); they are "
+            f"{scales.type.dtype} {list(scales.type.shape)}"
+        )
+    weights = b.value(packed)
+    if weights is None:
+        raise UnsupportedOpError("MatMulNBits with weights computed at run time is not supported", {})
+    if group_index is not None:
+        order = b.value(group_index)
+        if order is None or not np.array_equal(order.reshape(-1), np.arange(k) // block):
+            raise UnsupportedOpError(
+                "MatMulNBits with a reordering g_idx is not supported; quantize without act_order", {}
+            )
+    levels = b.const(_unpack(weights.reshape(n, -1), bits, k), "uint8")  # (N, K), one byte per value
+    scale = b.op("Reshape", [scales], {"shape": (n, blocks)})
+    zero_array = b.value(zeros)
+    if zeros is not None and zeros.type.dtype == "uint8":
+        if zero_array is None:
+            raise UnsupportedOpError("MatMulNBits with zero points computed at run time is not supported", {})
+        per_row = -(-blocks * bits // 8)
+        if zero_array.size != n * per_row:
+            raise ShapeError(f"MatMulNBits: packed zero points must be {n * per_row} bytes; they are {zero_array.size}")
+        zero = b.const(_unpack(zero_array.reshape(n, per_row), bits, blocks), "uint8")
+    elif zeros is None:
+        zero = b.const(np.full((n, blocks), 1 << (bits - 1)), "uint8")
+    else:  # float zero points: (q - z) * s = q * s - z * s
+        zero = None
+    weight = b.op(
+        "DequantizeLinear", [levels, scale, *([zero] if zero is not None else [])], {"axis": 1, "block_size": block}
+    )
+    if zero is None:
+        if zeros.type.size != n * blocks or zeros.type.dtype != a.type.dtype:
+            raise ShapeError(f"MatMulNBits: zero points must be uint8 or {n * blocks} {a.type.dtype} values")
+        offset = b.op(
+            "Mul",
+            [b.op("Reshape", [zeros], {"shape": (n, blocks, 1)}), b.op("Reshape", [scales], {"shape": (n, blocks, 1)})],
+        )
+        offset = b.op("Expand", [offset], {"shape": (n, blocks, block)})
+        offset = b.op(
+            "Slice",
+            [b.op("Reshape", [offset], {"shape": (n, blocks * block)})],
+            {"starts": (0,), "ends": (k,), "axes": (1,)},
+        )
+        weight = b.op("Sub", [weight, offset])
+    product = b.op(
+        "MatMul", [a, b.op("Transpose", [weight], {"perm": (1, 0)})], {}, None if bias is not None else outputs[0]
+    )
+    if bias is not None:
+        b.op("Add", [product, bias], {}, outputs[0])
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    rewrite: Callable
+    inputs: tuple[int, int]  # how many inputs, least and most
+    attributes: dict[str, int] = field(default_factory=dict)  # for contrib ops: name -> AttributeProto type
+    required: tuple[str, ...] = ()
+
+
+_INT, _FLOAT, _INTS, _STRING = AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.INTS, AttributeProto.STRING
+_POOL = {
+    "auto_pad": _STRING,
+    "ceil_mode": _INT,
+    "count_include_pad": _INT,
+    "kernel_shape": _INTS,
+    "pads": _INTS,
+    "strides": _INTS,
+    "channels_last": _INT,
+}
+
+# ONNX ops: their schemas check attributes and types.
+REWRITES: dict[str, Rewrite] = {
+    "MatMulInteger": Rewrite(_matmul_integer, (2, 4)),
+    "ConvInteger": Rewrite(_conv_integer, (2, 4)),
+    "QLinearMatMul": Rewrite(_qlinear_matmul, (8, 8)),
+    "QLinearConv": Rewrite(_qlinear_conv, (8, 9)),
+    "DynamicQuantizeLinear": Rewrite(_dynamic_quantize_linear, (1, 1)),
+}
+
+# com.microsoft ops, which onnx.defs does not describe: their inputs and attributes are checked here.
+CONTRIB_REWRITES: dict[str, Rewrite] = {
+    "QLinearAdd": Rewrite(_around("Add", 2), (7, 8)),
+    "QLinearMul": Rewrite(_around("Mul", 2), (7, 8)),
+    "QLinearGlobalAveragePool": Rewrite(_around("GlobalAveragePool"), (4, 5), {"channels_last": _INT}),
+    "QLinearAveragePool": Rewrite(_around("AveragePool"), (4, 5), _POOL, ("kernel_shape",)),
+    "QLinearSigmoid": Rewrite(_around("Sigmoid"), (4, 5)),
+    "QLinearLeakyRelu": Rewrite(_around("LeakyRelu"), (4, 5), {"alpha": _FLOAT}),
+    "QLinearSoftmax": Rewrite(_around("Softmax"), (4, 5), {"axis": _INT, "opset": _INT}, ("opset",)),
+    "QLinearConcat": Rewrite(_qlinear_concat, (5, 1 << 30), {"axis": _INT}, ("axis",)),
+    "QGemm": Rewrite(_qgemm, (6, 9), {"alpha": _FLOAT, "transA": _INT, "transB": _INT}),
+    "MatMulNBits": Rewrite(
+        _matmul_nbits,
+        (3, 6),
+        {"K": _INT, "N": _INT, "bits": _INT, "block_size": _INT, "accuracy_level": _INT},
+        ("K", "N", "block_size"),
+    ),
+}
+
+
+def rewrite_for(domain: str, op_type: str) -> Rewrite | None:
+    if domain == CONTRIB_DOMAIN:
+        return CONTRIB_REWRITES.get(op_type)
+    return REWRITES.get(op_type) if domain in ("", "ai.onnx") else None
+
+
+def check_contrib(rewrite: Rewrite, op_type: str, inputs: list, attributes: list) -> None:
+    """A com.microsoft node's input count and attributes, as its documentation gives them."""
+    low, high = rewrite.inputs
+    if not low <= len(inputs) <= high:
+        raise ModelError(f"it has {len(inputs)} inputs, but {CONTRIB_DOMAIN}.{op_type} takes {low} to {high}")
+    for attribute in attributes:
+        kind = rewrite.attributes.get(attribute.name)
+        if kind is None:
+            known = ", ".join(sorted(rewrite.attributes)) or "none"
+            raise ModelError(
+                f"it has the attribute {attribute.name!r}, which {op_type} does not take (it takes: {known})"
+            )
+        if attribute.type != kind:
+            raise ModelError(f"attribute {attribute.name!r} of {op_type} has the wrong type")
+    missing = [name for name in rewrite.required if name not in {a.name for a in attributes}]
+    if missing:
+        raise ModelError(f"it lacks the required attribute(s) {', '.join(map(repr, missing))}")
+
+
+def check_scale(scale: np.ndarray, what: str) -> None:
+    """A constant scale must be finite and non-zero: a zero scale divides by zero in QuantizeLinear and erases the
+    tensor in DequantizeLinear, which no quantizer writes."""
+    values = np.asarray(scale, dtype=np.float32)
+    if not np.all(np.isfinite(values)) or np.any(values == 0):
+        bad = values[~np.isfinite(values) | (values == 0)].reshape(-1)[0]
+        raise ModelError(
+            f"{what} holds {bad}; a quantization scale must be finite and non-zero: quantize the model again"
+        )
+
+
+def apply(rewrite: Rewrite, builder: Builder, inputs: list[Value | None], attrs: dict[str, Any], outputs: list[str]):
+    """Emit the node's rewrite; its outputs get the node's output names."""
+    rewrite.rewrite(builder, inputs, attrs, outputs)
