@@ -108,16 +108,29 @@ def matmul(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]
 
 def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     """A by a weight packed into column panels (compiler/graph/ops/dense.py, pack_dense_weight): column j of B is lane
-    j % panel of panel j // panel, so a schedule that tiles the columns by the panel reads each panel at unit stride."""
-    a, w = inputs[:2]
+    j % panel of panel j // panel, so a schedule that tiles the columns by the panel reads each panel at unit stride.
+    A narrow weight (int8/uint8 levels, float16) is widened element by element as the product reads it, its levels
+    shifted by the zero point and scaled by the scale of their group of k (inputs 3 and 4, packed alike)."""
+    a, w, scale, zero = (*inputs, None, None)[:4]
     shape = output_types[0].shape
     acc = accumulator(a.dtype)
     panel = w.shape[-1]
+    block = int(attrs.get("block", 0))
     k = te.reduce_axis((0, a.shape[-1]), "k")
+
+    def weight(j, k):
+        """B's element, widened from its stored dtype; a quantized one shifted by its zero point and scaled."""
+        value = w[j // panel, k, j % panel].astype(acc)
+        if scale is not None:
+            group = k // block if block else 0
+            if zero is not None:
+                value = value - zero[j // panel, group, j % panel].astype(acc)
+            value = value * scale[j // panel, group, j % panel].astype(acc)
+        return value
 
     def body(*index):
         *rows, j = index
-        return te.sum(a[(*rows, k)].astype(acc) * w[j // panel, k, j % panel].astype(acc), axis=k)
+        return te.sum(a[(*rows, k)].astype(acc) * weight(j, k), axis=k)
 
     result = te.compute(shape, body, name="dense_packed", tag=tags.DENSE_PACKED)
     return [cast(result, a.dtype)]

@@ -22,7 +22,7 @@ from compiler.frontend import checks, quantized
 from compiler.frontend.checks import TENSOR_DTYPES, check_shape, dtype_name
 from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
-from compiler.graph.registry import get_op, is_registered, worth_folding
+from compiler.graph.registry import decompresses, get_op, is_registered, worth_folding
 
 __all__ = [
     "OPSET_RANGE",
@@ -535,7 +535,8 @@ class _Importer:
             return [np.array(shape[attrs.get("start", 0) : attrs.get("end", len(shape))], dtype=np.int64)]
         if any(v is not None and v not in self.graph.params for v in inputs):
             return None
-        if not worth_folding([v.type for v in inputs if v is not None], types):
+        input_types = [v.type for v in inputs if v is not None]
+        if not worth_folding(input_types, types) or decompresses(op, input_types, types):
             return None
         arrays = [self.graph.params[v] if v is not None else None for v in inputs]
         return [np.asarray(result) for result in op_def.run_reference(arrays, attrs)]

@@ -57,14 +57,27 @@ class Builder:
         return value if value.type.dtype == "float32" else self.op("Cast", [value], {"to": "float32"})
 
     def shifted(self, x: Value, zero_point: Value | None, zero_shape: tuple[int, ...] | None = None) -> Value:
-        """x - zero_point in float32 (exact for integers), the zero point reshaped to `zero_shape` to broadcast."""
-        result = self.float32(x)
-        if zero_point is None:
-            return result
-        zero = self.float32(zero_point)
-        if zero_shape is not None and zero.type.shape != zero_shape:
-            zero = self.op("Reshape", [zero], {"shape": zero_shape})
-        return self.op("Sub", [result, zero])
+        """x - zero_point in float32 (exact for integers), the zero point laid out as `zero_shape` (numpy broadcasting
+        against x: () per tensor, one axis longer than 1 per axis). A DequantizeLinear with scale 1, so that a constant
+        weight stays narrow (passes/alter_layout.py, pack_dense)."""
+        if x.type.dtype not in ("int8", "uint8"):
+            result = self.float32(x)
+            if zero_point is None:
+                return result
+            zero = self.float32(zero_point)
+            if zero_shape is not None and zero.type.shape != zero_shape:
+                zero = self.op("Reshape", [zero], {"shape": zero_shape})
+            return self.op("Sub", [result, zero])
+        if zero_point is None or zero_point.type.size == 1:
+            inputs = [x, self.const(1.0)]
+            if zero_point is not None:
+                inputs.append(self.op("Reshape", [zero_point], {"shape": ()}))
+            return self.op("DequantizeLinear", inputs)
+        (position,) = [k for k, size in enumerate(zero_shape) if size != 1]
+        count = zero_shape[position]
+        zero = self.op("Reshape", [zero_point], {"shape": (count,)})
+        axis = len(x.type.shape) - len(zero_shape) + position
+        return self.op("DequantizeLinear", [x, self.const(np.ones(count)), zero], {"axis": axis})
 
     def requantize(self, accumulator: Value, multiplier: Value, zero_point: Value | None, output: str) -> Value:
         """QuantizeLinear(accumulator * multiplier, 1, zero_point): round half to even, shift, saturate."""
@@ -307,8 +320,9 @@ def _matmul_nbits(b: Builder, inputs, attrs, outputs):
             raise UnsupportedOpError(
                 "MatMulNBits with a reordering g_idx is not supported; quantize without act_order", {}
             )
-    levels = b.const(_unpack(weights.reshape(n, -1), bits, k), "uint8")  # (N, K), one byte per value
-    scale = b.op("Reshape", [scales], {"shape": (n, blocks)})
+    # (K, N): the weight as MatMul reads it, blocks of `block` consecutive k sharing a scale and zero point
+    levels = b.const(_unpack(weights.reshape(n, -1), bits, k).T, "uint8")
+    scale = b.op("Transpose", [b.op("Reshape", [scales], {"shape": (n, blocks)})], {"perm": (1, 0)})
     zero_array = b.value(zeros)
     if zeros is not None and zeros.type.dtype == "uint8":
         if zero_array is None:
@@ -316,17 +330,17 @@ def _matmul_nbits(b: Builder, inputs, attrs, outputs):
         per_row = -(-blocks * bits // 8)
         if zero_array.size != n * per_row:
             raise ShapeError(f"MatMulNBits: packed zero points must be {n * per_row} bytes; they are {zero_array.size}")
-        zero = b.const(_unpack(zero_array.reshape(n, per_row), bits, blocks), "uint8")
+        zero = b.const(_unpack(zero_array.reshape(n, per_row), bits, blocks).T, "uint8")
     elif zeros is None:
-        zero = b.const(np.full((n, blocks), 1 << (bits - 1)), "uint8")
+        zero = b.const(np.full((blocks, n), 1 << (bits - 1)), "uint8")
     else:  # float zero points: (q - z) * s = q * s - z * s
-        zero = None
-    weight = b.op(
-        "DequantizeLinear", [levels, scale, *([zero] if zero is not None else [])], {"axis": 1, "block_size": block}
-    )
-    if zero is None:
         if zeros.type.size != n * blocks or zeros.type.dtype != a.type.dtype:
             raise ShapeError(f"MatMulNBits: zero points must be uint8 or {n * blocks} {a.type.dtype} values")
+        zero = None
+    weight = b.op(
+        "DequantizeLinear", [levels, scale, *([zero] if zero is not None else [])], {"axis": 0, "block_size": block}
+    )
+    if zero is None:
         offset = b.op(
             "Mul",
             [b.op("Reshape", [zeros], {"shape": (n, blocks, 1)}), b.op("Reshape", [scales], {"shape": (n, blocks, 1)})],
@@ -337,10 +351,8 @@ def _matmul_nbits(b: Builder, inputs, attrs, outputs):
             [b.op("Reshape", [offset], {"shape": (n, blocks * block)})],
             {"starts": (0,), "ends": (k,), "axes": (1,)},
         )
-        weight = b.op("Sub", [weight, offset])
-    product = b.op(
-        "MatMul", [a, b.op("Transpose", [weight], {"perm": (1, 0)})], {}, None if bias is not None else outputs[0]
-    )
+        weight = b.op("Sub", [weight, b.op("Transpose", [offset], {"perm": (1, 0)})])
+    product = b.op("MatMul", [a, weight], {}, None if bias is not None else outputs[0])
     if bias is not None:
         b.op("Add", [product, bias], {}, outputs[0])
 

@@ -73,6 +73,22 @@ def worth_folding(inputs: list[TensorType], outputs: list[TensorType]) -> bool:
     return grown <= max(sum(t.size for t in inputs), FOLD_GROWTH_LIMIT_ELEMENTS)
 
 
+# A decompression of a param at least this large is a weight stored narrow (int8 levels, float16): folding it would
+# widen the bundle's bytes 2-4x, so the import and the first constant folding keep it for the kernel that reads it
+# (passes/alter_layout.py, pack_dense); smaller ones (scales, biases) fold as before.
+DECOMPRESS_MIN_ELEMENTS = 4096
+
+
+def decompresses(op: str, inputs: list[TensorType], outputs: list[TensorType]) -> bool:
+    """Whether the node widens a narrow weight: a DequantizeLinear, or a Cast from float16 to float32, of at least
+    DECOMPRESS_MIN_ELEMENTS elements."""
+    if not inputs or not outputs or inputs[0].size < DECOMPRESS_MIN_ELEMENTS:
+        return False
+    if op == "DequantizeLinear":
+        return True
+    return op == "Cast" and inputs[0].dtype == "float16" and outputs[0].dtype == "float32"
+
+
 def get_op(name: str) -> OpDef:
     try:
         return _REGISTRY[name]

@@ -24,6 +24,7 @@ import numpy as np
 from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.graph.ops.conv import block_channels, pack_transposed_weight
 from compiler.graph.ops.dense import pack_dense_weight
+from compiler.graph.ops.quantize import quantization_axis
 from compiler.graph.ops.resize import ASPECT_POLICIES, attr_string, resize_plan
 from compiler.graph.ops.transform import pad_widths, slice_plan
 from compiler.target import Target
@@ -103,41 +104,96 @@ def pack_dense(graph: Graph, target: Target) -> Graph:
     """Every MatMul of a float32 A of more than one row (counting its leading axes) by a 2-D float32 param B, and every
     Gemm of that kind (transA 0, alpha 1, its C added with beta 1), becomes a MatMulPacked over B packed once into
     column panels (pack_dense_weight); a Gemm's C becomes an Add after it, which fusion makes the kernel's epilogue.
+    A B that is a narrow weight widened (a DequantizeLinear of int8/uint8 levels, a Cast of float16; fold_constants
+    kept these) is packed narrow, with its scales and zero points packed beside it, and the kernel widens each
+    element as it reads it (compiler/compute/dense.py, matmul_packed): the bundle keeps the narrow bytes.
     A single row (a classifier's head, a decode step) keeps its MatMul."""
     result = graph.copy()
-    packed: dict[tuple[Value, int], Value] = {}
+    producers = {value: node for node in result.nodes for value in node.outputs}
+    packed: dict[tuple, list[Value]] = {}
     nodes = []
     for node in result.nodes:
-        weight = _dense_weight(result, node)
+        weight = _dense_weight(result, node, producers)
         if weight is None:
             nodes.append(node)
             continue
-        array = result.params[weight]
         transposed = node.op == "Gemm" and int(node.attrs.get("transB", 0))
-        columns = array.shape[0] if transposed else array.shape[1]
+        columns = weight.type.shape[0] if transposed else weight.type.shape[1]
         panel = dense_panel(target, columns)
         key = (weight, panel, transposed)
         if key not in packed:
-            packed[key] = result.add_param(
-                f"{weight.name}_panels{panel}", pack_dense_weight(array.T if transposed else array, panel)
-            )
+            packed[key] = _packed_weight(result, weight, producers.get(weight), panel, transposed)
+        *inputs, block = packed[key]
         addend = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else None
         (output,) = node.outputs
         product = Value(result.fresh_name(f"{output.name}_product"), output.type) if addend is not None else output
-        nodes.append(Node("MatMulPacked", [node.inputs[0], packed[key]], [product], {"columns": columns}, node.name))
+        attrs = {"columns": columns, **({"block": block} if block else {})}
+        nodes.append(Node("MatMulPacked", [node.inputs[0], *inputs], [product], attrs, node.name))
         if addend is not None:
             nodes.append(Node("Add", [product, addend], [output], {}, f"{node.name}_bias"))
     result.nodes = nodes
     return result
 
 
-def _dense_weight(graph: Graph, node: Node) -> Value | None:
-    """The param B of a MatMul or Gemm that pack_dense packs, else None."""
+def _packed_weight(graph: Graph, weight: Value, producer: Node | None, panel: int, transposed: bool) -> list:
+    """[packed B, packed scale, packed zero point (each present or not), block]: B as (N / panel, K, panel) in its
+    stored dtype; a scale and zero point as (N / panel, groups, panel), a group being `block` consecutive k (one group
+    of all k when block is 0)."""
+    name = weight.name
+    if producer is None:  # a float32 param
+        array = graph.params[weight]
+        return [graph.add_param(f"{name}_panels{panel}", pack_dense_weight(array.T if transposed else array, panel)), 0]
+    levels = graph.params[producer.inputs[0]]
+    levels = levels.T if transposed else levels
+    parts = [graph.add_param(f"{name}_panels{panel}", pack_dense_weight(levels, panel))]
+    if producer.op == "Cast":
+        return [*parts, 0]
+    scale, zero, block = _weight_groups(graph, producer, transposed)
+    parts.append(graph.add_param(f"{name}_scale_panels{panel}", pack_dense_weight(scale, panel)))
+    if zero is not None:
+        parts.append(graph.add_param(f"{name}_zero_panels{panel}", pack_dense_weight(zero, panel)))
+    return [*parts, block]
+
+
+def _weight_groups(graph: Graph, dequantize: Node, transposed: bool) -> tuple:
+    """A DequantizeLinear's scale and zero point over its (K, N) weight as (groups, N) arrays and the group's length
+    along K: per tensor and per column (N) one group of all k (block 0); per block along K, groups of block_size k;
+    per row of K, groups of one k. A blocked scale along N is spread to every column."""
+    levels, scale_value = dequantize.inputs[:2]
+    zero_value = dequantize.inputs[2] if len(dequantize.inputs) > 2 else None
+    granularity, axis, block_size = quantization_axis(levels.type, scale_value.type, dequantize.attrs, "DequantizeLinear")
+    inner, columns = levels.type.shape[::-1] if transposed else levels.type.shape
+    k_axis = 1 if transposed else 0
+
+    def grouped(array: np.ndarray) -> tuple[np.ndarray, int]:
+        if granularity == "tensor":
+            return np.broadcast_to(array.reshape(1, 1), (1, columns)), 0
+        if granularity == "axis":
+            along_k = axis == k_axis
+            return (array.reshape(inner, 1) if along_k else array.reshape(1, columns)), int(along_k)
+        array = array.T if transposed else array
+        if axis == k_axis:
+            return array, block_size
+        return np.repeat(array, block_size, axis=1)[:, :columns], 1
+
+    scale, block = grouped(graph.params[scale_value].astype(np.float32))
+    if granularity == "axis" and block:  # one scale per k: spread over the columns
+        scale = np.broadcast_to(scale, (inner, columns))
+    zero = None
+    if zero_value is not None:
+        zero = grouped(graph.params[zero_value])[0]
+        zero = np.broadcast_to(zero, scale.shape)
+    return np.ascontiguousarray(scale), None if zero is None else np.ascontiguousarray(zero), block
+
+
+def _dense_weight(graph: Graph, node: Node, producers: dict) -> Value | None:
+    """The B of a MatMul or Gemm that pack_dense packs (a float32 param, or a narrow one widened), else None."""
     if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or len(node.outputs) != 1:
         return None
     a, weight = node.inputs[:2]
-    array = graph.params.get(weight)
-    if array is None or array.ndim != 2 or array.dtype != np.float32 or a is None or a.type.dtype != "float32":
+    if a is None or a.type.dtype != "float32" or weight.type.dtype != "float32" or len(weight.type.shape) != 2:
+        return None
+    if weight not in graph.params and not _narrow_weight(graph, producers.get(weight)):
         return None
     if len(a.type.shape) < 2 or math.prod(a.type.shape[:-1]) < 2:
         return None
@@ -148,6 +204,16 @@ def _dense_weight(graph: Graph, node: Node) -> Value | None:
         if int(attrs.get("transA", 0)) or float(attrs.get("alpha", 1.0)) != 1.0 or beta != 1.0:
             return None
     return weight
+
+
+def _narrow_weight(graph: Graph, producer: Node | None) -> bool:
+    """Whether `producer` widens a narrow param that the packed kernel can read: a Cast of float16, or a
+    DequantizeLinear of int8/uint8 levels with param scale and zero point."""
+    if producer is None or not all(value is None or value in graph.params for value in producer.inputs):
+        return False
+    if producer.op == "Cast":
+        return producer.inputs[0].type.dtype == "float16"
+    return producer.op == "DequantizeLinear" and producer.inputs[0].type.dtype in ("int8", "uint8")
 
 
 def gpu_layout(graph: Graph, target: Target) -> Graph:

@@ -10,9 +10,13 @@ import numpy as np
 
 from compiler.graph.ir import Graph, Node
 from compiler.graph.registry import FOLD_GROWTH_LIMIT_ELEMENTS as GROWTH_LIMIT_ELEMENTS
-from compiler.graph.registry import get_op, worth_folding
+from compiler.graph.registry import decompresses, get_op, worth_folding
 
-__all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants"]
+__all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants", "fold_decompressions"]
+
+# The ops that read a weight as their input 1 and whose CPU template can read it narrow (passes/alter_layout.py,
+# pack_dense): a decompression feeding only these stays a node until the layout passes have run.
+NARROW_WEIGHT_READERS = ("MatMul", "Gemm")
 
 # Ops whose results are not a function of their inputs, so evaluating them once would change the model.
 NONDETERMINISTIC_OPS = frozenset(
@@ -20,11 +24,20 @@ NONDETERMINISTIC_OPS = frozenset(
 )
 
 
-def fold_constants(graph: Graph) -> Graph:
-    """Replace each node whose inputs are all params (or a Shape/Size of any value) by params holding its results."""
+def fold_constants(graph: Graph, keep_narrow_weights: bool = True) -> Graph:
+    """Replace each node whose inputs are all params (or a Shape/Size of any value) by params holding its results;
+    except, when `keep_narrow_weights`, a decompression of a weight (registry.decompresses) read only as the weight of
+    a MatMul or Gemm, which the layout passes may hand to a kernel that reads the weight narrow."""
     result = graph.copy()
+    readers: dict = {}
+    for node in result.nodes:
+        for position, value in enumerate(node.inputs):
+            readers.setdefault(value, []).append((node.op, position))
     kept: list[Node] = []
     for node in result.nodes:
+        if keep_narrow_weights and _narrow_weight(node, readers):
+            kept.append(node)
+            continue
         arrays = _evaluate(node, result)
         if arrays is None:
             kept.append(node)
@@ -34,6 +47,19 @@ def fold_constants(graph: Graph) -> Graph:
             result.params[value] = np.asarray(array, dtype=value.type.dtype, order="C")
     result.nodes = kept
     return result
+
+
+def fold_decompressions(graph: Graph) -> Graph:
+    """Constant folding after the layout passes: the decompressions that no kernel took narrow become float params."""
+    return fold_constants(graph, keep_narrow_weights=False)
+
+
+def _narrow_weight(node: Node, readers: dict) -> bool:
+    inputs = [value.type for value in node.inputs if value is not None]
+    if not decompresses(node.op, inputs, [value.type for value in node.outputs]) or len(node.outputs) != 1:
+        return False
+    uses = readers.get(node.outputs[0], [])
+    return bool(uses) and all(op in NARROW_WEIGHT_READERS and position == 1 for op, position in uses)
 
 
 def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:

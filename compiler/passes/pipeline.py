@@ -13,7 +13,7 @@ from compiler.graph.ir import Graph, GraphError
 from compiler.passes.alter_layout import alter_layout, gpu_layout
 from compiler.passes.eliminate_dead import eliminate_dead
 from compiler.passes.fold_batchnorm import fold_batchnorm
-from compiler.passes.fold_constants import fold_constants
+from compiler.passes.fold_constants import fold_constants, fold_decompressions
 from compiler.passes.fuse_attention import fuse_attention
 from compiler.passes.fuse_ops import fuse_ops
 from compiler.passes.narrow_int64 import narrow_int64
@@ -60,6 +60,8 @@ def optimize(graph: Graph, fuse: bool = True, target: Target | None = None) -> G
     if target is not None:
         for layout_pass in LAYOUT_PASSES[target.family]:
             passes += [_for_target(layout_pass, target), eliminate_dead]
+    # the narrow weights no layout pass handed to a kernel (fold_constants kept them for pack_dense) become floats
+    passes += [fold_decompressions, eliminate_dead]
     for graph_pass in [*passes, fuse_ops] if fuse else passes:
         graph = graph_pass(graph)
         try:

@@ -317,3 +317,41 @@ def test_quantized_zoo_models_match_onnxruntime(name, mode, target, tmp_path):
         assert difference.max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
     else:
         assert difference.max() <= 0.25 * magnitude and difference.mean() <= 0.05 * magnitude
+
+
+# -- narrow weights stay narrow -----------------------------------------------------------------------------------
+
+
+def _packed_weights(model) -> list[str]:
+    from compiler.frontend import load_onnx
+    from compiler.passes.pipeline import optimize
+    from compiler.target import Target
+
+    graph = optimize(load_onnx(model), fuse=False, target=Target.parse("llvm"))
+    return sorted(node.inputs[1].type.dtype for node in graph.nodes if node.op == "MatMulPacked")
+
+
+@pytest.mark.parametrize("mode, dtype", [("qdq", "int8"), ("dynamic", "int8"), ("q4", "uint8")])
+def test_quantized_dense_weights_stay_narrow_in_the_bundle(mode, dtype, tmp_path):
+    """Every dense weight of bert_tiny is packed in its stored dtype and widened in the kernel, so the params are
+    about 0.3x the float model's (its embeddings and norms stay float32)."""
+    from compiler import zoo
+
+    model = _quantized("bert_tiny", mode, tmp_path)
+    assert _packed_weights(model) == [dtype] * 12
+    float_bytes = compile_model(zoo.build_model("bert_tiny"), target="llvm").manifest["params"]["bytes"]
+    module = compile_model(model, target="llvm")
+    assert module.manifest["params"]["bytes"] <= 0.35 * float_bytes
+
+
+def test_float16_weights_are_widened_in_the_kernel():
+    """A float32 MatMul whose weight is stored float16 and Cast up (as mixed-precision converters write it)."""
+    weight = numpy_helper.from_array(RNG.standard_normal((96, 80)).astype(np.float16), "w16")
+    nodes = [
+        helper.make_node("Cast", ["w16"], ["w"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["x", "w"], ["out"]),
+    ]
+    model = _model(nodes, [_info("x", TensorProto.FLOAT, [7, 96])], [_info("out", TensorProto.FLOAT, None)], [weight])
+    assert _packed_weights(model) == ["float16"]
+    _compare(model, {"x": RNG.standard_normal((7, 96)).astype(np.float32)}, 1e-4)
+    _compare(model, {"x": RNG.standard_normal((7, 96)).astype(np.float32)}, 1e-4, target="wasm")

@@ -87,8 +87,12 @@ def unpack_dense_weight(packed: np.ndarray, columns: int) -> np.ndarray:
     return packed.transpose(1, 0, 2).reshape(inner, panels * panel)[:, :columns]
 
 
+# The weights a MatMulPacked of float32 A may read narrow, each element widened as it is read.
+NARROW_WEIGHT_DTYPES = ("int8", "uint8", "float16")
+
+
 def _infer_matmul_packed(types, attrs):
-    a, w = op_inputs("MatMulPacked", types, 2, 2)
+    a, w, scale, zero = op_inputs("MatMulPacked", types, 2, 4)
     columns = int(attrs.get("columns", 0))
     if len(a.shape) < 2 or len(w.shape) != 3 or a.shape[-1] != w.shape[1]:
         raise ShapeError(
@@ -97,13 +101,29 @@ def _infer_matmul_packed(types, attrs):
         )
     if not (w.shape[0] - 1) * w.shape[2] < columns <= w.shape[0] * w.shape[2]:
         raise ShapeError(f"MatMulPacked's columns={columns} does not fit its weight's panels {list(w.shape)}")
-    if a.dtype != w.dtype:
+    narrow = a.dtype == "float32" and w.dtype in NARROW_WEIGHT_DTYPES
+    if a.dtype != w.dtype and not narrow:
         raise ShapeError(f"MatMulPacked operands have dtypes {a.dtype} and {w.dtype}; they must agree")
+    block = int(attrs.get("block", 0))
+    groups = -(-w.shape[1] // block) if block else 1
+    for part, what in ((scale, "scale"), (zero, "zero point")):
+        if part is not None and part.shape != (w.shape[0], groups, w.shape[2]):
+            raise ShapeError(
+                f"MatMulPacked's {what} must be packed as {[w.shape[0], groups, w.shape[2]]}, not {list(part.shape)}"
+            )
+    if zero is not None and scale is None:
+        raise ShapeError("MatMulPacked takes a zero point only with a scale")
     return [TensorType((*a.shape[:-1], columns), a.dtype)]
 
 
-def _matmul_packed(a, w, *, columns, **_):
-    return _matmul(a, unpack_dense_weight(w, columns))
+def _matmul_packed(a, w, scale=None, zero=None, *, columns, block=0, **_):
+    weight = unpack_dense_weight(w, columns).astype(np.float32)
+    if scale is not None:
+        groups = np.arange(weight.shape[0]) // block if block else np.zeros(weight.shape[0], np.int64)
+        if zero is not None:
+            weight = weight - unpack_dense_weight(zero, columns).astype(np.float32)[groups]
+        weight = weight * unpack_dense_weight(scale, columns)[groups]
+    return _matmul(a, weight.astype(a.dtype))
 
 
 register_op("MatMulPacked", infer=_infer_matmul_packed, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul_packed)
