@@ -161,7 +161,9 @@ def _weight_groups(graph: Graph, dequantize: Node, transposed: bool) -> tuple:
     per row of K, groups of one k. A blocked scale along N is spread to every column."""
     levels, scale_value = dequantize.inputs[:2]
     zero_value = dequantize.inputs[2] if len(dequantize.inputs) > 2 else None
-    granularity, axis, block_size = quantization_axis(levels.type, scale_value.type, dequantize.attrs, "DequantizeLinear")
+    granularity, axis, block_size = quantization_axis(
+        levels.type, scale_value.type, dequantize.attrs, "DequantizeLinear"
+    )
     inner, columns = levels.type.shape[::-1] if transposed else levels.type.shape
     k_axis = 1 if transposed else 0
 
