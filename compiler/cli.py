@@ -25,6 +25,7 @@ from compiler.frontend.onnx import load_onnx
 from compiler.frontend.onnx import parse_input_shapes as parse
 from compiler.passes.fuse_ops import group_summary
 from compiler.passes.pipeline import optimize
+from compiler.quantize import ACCURACY_LEVELS, BLOCK_SIZES, INTEGER_TYPES, RANDOM_SAMPLES, quantize_model
 from compiler.target import Target
 from compiler.tune import report
 from compiler.tune.session import tune_file
@@ -402,6 +403,103 @@ def _run_tune(args: argparse.Namespace) -> int:
     )
 
 
+# -- quantize --------------------------------------------------------------------------------------------------
+
+
+def _configure_quantize(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", type=Path, help="a float .onnx file (its .data file beside it, if any)")
+    parser.add_argument(
+        "-o", "--output", type=Path, help="the .onnx file to write (default MODEL.int8/.dynamic/.q4/.fp16.onnx)"
+    )
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--dynamic", action="store_true", help="dynamic int8 (DynamicQuantizeLinear + MatMulInteger)")
+    modes.add_argument("--int4", action="store_true", help="4-bit MatMul weights (com.microsoft.MatMulNBits)")
+    modes.add_argument("--fp16", action="store_true", help="float16 weights and compute (float32 inputs and outputs)")
+    static = parser.add_argument_group("static QDQ quantization (the default mode)")
+    static.add_argument(
+        "--calibrate", type=Path, metavar="INPUTS.npz", help="calibration inputs by input name, first axis the samples"
+    )
+    static.add_argument(
+        "--samples",
+        type=int,
+        help=f"random calibration samples when --calibrate is not given (default {RANDOM_SAMPLES})",
+    )
+    static.add_argument("--activation-type", choices=INTEGER_TYPES, help="activations' type (default u8)")
+    _add_input_shape(static)
+    both = parser.add_argument_group("static and --dynamic")
+    both.add_argument("--weight-type", choices=INTEGER_TYPES, help="weights' type (default s8)")
+    both.add_argument(
+        "--per-channel",
+        action=argparse.BooleanOptionalAction,
+        help="a scale per output channel (default: per channel for static, per tensor for --dynamic)",
+    )
+    both.add_argument("--no-preprocess", action="store_true", help="skip onnxruntime's quant_pre_process")
+    int4 = parser.add_argument_group("--int4")
+    int4.add_argument("--block-size", type=int, choices=BLOCK_SIZES, help="weights per scale along K (default 32)")
+    int4.add_argument("--asymmetric", action="store_true", help="zero points per block (default symmetric)")
+    int4.add_argument("--accuracy-level", type=int, choices=ACCURACY_LEVELS, help="MatMulNBits' accuracy_level")
+    fp16 = parser.add_argument_group("--fp16")
+    fp16.add_argument("--fp16-io", action="store_true", help="float16 inputs and outputs too")
+    parser.add_argument(
+        "--external-data", action="store_true", help="write the weights to OUTPUT.data (automatic past 2 GB)"
+    )
+
+
+# Options that only one mode reads, by their argparse destination: (flag, the modes that take it)
+_QUANTIZE_OPTIONS = {
+    "calibrate": ("--calibrate", ("static",)),
+    "samples": ("--samples", ("static",)),
+    "activation_type": ("--activation-type", ("static",)),
+    "input_shape": ("--input-shape", ("static",)),
+    "weight_type": ("--weight-type", ("static", "dynamic")),
+    "per_channel": ("--per-channel", ("static", "dynamic")),
+    "no_preprocess": ("--no-preprocess", ("static", "dynamic")),
+    "block_size": ("--block-size", ("int4",)),
+    "asymmetric": ("--asymmetric", ("int4",)),
+    "accuracy_level": ("--accuracy-level", ("int4",)),
+    "fp16_io": ("--fp16-io", ("fp16",)),
+}
+_MODE_FLAGS = {
+    "static": "static quantization (no mode flag)",
+    "dynamic": "--dynamic",
+    "int4": "--int4",
+    "fp16": "--fp16",
+}
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    mode = "dynamic" if args.dynamic else "int4" if args.int4 else "fp16" if args.fp16 else "static"
+    for name, (flag, modes) in _QUANTIZE_OPTIONS.items():
+        if getattr(args, name) not in (None, False) and mode not in modes:
+            takes = " and ".join(_MODE_FLAGS[other] for other in modes)
+            raise TesselError(f"{flag} applies to {takes}, not {_MODE_FLAGS[mode]}; drop it or change the mode")
+    result = quantize_model(
+        args.model,
+        args.output,
+        mode,
+        calibration=args.calibrate,
+        input_shapes=parse_input_shapes(args.input_shape),
+        samples=args.samples if args.samples is not None else RANDOM_SAMPLES,
+        activation_type=args.activation_type or "u8",
+        weight_type=args.weight_type or "s8",
+        per_channel=args.per_channel,
+        block_size=args.block_size or 32,
+        symmetric=not args.asymmetric,
+        accuracy_level=args.accuracy_level,
+        keep_io_types=not args.fp16_io,
+        preprocess=not args.no_preprocess,
+        external_data=True if args.external_data else None,
+        progress=lambda step: _progress(f"{step} ({time.perf_counter() - started:.1f} s)"),
+    )
+    files = " and ".join(str(path) for path in result.files)
+    print(
+        f"wrote {files}: {result.bytes:,} bytes, {result.bytes / result.source_bytes:.2f}x the float model's "
+        f"{result.source_bytes:,}; {result.summary()} (in {time.perf_counter() - started:.1f} s)"
+    )
+    return 0
+
+
 def _configure_serve(parser: argparse.ArgumentParser) -> None:
     # The service is a driver of its own; the CLI only hands it the command line.
     from server.app import add_arguments
@@ -434,6 +532,11 @@ COMMANDS: dict[str, Command] = {
         "search each kernel's schedule space by measuring it, into a log that compile --records applies",
         _configure_tune,
         _run_tune,
+    ),
+    "quantize": Command(
+        "write an int8 (static QDQ or dynamic), 4-bit or float16 copy of a float .onnx model with onnxruntime's tools",
+        _configure_quantize,
+        _run_quantize,
     ),
     "serve": Command("serve the upload-and-compile page, the compile API and the demos", _configure_serve, _run_serve),
 }

@@ -93,6 +93,32 @@ def test_real_benchmark_prints_ratios_to_both_rivals_and_their_geometric_means(t
     assert row.rstrip(" |").endswith("×")
 
 
+def test_quantized_benchmark_reports_or_refuses_each_file(tmp_path):
+    """MobileNetV3-Large at its small size (--quick, about 25 s): its int8 (static QDQ) and float16 files are each either
+    compiled, checked against onnxruntime and timed (a table row) or refused with the reason (a line), whichever the
+    quantized ops Tessel has at the time allow; a convnet has no MatMul for the 4-bit quantizer, which says so."""
+    command = [sys.executable, "benchmarks/quantized.py", "--models", "mobilenet_v3_large", "--quick"]
+    command += ["--cache", str(tmp_path)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("mobilenet_v3_large float32: compiled for llvm in ") for line in lines)
+    assert any(line.startswith("mobilenet_v3_large 4-bit (MatMulNBits): no MatMul") for line in lines)
+    timed = 0
+    for label in ("int8 (static QDQ)", "float16"):
+        rows = [line for line in lines if line.startswith(f"| mobilenet_v3_large | {label} |")]
+        refused = [line for line in lines if line.startswith(f"mobilenet_v3_large {label}: Tessel refuses it: ")]
+        assert len(rows) + len(refused) == 1, (label, result.stdout)
+        for row in rows:
+            cells = [cell.strip() for cell in row.strip("|").split("|")]
+            assert len(cells) == 10 and float(cells[2]) > 0 and cells[3].endswith("×")
+            for times, versus_onnxruntime, versus_float in (cells[4:7], cells[7:10]):
+                assert all(float(ms) > 0 for ms in times.split(" / "))
+                assert versus_onnxruntime.endswith("×") and versus_float.endswith("×")
+        timed += len(rows)
+    assert sum(line.startswith("| geometric mean |") for line in lines) == (timed > 0)
+
+
 def test_threads_benchmark_prints_a_row_per_model_and_pattern():
     command = [sys.executable, "benchmarks/threads.py", "--models", "mlp", "small_convnet", "--rounds", "2"]
     command += ["--patterns", "back-to-back", "every 50 ms"]

@@ -35,6 +35,8 @@ ALLOWED = {
     "compiler.zoo": set(),
     "compiler.real_zoo": set(),
     "compiler.data": set(),
+    # `tessel quantize`: ONNX in, ONNX out by onnxruntime's tools, beside the pipeline; the frontend checks the file
+    "compiler.quantize": {"compiler.frontend"},
 }
 # Drivers see every stage of compiler/ (the package itself is the public API: compiler/__init__.py).
 DRIVERS = {
@@ -148,6 +150,7 @@ LAZY_PACKAGES = {
     "xgboost": "the tune extra: only the learned cost model",
     "rich": "the tune extra: only the live tuning display",
     "matplotlib": "the tune extra: only the tuning report's plot",
+    "onnxruntime": "the quantize extra: only `tessel quantize` (compiler/quantize.py) runs its quantizers",
     "wasmtime": "the binding's private call path (_ffi), used only where this wasmtime version has it",
 }
 # ...and imports of this project's own modules, by (importing module, imported package):
