@@ -400,9 +400,9 @@ class WebGPUExecutor {
     // Outputs that are an input or another output passed straight through, as in compiler/build.py.
     manifest.outputs.forEach((spec, position) => {
       const from = spec.source;
-      const Type = this.typedArrays[spec.dtype];
-      if (from && from.region === "input") results[position] = Type.from(arrays[from.index]);
-      else if (from && from.region === "output") results[position] = Type.from(results[from.index]);
+      if (from && from.region !== "params") {
+        results[position] = this.options.copyAs(this.typedArrays[spec.dtype], (from.region === "input" ? arrays : results)[from.index]);
+      }
     });
     return results;
   }

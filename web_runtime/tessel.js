@@ -13,6 +13,7 @@ const PAGE_BYTES = 65536;
 const ALIGNMENT = 64;
 const FORMAT_VERSION = 2;
 
+// The typed array of each dtype's bytes in memory and on the device (float16 as its raw bits, bool as 0/1 bytes).
 const TYPED_ARRAYS = {
   float32: Float32Array,
   float64: Float64Array,
@@ -27,6 +28,62 @@ const TYPED_ARRAYS = {
   uint64: BigUint64Array,
   bool: Uint8Array,
 };
+// The typed array of each dtype's results: float16 comes back as a Float16Array where the engine has one (Chrome 135,
+// Firefox 129, Safari 18.2; not Node 20), else as a Uint16Array of its bits, which float16BitsToFloat32 reads.
+const Float16 = typeof Float16Array === "function" ? Float16Array : null;
+const RESULT_ARRAYS = { ...TYPED_ARRAYS, float16: Float16 || Uint16Array };
+
+const kindOf = (value) => (value == null ? String(value) : value.constructor?.name ?? typeof value);
+
+// Rounds `value` right by `shift` bits to the nearest, ties to even, as IEEE 754 and numpy's float16 do.
+function roundRight(value, shift) {
+  const kept = value >>> shift;
+  const rest = value & ((1 << shift) - 1);
+  const halfway = 1 << (shift - 1);
+  return kept + (rest > halfway || (rest === halfway && kept & 1) ? 1 : 0);
+}
+
+/** float32 values as the bits of the nearest float16 (ties to even): beyond float16's range ±Infinity, below it a
+ * subnormal or ±0; NaN stays NaN (quiet, with the top bits of its payload). */
+export function float32ToFloat16Bits(values) {
+  if (!(values instanceof Float32Array)) {
+    fail("input", "values", `float32ToFloat16Bits takes a Float32Array, got ${kindOf(values)}; convert it, e.g. Float32Array.from(values)`);
+  }
+  const words = new Uint32Array(values.buffer, values.byteOffset, values.length);
+  const bits = new Uint16Array(words.length);
+  for (let position = 0; position < words.length; position++) {
+    const word = words[position];
+    const exponent = ((word >>> 23) & 0xff) - 112; // rebiased for float16: 127 -> 15
+    const fraction = word & 0x7fffff;
+    let half;
+    if (exponent === 143) half = fraction ? 0x7e00 | (fraction >>> 13) : 0x7c00;
+    else if (exponent >= 31) half = 0x7c00;
+    // a carry out of the fraction moves to the next exponent, and from the largest finite value to Infinity
+    else if (exponent > 0) half = roundRight((exponent << 23) | fraction, 13);
+    else half = exponent < -10 ? 0 : roundRight(fraction | 0x800000, 14 - exponent);
+    bits[position] = ((word >>> 16) & 0x8000) | half;
+  }
+  return bits;
+}
+
+/** float16 bits as float32 values, exactly (every float16 is a float32). */
+export function float16BitsToFloat32(bits) {
+  if (!(bits instanceof Uint16Array)) {
+    fail("input", "bits", `float16BitsToFloat32 takes a Uint16Array of float16 bits, got ${kindOf(bits)} (a Float16Array converts with Float32Array.from)`);
+  }
+  const floats = new Float32Array(bits.length);
+  const words = new Uint32Array(floats.buffer);
+  for (let position = 0; position < bits.length; position++) {
+    const half = bits[position];
+    const sign = (half & 0x8000) << 16;
+    const exponent = (half >>> 10) & 0x1f;
+    const fraction = half & 0x3ff;
+    if (exponent === 0x1f) words[position] = sign | 0x7f800000 | (fraction << 13);
+    else if (exponent) words[position] = sign | ((exponent + 112) << 23) | (fraction << 13);
+    else floats[position] = (sign ? -fraction : fraction) * 2 ** -24;
+  }
+  return floats;
+}
 
 // The smallest module that uses a SIMD128 instruction: (func (result v128) (v128.const i32x4 0 0 0 0)).
 // Engines without SIMD reject it, which is the whole test.
@@ -709,6 +766,24 @@ function checkManifest(manifest) {
   });
 }
 
+// The typed arrays an input of each dtype may be given as, the first the one its results come back as: float16 as
+// a Float16Array, its bits (Uint16Array) or a Float32Array (rounded to the nearest float16); uint8 also as a
+// Uint8ClampedArray (a canvas's pixels).
+const INPUT_ARRAYS = Object.fromEntries(Object.entries(RESULT_ARRAYS).map(([dtype, Type]) => [dtype, [Type]]));
+INPUT_ARRAYS.float16 = [...(Float16 ? [Float16] : []), Uint16Array, Float32Array];
+INPUT_ARRAYS.uint8.push(Uint8ClampedArray);
+// what a wrong one is told: the arrays it may be and how to make one
+const INPUT_HINTS = {
+  float16: [`${Float16 ? "a Float16Array, " : ""}a Uint16Array of float16 bits or a Float32Array (rounded to float16)`, "Float32Array.from(values)"],
+  uint8: ["a Uint8Array or a Uint8ClampedArray", "Uint8Array.from(values)"],
+  bool: ["a Uint8Array of 0 and 1", "Uint8Array.from(values, Number)"],
+  int64: ["a BigInt64Array", "BigInt64Array.from(values, BigInt)"],
+};
+const inputHint = (dtype) => {
+  const name = RESULT_ARRAYS[dtype].name;
+  return INPUT_HINTS[dtype] || [`${/^[AEIOU]/.test(name) ? "an" : "a"} ${name}`, `${name}.from(values)`];
+};
+
 /** The feeds as one typed array per manifest input, in manifest order, after checking names, dtypes and sizes. */
 function checkFeeds(feeds, inputs) {
   if (feeds === null || typeof feeds !== "object" || ArrayBuffer.isView(feeds)) {
@@ -725,15 +800,16 @@ function checkFeeds(feeds, inputs) {
       fail("input", spec.name, `missing input "${spec.name}"; the model's inputs are ${names.join(", ")}`);
     }
     const feed = feeds[spec.name];
-    const data = ArrayBuffer.isView(feed) ? feed : feed && feed.data;
-    const Expected = TYPED_ARRAYS[spec.dtype];
-    if (!(data instanceof Expected)) {
-      const given = [data, feed].find((value) => value != null)?.constructor.name ?? String(feed);
+    const given = ArrayBuffer.isView(feed) ? feed : feed && feed.data;
+    const accepted = INPUT_ARRAYS[spec.dtype];
+    const Given = accepted.find((Type) => given instanceof Type);
+    if (!Given) {
+      const got = kindOf(given ?? feed);
       fail(
         "input",
         spec.name,
-        `input "${spec.name}" must be a ${Expected.name} (dtype ${spec.dtype}), got ${given}; ` +
-          `convert it, e.g. ${Expected.name}.from(values)`,
+        `input "${spec.name}" (dtype ${spec.dtype}) must be ${inputHint(spec.dtype)[0]}, got ${got}; ` +
+          `convert it, e.g. ${inputHint(spec.dtype)[1]}`,
       );
     }
     if (!ArrayBuffer.isView(feed) && feed.dims != null) {
@@ -748,15 +824,22 @@ function checkFeeds(feeds, inputs) {
       }
     }
     const count = elementCount(spec.shape);
-    if (data.length !== count) {
+    if (given.length !== count) {
       fail(
         "input",
         spec.name,
-        `input "${spec.name}" has ${data.length} elements, the model takes ${count} ` +
+        `input "${spec.name}" has ${given.length} elements, the model takes ${count} ` +
           `(shape ${shapeText(spec.shape)})`,
       );
     }
-    return data;
+    if (spec.dtype === "bool") {
+      const other = given.findIndex((value) => value > 1);
+      if (other >= 0) fail("input", spec.name, `input "${spec.name}" (dtype bool) holds ${given[other]} at ${other}; a bool is 0 or 1`);
+    }
+    // what the executors copy in: the bytes of the dtype (float16's bits; a Float32Array is rounded to them)
+    if (Given === Float32Array && spec.dtype === "float16") return float32ToFloat16Bits(given);
+    const Stored = TYPED_ARRAYS[spec.dtype];
+    return Given === Stored ? given : new Stored(given.buffer, given.byteOffset, given.length);
   });
 }
 
@@ -778,6 +861,11 @@ function describeFailure(manifest, failed) {
     `an index is out of range in ${where}: each index must lie in [-n, n) for an axis of n elements ` +
     "(onnxruntime refuses it too); check the model's index inputs"
   );
+}
+
+/** A fresh `Type` over a copy of `array`'s bytes (float16's bits stay bits, where Type.from would convert values). */
+function copyAs(Type, array) {
+  return new Type(new Uint8Array(array.buffer, array.byteOffset, array.byteLength).slice().buffer);
 }
 
 // A copy of `length` bytes of linear memory from `start` in a fresh (never shared) ArrayBuffer.
@@ -896,17 +984,16 @@ class WasmExecutor {
     const failed = this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
     if (failed) fail("run", this.manifest.calls[failed - 1]?.group ?? null, describeFailure(this.manifest, failed));
     const results = outputs.map((spec, position) => {
-      const Type = TYPED_ARRAYS[spec.dtype];
+      const Type = RESULT_ARRAYS[spec.dtype];
       return new Type(copyOut(this.memory, this.outputOffsets[position], byteSize(spec)));
     });
     // Outputs no kernel writes (an input or a weight passed straight through) are copied here, as in build.py.
     outputs.forEach((spec, position) => {
       const from = spec.source;
       if (!from) return;
-      const Type = TYPED_ARRAYS[spec.dtype];
-      if (from.region === "input") results[position] = Type.from(arrays[from.index]);
-      else if (from.region === "output") results[position] = Type.from(results[from.index]);
-      else results[position] = new Type(copyOut(this.memory, this.paramsOffset + from.offset, byteSize(spec)));
+      const Type = RESULT_ARRAYS[spec.dtype];
+      if (from.region === "params") results[position] = new Type(copyOut(this.memory, this.paramsOffset + from.offset, byteSize(spec)));
+      else results[position] = copyAs(Type, (from.region === "input" ? arrays : results)[from.index]);
     });
     return results;
   }
@@ -1136,7 +1223,7 @@ const webgpuBackend = {
   },
   async create(manifest, source, options) {
     const { createExecutor } = await import("./tessel-webgpu.js");
-    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure, mark, binding: bindings.get(manifest) });
+    return createExecutor(manifest, source, RESULT_ARRAYS, { ...options, describeFailure, mark, copyAs, binding: bindings.get(manifest) });
   },
 };
 
