@@ -175,10 +175,15 @@ export class TesselError extends Error {
   readonly field: string | null;
 }
 
-/** Reads a bundle's files for a backend's create(). */
+/** Reads a bundle's files for a backend's create(), unchecked: the backend checks each against manifest.files. */
 export interface BundleSource {
   text(name: string): Promise<string>;
   chunks(name: string): AsyncIterable<Uint8Array>;
+  /** Present on a source that reads through the cache (a browser's `cache` option): tell it whether the bytes of
+   * `name` it gave last matched the manifest's digest. Bytes it downloaded that matched are then stored; cached bytes
+   * that did not are dropped, and it resolves to true: read `name` again (it comes from the network), whose check is
+   * final. A backend that never calls it gets no caching and no second read. */
+  checked?(name: string, matched: boolean): Promise<boolean>;
 }
 
 /** What a backend's create() gives: runs already-checked inputs, in manifest order. */

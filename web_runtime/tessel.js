@@ -424,15 +424,16 @@ function corrupted(name) {
   fail("digest", name, `${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
 }
 
-// params.bin's digest as it streams in (compiler/bundle.py, chunked_digest): each chunk_bytes-long piece is hashed as
-// soon as it has arrived, while the rest downloads, and the digest of the pieces' digests is compared at the end, so
-// the check ends a piece after the download instead of a whole-file hash after it (Chromium hashes on the calling
-// thread: ~25 ms for 14 MB, ~85 ms for 47 MB). Null where the manifest gives no chunked digest for `name`.
-function chunkedHasher(manifest, name, total) {
-  const chunked = manifest.chunked_files;
-  const expected = chunked && chunked.sha256[name];
-  if (!expected) return null;
-  const size = chunked.chunk_bytes;
+// params.bin's one digest check, made as its bytes are copied into place (the wasm memory, WebGPU's mapped buffer),
+// from the network or from the cache alike: with a chunked digest (compiler/bundle.py, chunked_digest) each
+// chunk_bytes-long piece is hashed as soon as it is in, while the rest arrives, and the digest of the pieces' digests
+// is compared at the end, so the check ends a piece after the last byte instead of a whole-file hash after it
+// (Chromium hashes on the calling thread: ~25 ms for 14 MB, ~85 ms for 47 MB); without one (an older bundle) the
+// whole file is hashed at the end.
+function paramsHasher(manifest, total) {
+  const name = manifest.params.file;
+  const chunked = manifest.chunked_files && manifest.chunked_files.sha256[name];
+  const size = chunked ? manifest.chunked_files.chunk_bytes : total;
   const pieces = [];
   let hashed = 0;
   // crypto.subtle refuses views of shared memory, and copies its input when called, so one plain buffer serves
@@ -452,17 +453,61 @@ function chunkedHasher(manifest, name, total) {
   return {
     /** Hash every whole piece of `view` (params.bin's bytes so far, in place) up to `loaded`. */
     arrived(view, loaded) {
-      while (loaded - hashed >= size) hash(view, hashed + size);
+      while (chunked && loaded - hashed >= size) hash(view, hashed + size);
     },
     /** The check, once every byte is in: rejects on a mismatch. */
     async finish(view) {
-      if (hashed < total) hash(view, total);
+      if (hashed < total || !chunked) hash(view, total);
       const digests = await Promise.all(pieces);
       const joined = new Uint8Array(digests.length * 32);
       digests.forEach((digest, position) => joined.set(digest, position * 32));
-      if ((await sha256Hex(joined)) !== expected) corrupted(name);
+      if (hex(chunked ? await sha256(joined) : digests[0]) !== (chunked || manifest.files[name])) corrupted(name);
     },
   };
+}
+
+/** Copies params.bin's `chunks` into `view`, refusing a wrong size, and resolves once every byte is in to {checked}:
+ * the digest check, still under way (rejecting on a mismatch). */
+async function copyParams(manifest, chunks, view, onProgress) {
+  const { file: name, bytes: total } = manifest.params;
+  const hasher = paramsHasher(manifest, total);
+  let loaded = 0;
+  reportProgress(onProgress, "params", 0, total);
+  for await (const chunk of chunks) {
+    if (loaded + chunk.byteLength > total) {
+      fail("file", name, `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
+    }
+    view.set(chunk, loaded);
+    loaded += chunk.byteLength;
+    hasher.arrived(view, loaded);
+    reportProgress(onProgress, "params", loaded, total);
+  }
+  if (loaded !== total) {
+    fail("file", name, `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
+  }
+  const checked = hasher.finish(view);
+  checked.catch(() => {}); // whoever awaits it sees a mismatch; until then it is no unhandled rejection
+  return { checked };
+}
+
+/**
+ * Settles the one digest check of a file read through `source` (`check` rejects with a TesselError on a mismatch):
+ * a file that matches is stored in the cache, if it came from the network (source.checked); one from the cache that
+ * does not is dropped there and read again by `again()`, from the network, whose check is then final. So a cache hit
+ * is hashed once, by the same check as a download, and a damaged entry is replaced rather than used or refused.
+ */
+async function settle(source, name, check, again) {
+  for (;;) {
+    try {
+      const result = await check;
+      if (source.checked) await source.checked(name, true);
+      return result;
+    } catch (error) {
+      const cached = error instanceof TesselError && error.code === "digest" && source.checked;
+      if (!(cached && (await source.checked(name, false)))) throw error;
+    }
+    check = again();
+  }
 }
 
 async function checkDigest(manifest, name, bytes) {
@@ -895,6 +940,7 @@ class WasmExecutor {
       return offset;
     };
     this.paramsOffset = reserve(manifest.params.bytes);
+    this.paramsEpoch = 0; // how often params.bin was read again (a damaged cache entry) since the first copy
     this.arenaOffset = reserve(manifest.memory.arena_bytes);
     this.inputOffsets = manifest.inputs.map((spec) => reserve(byteSize(spec)));
     this.outputOffsets = manifest.outputs.map((spec) => reserve(byteSize(spec)));
@@ -910,37 +956,22 @@ class WasmExecutor {
     }
   }
 
-  async loadParams(chunks, onProgress) {
-    const total = this.manifest.params.bytes;
-    const name = this.manifest.params.file;
-    const view = new Uint8Array(this.memory.buffer, this.paramsOffset, total);
-    // hashed piece by piece as they arrive where the manifest has a chunked digest; otherwise the whole file is
-    // hashed at the end, and since crypto.subtle refuses views of shared memory, a threaded variant's params are then
-    // hashed from a second copy, written chunk by chunk as they arrive
-    const hasher = chunkedHasher(this.manifest, name, total);
-    const staging =
-      !hasher && isShared(this.memory) ? new Uint8Array(total) : null;
-    let loaded = 0;
-    reportProgress(onProgress, "params", 0, total);
-    for await (const chunk of chunks) {
-      if (loaded + chunk.byteLength > total) {
-        fail("file", name, `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
-      }
-      view.set(chunk, loaded);
-      if (staging) staging.set(chunk, loaded);
-      loaded += chunk.byteLength;
-      if (hasher) hasher.arrived(view, loaded);
-      reportProgress(onProgress, "params", loaded, total);
-    }
-    if (loaded !== total) {
-      fail("file", name, `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
-    }
+  async loadParams(source, chunks, onProgress) {
+    const { manifest } = this;
+    const name = manifest.params.file;
+    const view = new Uint8Array(this.memory.buffer, this.paramsOffset, manifest.params.bytes);
+    const { checked } = await copyParams(manifest, chunks, view, onProgress);
     mark("params-in");
+    // A cached params.bin that fails is read again into place from the network; a run made on it runs again.
+    const again = async () => {
+      const copy = await copyParams(manifest, source.chunks(name), view);
+      this.paramsEpoch += 1;
+      return copy.checked;
+    };
     // The digest (crypto.subtle copies its input when called; Node hashes on its thread pool, Chromium on the calling
     // thread) is not awaited here: every run's result waits for it, and a mismatch rejects that run and every later
     // one, so no result ever comes from unchecked params.
-    const check = hasher ? hasher.finish(view) : checkDigest(this.manifest, name, staging || view);
-    this.paramsChecked = check.then(() => mark("params-checked"));
+    this.paramsChecked = settle(source, name, checked, again).then(() => mark("params-checked"));
     this.paramsChecked.catch(() => {});
   }
 
@@ -962,14 +993,16 @@ class WasmExecutor {
 
   /** A run's outputs, returned only once params.bin has been checked against the manifest's digest. */
   async run(arrays) {
-    let results;
+    const epoch = this.paramsEpoch;
+    let results, failure;
     try {
       results = this.runNow(arrays);
     } catch (error) {
-      await this.paramsChecked; // damaged params explain a failed run first
-      throw error;
+      failure = error;
     }
-    await this.paramsChecked;
+    await this.paramsChecked; // damaged params explain a failed run first
+    if (epoch !== this.paramsEpoch) return this.run(arrays); // params.bin was read again meanwhile
+    if (failure) throw failure;
     return results;
   }
 
@@ -1153,9 +1186,13 @@ const wasmBackend = {
     const params = prefetched(source.chunks(manifest.params.file));
     // The digest and the code's own seal are checked before the compile's outcome is looked at, so a damaged
     // download says so rather than giving the engine's CompileError; nothing is instantiated before them.
-    const { bytes, compiled } = await source.wasm(variant.code, options.onProgress);
-    mark("code-downloaded");
-    await checkDigest(manifest, variant.code, bytes);
+    const read = async () => {
+      const code = await source.wasm(variant.code, options.onProgress);
+      mark("code-downloaded");
+      await checkDigest(manifest, variant.code, code.bytes);
+      return code;
+    };
+    const { bytes, compiled } = await settle(source, variant.code, read(), read);
     await checkSeal(variant.code, bytes, "wasm");
     let instance, module;
     try {
@@ -1182,7 +1219,7 @@ const wasmBackend = {
     // the workers instantiate the module while the params are copied in and checked
     const workers = variant.threads > 1 ? executor.startWorkers(module) : null;
     try {
-      await executor.loadParams(params, options.onProgress);
+      await executor.loadParams(source, params, options.onProgress);
     } catch (error) {
       await workers;
       executor.dispose();
@@ -1223,7 +1260,8 @@ const webgpuBackend = {
   },
   async create(manifest, source, options) {
     const { createExecutor } = await import("./tessel-webgpu.js");
-    return createExecutor(manifest, source, RESULT_ARRAYS, { ...options, describeFailure, mark, copyAs, binding: bindings.get(manifest) });
+    const helpers = { describeFailure, mark, copyAs, copyParams, settle, checkDigest };
+    return createExecutor(manifest, source, RESULT_ARRAYS, { ...options, ...helpers, binding: bindings.get(manifest) });
   },
 };
 
@@ -1359,52 +1397,59 @@ export async function clearCache() {
 
 const quietly = (promise) => promise.catch(() => null);
 
-// True when `bytes` are the file `name` as the manifest's digests give it (the chunked digest where there is one).
-async function matches(manifest, name, bytes) {
-  try {
-    const hasher = chunkedHasher(manifest, name, bytes.byteLength);
-    if (hasher) {
-      hasher.arrived(bytes, bytes.byteLength);
-      await hasher.finish(bytes);
-    } else {
-      await checkDigest(manifest, name, bytes);
-    }
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** A FetchSource's files through the cache: mode "default" reads and fills it, "reload" only fills it. */
+/**
+ * A FetchSource's files through the cache: mode "default" reads and fills it, "reload" only fills it. It hashes
+ * nothing: the backend's own digest check of each file it reads (settle) tells it, through checked(), whether the
+ * bytes matched, so a hit is hashed once, as the backend uses it, and a download once, before it is stored.
+ */
 class CachedSource {
   constructor(inner, manifest, store, mode) {
     Object.assign(this, { inner, manifest, store, mode });
+    // each file's last read: its bytes when they came from the network (stored once they match), null from the cache
+    this.read = new Map();
+    // files whose cached bytes did not match: read from the network from then on
+    this.dropped = new Set();
   }
 
   async hit(name) {
     const digest = this.manifest.files[name];
-    if (this.mode !== "default" || !digest) return null;
+    if (this.mode !== "default" || !digest || this.dropped.has(name)) return null;
     await storing.get(digest);
     const bytes = await quietly(this.store.get(digest));
-    if (!bytes) return null;
-    if (await matches(this.manifest, name, bytes)) return bytes;
-    await quietly(this.store.delete(digest));
-    return null;
+    // an entry of the wrong size (a write cut short) is passed over unhashed, as a damaged one is after its check
+    const size = name === this.manifest.params.file ? this.manifest.params.bytes : null;
+    if (!bytes || (size !== null && bytes.byteLength !== size)) return null;
+    this.read.set(name, null);
+    return bytes;
   }
 
-  keep(name, bytes) {
+  fetched(name, bytes) {
+    this.read.set(name, bytes);
+  }
+
+  /** The backend's digest check of the bytes of `name` it read last: bytes from the network that matched are
+   * stored (after the load, off its critical path); cached bytes that did not are dropped, and true says to read
+   * `name` again, from the network. */
+  async checked(name, matched) {
+    const bytes = this.read.get(name);
+    this.read.delete(name);
     const digest = this.manifest.files[name];
-    if (!digest) return;
-    const write = quietly(matches(this.manifest, name, bytes).then((ok) => ok && this.store.put(digest, bytes)));
-    storing.set(digest, write);
-    write.then(() => storing.get(digest) === write && storing.delete(digest));
+    if (matched && bytes) {
+      const write = quietly(this.store.put(digest, bytes));
+      storing.set(digest, write);
+      write.then(() => storing.get(digest) === write && storing.delete(digest));
+    }
+    if (matched || bytes !== null) return false;
+    this.dropped.add(name);
+    await quietly(this.store.delete(digest));
+    return true;
   }
 
   async text(name) {
     const cached = await this.hit(name);
     if (cached) return new TextDecoder().decode(cached);
     const text = await this.inner.text(name);
-    this.keep(name, new TextEncoder().encode(text));
+    this.fetched(name, new TextEncoder().encode(text));
     return text;
   }
 
@@ -1412,7 +1457,7 @@ class CachedSource {
     const bytes = await this.hit(name);
     if (!bytes) {
       const fetched = await this.inner.wasm(name, onProgress);
-      this.keep(name, fetched.bytes);
+      this.fetched(name, fetched.bytes);
       return fetched;
     }
     reportProgress(onProgress, "code", bytes.byteLength, bytes.byteLength);
@@ -1434,7 +1479,7 @@ class CachedSource {
       length += chunk.byteLength;
       yield chunk;
     }
-    this.keep(name, join(parts, length));
+    this.fetched(name, join(parts, length));
   }
 }
 
