@@ -8,10 +8,15 @@ export const VERSION: string;
 /** The element types a bundle's inputs and outputs may have. */
 export type Dtype = "float32" | "float16" | "float64" | "int8" | "uint8" | "int16" | "int32" | "int64" | "bool";
 
-/** The typed array that holds each dtype (float16 as its raw bits; bool as 0/1 bytes). */
+/** Float16Array where the TypeScript lib declares it (es2025, esnext), else Uint16Array. */
+type Float16Data = typeof globalThis extends { Float16Array: { prototype: infer Array } } ? Array : Uint16Array;
+
+/** The typed array each dtype's results come back as: float16 as a Float16Array where the engine has one (Chrome 135,
+ * Firefox 129, Safari 18.2), else as a Uint16Array of its bits (Node 20), which float16BitsToFloat32 reads; bool as
+ * 0/1 bytes. */
 export interface TypedArrayOf {
   float32: Float32Array;
-  float16: Uint16Array;
+  float16: Float16Data | Uint16Array;
   float64: Float64Array;
   int8: Int8Array;
   uint8: Uint8Array;
@@ -22,6 +27,16 @@ export interface TypedArrayOf {
 }
 
 export type TensorData = TypedArrayOf[Dtype];
+
+/** The typed arrays an input of each dtype may be given as: its TypedArrayOf, and for float16 also its bits
+ * (Uint16Array) or a Float32Array, rounded to the nearest float16 as float32ToFloat16Bits does; for uint8 also a
+ * Uint8ClampedArray (a canvas's pixels). A bool holds 0 or 1. */
+export interface InputArrayOf extends Omit<TypedArrayOf, "float16" | "uint8"> {
+  float16: Float16Data | Uint16Array | Float32Array;
+  uint8: Uint8Array | Uint8ClampedArray;
+}
+
+export type InputData = InputArrayOf[Dtype];
 
 /** A model input or output as the manifest describes it. */
 export interface TensorSpec {
@@ -37,8 +52,8 @@ export interface Tensor<D extends Dtype = Dtype> {
   dtype: D;
 }
 
-/** An input: the typed array of its dtype, or with dims, which must equal the model's shape when given. */
-export type TensorInput = TensorData | { data: TensorData; dims?: readonly number[] };
+/** An input: a typed array its dtype takes, or with dims, which must equal the model's shape when given. */
+export type TensorInput = InputData | { data: InputData; dims?: readonly number[] };
 
 export type Feeds = Record<string, TensorInput>;
 
@@ -160,10 +175,15 @@ export class TesselError extends Error {
   readonly field: string | null;
 }
 
-/** Reads a bundle's files for a backend's create(). */
+/** Reads a bundle's files for a backend's create(), unchecked: the backend checks each against manifest.files. */
 export interface BundleSource {
   text(name: string): Promise<string>;
   chunks(name: string): AsyncIterable<Uint8Array>;
+  /** Present on a source that reads through the cache (a browser's `cache` option): tell it whether the bytes of
+   * `name` it gave last matched the manifest's digest. Bytes it downloaded that matched are then stored; cached bytes
+   * that did not are dropped, and it resolves to true: read `name` again (it comes from the network), whose check is
+   * final. A backend that never calls it gets no caching and no second read. */
+  checked?(name: string, matched: boolean): Promise<boolean>;
 }
 
 /** What a backend's create() gives: runs already-checked inputs, in manifest order. */
@@ -199,6 +219,15 @@ export function hasWasmSimd(): boolean;
 
 /** True when this engine runs WebAssembly relaxed SIMD, which a bundle's relaxed variant uses. */
 export function hasWasmRelaxedSimd(): boolean;
+
+/** float32 values as the bits of the nearest float16 (round to nearest, ties to even, as numpy's astype(float16)):
+ * beyond float16's range ±Infinity, below it a subnormal or ±0, NaN a NaN. Rejects anything but a Float32Array with
+ * a TesselError (code "input", field "values"). */
+export function float32ToFloat16Bits(values: Float32Array): Uint16Array;
+
+/** float16 bits (a Uint16Array, as float16 results come back where there is no Float16Array) as float32 values,
+ * exactly. Rejects anything but a Uint16Array with a TesselError (code "input", field "bits"). */
+export function float16BitsToFloat32(bits: Uint16Array): Float32Array;
 
 /** SHA-256 of the bytes: WebCrypto's where there is one, else tessel.js's own. */
 export function sha256(bytes: ArrayBuffer | ArrayBufferView): Promise<Uint8Array>;

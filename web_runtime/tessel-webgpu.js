@@ -8,7 +8,7 @@
 // group per dispatch. A run: the inputs written, one command encoder with every dispatch and the outputs' copies
 // into one readback buffer, one map.
 
-import { TesselError, checkSeal, sha256 } from "./tessel.js";
+import { TesselError, checkSeal } from "./tessel.js";
 
 // The spec's default limits (https://www.w3.org/TR/webgpu/#limit-default): a device gets these unless it asks for
 // more, so a bundle needing more names them in requestDevice's requiredLimits.
@@ -111,13 +111,6 @@ export function requiredLimits(manifest) {
   return needed;
 }
 
-async function checkDigest(manifest, name, bytes) {
-  const digest = Array.from(await sha256(bytes), (byte) => byte.toString(16).padStart(2, "0")).join("");
-  if (digest !== manifest.files[name]) {
-    throw new TesselError("digest", name, `${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
-  }
-}
-
 class DeviceLost extends TesselError {}
 
 /** Runs one WebGPU bundle on one device; made by createExecutor, remade on a new device by reload(). */
@@ -161,9 +154,14 @@ class WebGPUExecutor {
           "call model.reload() to make the device again, or load the bundle again",
       );
     });
-    const code = await this.source.text(manifest.code);
-    const bytes = new TextEncoder().encode(code);
-    await checkDigest(manifest, manifest.code, bytes);
+    const { settle, checkDigest } = this.options;
+    const read = async () => {
+      const code = await this.source.text(manifest.code);
+      const bytes = new TextEncoder().encode(code);
+      await checkDigest(manifest, manifest.code, bytes);
+      return { code, bytes };
+    };
+    const { code, bytes } = await settle(this.source, manifest.code, read(), read);
     await checkSeal(manifest.code, bytes, "text");
     // the first line names the binding digest of the manifest the code was generated for (compiler/backends.py)
     if (this.options.binding && code.slice(0, code.indexOf("\n")) !== BINDING_LINE + this.options.binding) {
@@ -266,28 +264,19 @@ class WebGPUExecutor {
     if (params) await this.streamParams(params);
   }
 
-  // params.bin goes from the network straight into the mapped buffer: no second copy of the weights in JS memory.
+  // params.bin goes from the network or the cache straight into the mapped buffer, hashed piece by piece as it
+  // arrives (tessel.js's copyParams): no second copy of the weights in JS memory, and one hash of a cached file.
   async streamParams(buffer) {
-    const { manifest } = this;
-    const total = manifest.params.bytes;
-    const target = new Uint8Array(buffer.getMappedRange());
-    const onProgress = this.options.onProgress;
-    let loaded = 0;
-    if (onProgress) onProgress({ phase: "params", loaded, total });
+    const { manifest, source, options } = this;
+    const name = manifest.params.file;
+    const view = new Uint8Array(buffer.getMappedRange(), 0, manifest.params.bytes);
+    const read = async () => {
+      const { checked } = await options.copyParams(manifest, source.chunks(name), view, options.onProgress);
+      options.mark("params-in");
+      return checked;
+    };
     try {
-      for await (const chunk of this.source.chunks(manifest.params.file)) {
-        if (loaded + chunk.byteLength > total) {
-          throw new TesselError("file", "params.bin", `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
-        }
-        target.set(chunk, loaded);
-        loaded += chunk.byteLength;
-        if (onProgress) onProgress({ phase: "params", loaded, total });
-      }
-      if (loaded !== total) {
-        throw new TesselError("file", "params.bin", `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
-      }
-      this.options.mark("params-in");
-      await checkDigest(manifest, manifest.params.file, target.subarray(0, total));
+      await options.settle(source, name, read(), read);
     } finally {
       buffer.unmap();
     }
@@ -400,9 +389,9 @@ class WebGPUExecutor {
     // Outputs that are an input or another output passed straight through, as in compiler/build.py.
     manifest.outputs.forEach((spec, position) => {
       const from = spec.source;
-      const Type = this.typedArrays[spec.dtype];
-      if (from && from.region === "input") results[position] = Type.from(arrays[from.index]);
-      else if (from && from.region === "output") results[position] = Type.from(results[from.index]);
+      if (from && from.region !== "params") {
+        results[position] = this.options.copyAs(this.typedArrays[spec.dtype], (from.region === "input" ? arrays : results)[from.index]);
+      }
     });
     return results;
   }

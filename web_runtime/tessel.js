@@ -13,6 +13,7 @@ const PAGE_BYTES = 65536;
 const ALIGNMENT = 64;
 const FORMAT_VERSION = 2;
 
+// The typed array of each dtype's bytes in memory and on the device (float16 as its raw bits, bool as 0/1 bytes).
 const TYPED_ARRAYS = {
   float32: Float32Array,
   float64: Float64Array,
@@ -27,6 +28,62 @@ const TYPED_ARRAYS = {
   uint64: BigUint64Array,
   bool: Uint8Array,
 };
+// The typed array of each dtype's results: float16 comes back as a Float16Array where the engine has one (Chrome 135,
+// Firefox 129, Safari 18.2; not Node 20), else as a Uint16Array of its bits, which float16BitsToFloat32 reads.
+const Float16 = typeof Float16Array === "function" ? Float16Array : null;
+const RESULT_ARRAYS = { ...TYPED_ARRAYS, float16: Float16 || Uint16Array };
+
+const kindOf = (value) => (value == null ? String(value) : value.constructor?.name ?? typeof value);
+
+// Rounds `value` right by `shift` bits to the nearest, ties to even, as IEEE 754 and numpy's float16 do.
+function roundRight(value, shift) {
+  const kept = value >>> shift;
+  const rest = value & ((1 << shift) - 1);
+  const halfway = 1 << (shift - 1);
+  return kept + (rest > halfway || (rest === halfway && kept & 1) ? 1 : 0);
+}
+
+/** float32 values as the bits of the nearest float16 (ties to even): beyond float16's range ±Infinity, below it a
+ * subnormal or ±0; NaN stays NaN (quiet, with the top bits of its payload). */
+export function float32ToFloat16Bits(values) {
+  if (!(values instanceof Float32Array)) {
+    fail("input", "values", `float32ToFloat16Bits takes a Float32Array, got ${kindOf(values)}; convert it, e.g. Float32Array.from(values)`);
+  }
+  const words = new Uint32Array(values.buffer, values.byteOffset, values.length);
+  const bits = new Uint16Array(words.length);
+  for (let position = 0; position < words.length; position++) {
+    const word = words[position];
+    const exponent = ((word >>> 23) & 0xff) - 112; // rebiased for float16: 127 -> 15
+    const fraction = word & 0x7fffff;
+    let half;
+    if (exponent === 143) half = fraction ? 0x7e00 | (fraction >>> 13) : 0x7c00;
+    else if (exponent >= 31) half = 0x7c00;
+    // a carry out of the fraction moves to the next exponent, and from the largest finite value to Infinity
+    else if (exponent > 0) half = roundRight((exponent << 23) | fraction, 13);
+    else half = exponent < -10 ? 0 : roundRight(fraction | 0x800000, 14 - exponent);
+    bits[position] = ((word >>> 16) & 0x8000) | half;
+  }
+  return bits;
+}
+
+/** float16 bits as float32 values, exactly (every float16 is a float32). */
+export function float16BitsToFloat32(bits) {
+  if (!(bits instanceof Uint16Array)) {
+    fail("input", "bits", `float16BitsToFloat32 takes a Uint16Array of float16 bits, got ${kindOf(bits)} (a Float16Array converts with Float32Array.from)`);
+  }
+  const floats = new Float32Array(bits.length);
+  const words = new Uint32Array(floats.buffer);
+  for (let position = 0; position < bits.length; position++) {
+    const half = bits[position];
+    const sign = (half & 0x8000) << 16;
+    const exponent = (half >>> 10) & 0x1f;
+    const fraction = half & 0x3ff;
+    if (exponent === 0x1f) words[position] = sign | 0x7f800000 | (fraction << 13);
+    else if (exponent) words[position] = sign | ((exponent + 112) << 23) | (fraction << 13);
+    else floats[position] = (sign ? -fraction : fraction) * 2 ** -24;
+  }
+  return floats;
+}
 
 // The smallest module that uses a SIMD128 instruction: (func (result v128) (v128.const i32x4 0 0 0 0)).
 // Engines without SIMD reject it, which is the whole test.
@@ -367,15 +424,16 @@ function corrupted(name) {
   fail("digest", name, `${name} does not match the manifest's sha256; the bundle is corrupted, export it again`);
 }
 
-// params.bin's digest as it streams in (compiler/bundle.py, chunked_digest): each chunk_bytes-long piece is hashed as
-// soon as it has arrived, while the rest downloads, and the digest of the pieces' digests is compared at the end, so
-// the check ends a piece after the download instead of a whole-file hash after it (Chromium hashes on the calling
-// thread: ~25 ms for 14 MB, ~85 ms for 47 MB). Null where the manifest gives no chunked digest for `name`.
-function chunkedHasher(manifest, name, total) {
-  const chunked = manifest.chunked_files;
-  const expected = chunked && chunked.sha256[name];
-  if (!expected) return null;
-  const size = chunked.chunk_bytes;
+// params.bin's one digest check, made as its bytes are copied into place (the wasm memory, WebGPU's mapped buffer),
+// from the network or from the cache alike: with a chunked digest (compiler/bundle.py, chunked_digest) each
+// chunk_bytes-long piece is hashed as soon as it is in, while the rest arrives, and the digest of the pieces' digests
+// is compared at the end, so the check ends a piece after the last byte instead of a whole-file hash after it
+// (Chromium hashes on the calling thread: ~25 ms for 14 MB, ~85 ms for 47 MB); without one (an older bundle) the
+// whole file is hashed at the end.
+function paramsHasher(manifest, total) {
+  const name = manifest.params.file;
+  const chunked = manifest.chunked_files && manifest.chunked_files.sha256[name];
+  const size = chunked ? manifest.chunked_files.chunk_bytes : total;
   const pieces = [];
   let hashed = 0;
   // crypto.subtle refuses views of shared memory, and copies its input when called, so one plain buffer serves
@@ -395,17 +453,61 @@ function chunkedHasher(manifest, name, total) {
   return {
     /** Hash every whole piece of `view` (params.bin's bytes so far, in place) up to `loaded`. */
     arrived(view, loaded) {
-      while (loaded - hashed >= size) hash(view, hashed + size);
+      while (chunked && loaded - hashed >= size) hash(view, hashed + size);
     },
     /** The check, once every byte is in: rejects on a mismatch. */
     async finish(view) {
-      if (hashed < total) hash(view, total);
+      if (hashed < total || !chunked) hash(view, total);
       const digests = await Promise.all(pieces);
       const joined = new Uint8Array(digests.length * 32);
       digests.forEach((digest, position) => joined.set(digest, position * 32));
-      if ((await sha256Hex(joined)) !== expected) corrupted(name);
+      if (hex(chunked ? await sha256(joined) : digests[0]) !== (chunked || manifest.files[name])) corrupted(name);
     },
   };
+}
+
+/** Copies params.bin's `chunks` into `view`, refusing a wrong size, and resolves once every byte is in to {checked}:
+ * the digest check, still under way (rejecting on a mismatch). */
+async function copyParams(manifest, chunks, view, onProgress) {
+  const { file: name, bytes: total } = manifest.params;
+  const hasher = paramsHasher(manifest, total);
+  let loaded = 0;
+  reportProgress(onProgress, "params", 0, total);
+  for await (const chunk of chunks) {
+    if (loaded + chunk.byteLength > total) {
+      fail("file", name, `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
+    }
+    view.set(chunk, loaded);
+    loaded += chunk.byteLength;
+    hasher.arrived(view, loaded);
+    reportProgress(onProgress, "params", loaded, total);
+  }
+  if (loaded !== total) {
+    fail("file", name, `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
+  }
+  const checked = hasher.finish(view);
+  checked.catch(() => {}); // whoever awaits it sees a mismatch; until then it is no unhandled rejection
+  return { checked };
+}
+
+/**
+ * Settles the one digest check of a file read through `source` (`check` rejects with a TesselError on a mismatch):
+ * a file that matches is stored in the cache, if it came from the network (source.checked); one from the cache that
+ * does not is dropped there and read again by `again()`, from the network, whose check is then final. So a cache hit
+ * is hashed once, by the same check as a download, and a damaged entry is replaced rather than used or refused.
+ */
+async function settle(source, name, check, again) {
+  for (;;) {
+    try {
+      const result = await check;
+      if (source.checked) await source.checked(name, true);
+      return result;
+    } catch (error) {
+      const cached = error instanceof TesselError && error.code === "digest" && source.checked;
+      if (!(cached && (await source.checked(name, false)))) throw error;
+    }
+    check = again();
+  }
 }
 
 async function checkDigest(manifest, name, bytes) {
@@ -709,6 +811,24 @@ function checkManifest(manifest) {
   });
 }
 
+// The typed arrays an input of each dtype may be given as, the first the one its results come back as: float16 as
+// a Float16Array, its bits (Uint16Array) or a Float32Array (rounded to the nearest float16); uint8 also as a
+// Uint8ClampedArray (a canvas's pixels).
+const INPUT_ARRAYS = Object.fromEntries(Object.entries(RESULT_ARRAYS).map(([dtype, Type]) => [dtype, [Type]]));
+INPUT_ARRAYS.float16 = [...(Float16 ? [Float16] : []), Uint16Array, Float32Array];
+INPUT_ARRAYS.uint8.push(Uint8ClampedArray);
+// what a wrong one is told: the arrays it may be and how to make one
+const INPUT_HINTS = {
+  float16: [`${Float16 ? "a Float16Array, " : ""}a Uint16Array of float16 bits or a Float32Array (rounded to float16)`, "Float32Array.from(values)"],
+  uint8: ["a Uint8Array or a Uint8ClampedArray", "Uint8Array.from(values)"],
+  bool: ["a Uint8Array of 0 and 1", "Uint8Array.from(values, Number)"],
+  int64: ["a BigInt64Array", "BigInt64Array.from(values, BigInt)"],
+};
+const inputHint = (dtype) => {
+  const name = RESULT_ARRAYS[dtype].name;
+  return INPUT_HINTS[dtype] || [`${/^[AEIOU]/.test(name) ? "an" : "a"} ${name}`, `${name}.from(values)`];
+};
+
 /** The feeds as one typed array per manifest input, in manifest order, after checking names, dtypes and sizes. */
 function checkFeeds(feeds, inputs) {
   if (feeds === null || typeof feeds !== "object" || ArrayBuffer.isView(feeds)) {
@@ -725,15 +845,16 @@ function checkFeeds(feeds, inputs) {
       fail("input", spec.name, `missing input "${spec.name}"; the model's inputs are ${names.join(", ")}`);
     }
     const feed = feeds[spec.name];
-    const data = ArrayBuffer.isView(feed) ? feed : feed && feed.data;
-    const Expected = TYPED_ARRAYS[spec.dtype];
-    if (!(data instanceof Expected)) {
-      const given = [data, feed].find((value) => value != null)?.constructor.name ?? String(feed);
+    const given = ArrayBuffer.isView(feed) ? feed : feed && feed.data;
+    const accepted = INPUT_ARRAYS[spec.dtype];
+    const Given = accepted.find((Type) => given instanceof Type);
+    if (!Given) {
+      const got = kindOf(given ?? feed);
       fail(
         "input",
         spec.name,
-        `input "${spec.name}" must be a ${Expected.name} (dtype ${spec.dtype}), got ${given}; ` +
-          `convert it, e.g. ${Expected.name}.from(values)`,
+        `input "${spec.name}" (dtype ${spec.dtype}) must be ${inputHint(spec.dtype)[0]}, got ${got}; ` +
+          `convert it, e.g. ${inputHint(spec.dtype)[1]}`,
       );
     }
     if (!ArrayBuffer.isView(feed) && feed.dims != null) {
@@ -748,15 +869,22 @@ function checkFeeds(feeds, inputs) {
       }
     }
     const count = elementCount(spec.shape);
-    if (data.length !== count) {
+    if (given.length !== count) {
       fail(
         "input",
         spec.name,
-        `input "${spec.name}" has ${data.length} elements, the model takes ${count} ` +
+        `input "${spec.name}" has ${given.length} elements, the model takes ${count} ` +
           `(shape ${shapeText(spec.shape)})`,
       );
     }
-    return data;
+    if (spec.dtype === "bool") {
+      const other = given.findIndex((value) => value > 1);
+      if (other >= 0) fail("input", spec.name, `input "${spec.name}" (dtype bool) holds ${given[other]} at ${other}; a bool is 0 or 1`);
+    }
+    // what the executors copy in: the bytes of the dtype (float16's bits; a Float32Array is rounded to them)
+    if (Given === Float32Array && spec.dtype === "float16") return float32ToFloat16Bits(given);
+    const Stored = TYPED_ARRAYS[spec.dtype];
+    return Given === Stored ? given : new Stored(given.buffer, given.byteOffset, given.length);
   });
 }
 
@@ -778,6 +906,11 @@ function describeFailure(manifest, failed) {
     `an index is out of range in ${where}: each index must lie in [-n, n) for an axis of n elements ` +
     "(onnxruntime refuses it too); check the model's index inputs"
   );
+}
+
+/** A fresh `Type` over a copy of `array`'s bytes (float16's bits stay bits, where Type.from would convert values). */
+function copyAs(Type, array) {
+  return new Type(new Uint8Array(array.buffer, array.byteOffset, array.byteLength).slice().buffer);
 }
 
 // A copy of `length` bytes of linear memory from `start` in a fresh (never shared) ArrayBuffer.
@@ -807,6 +940,7 @@ class WasmExecutor {
       return offset;
     };
     this.paramsOffset = reserve(manifest.params.bytes);
+    this.paramsEpoch = 0; // how often params.bin was read again (a damaged cache entry) since the first copy
     this.arenaOffset = reserve(manifest.memory.arena_bytes);
     this.inputOffsets = manifest.inputs.map((spec) => reserve(byteSize(spec)));
     this.outputOffsets = manifest.outputs.map((spec) => reserve(byteSize(spec)));
@@ -822,37 +956,22 @@ class WasmExecutor {
     }
   }
 
-  async loadParams(chunks, onProgress) {
-    const total = this.manifest.params.bytes;
-    const name = this.manifest.params.file;
-    const view = new Uint8Array(this.memory.buffer, this.paramsOffset, total);
-    // hashed piece by piece as they arrive where the manifest has a chunked digest; otherwise the whole file is
-    // hashed at the end, and since crypto.subtle refuses views of shared memory, a threaded variant's params are then
-    // hashed from a second copy, written chunk by chunk as they arrive
-    const hasher = chunkedHasher(this.manifest, name, total);
-    const staging =
-      !hasher && isShared(this.memory) ? new Uint8Array(total) : null;
-    let loaded = 0;
-    reportProgress(onProgress, "params", 0, total);
-    for await (const chunk of chunks) {
-      if (loaded + chunk.byteLength > total) {
-        fail("file", name, `params.bin is larger than the manifest's ${total} bytes; export the bundle again`);
-      }
-      view.set(chunk, loaded);
-      if (staging) staging.set(chunk, loaded);
-      loaded += chunk.byteLength;
-      if (hasher) hasher.arrived(view, loaded);
-      reportProgress(onProgress, "params", loaded, total);
-    }
-    if (loaded !== total) {
-      fail("file", name, `params.bin has ${loaded} bytes, the manifest says ${total}; export the bundle again`);
-    }
+  async loadParams(source, chunks, onProgress) {
+    const { manifest } = this;
+    const name = manifest.params.file;
+    const view = new Uint8Array(this.memory.buffer, this.paramsOffset, manifest.params.bytes);
+    const { checked } = await copyParams(manifest, chunks, view, onProgress);
     mark("params-in");
+    // A cached params.bin that fails is read again into place from the network; a run made on it runs again.
+    const again = async () => {
+      const copy = await copyParams(manifest, source.chunks(name), view);
+      this.paramsEpoch += 1;
+      return copy.checked;
+    };
     // The digest (crypto.subtle copies its input when called; Node hashes on its thread pool, Chromium on the calling
     // thread) is not awaited here: every run's result waits for it, and a mismatch rejects that run and every later
     // one, so no result ever comes from unchecked params.
-    const check = hasher ? hasher.finish(view) : checkDigest(this.manifest, name, staging || view);
-    this.paramsChecked = check.then(() => mark("params-checked"));
+    this.paramsChecked = settle(source, name, checked, again).then(() => mark("params-checked"));
     this.paramsChecked.catch(() => {});
   }
 
@@ -874,14 +993,16 @@ class WasmExecutor {
 
   /** A run's outputs, returned only once params.bin has been checked against the manifest's digest. */
   async run(arrays) {
-    let results;
+    const epoch = this.paramsEpoch;
+    let results, failure;
     try {
       results = this.runNow(arrays);
     } catch (error) {
-      await this.paramsChecked; // damaged params explain a failed run first
-      throw error;
+      failure = error;
     }
-    await this.paramsChecked;
+    await this.paramsChecked; // damaged params explain a failed run first
+    if (epoch !== this.paramsEpoch) return this.run(arrays); // params.bin was read again meanwhile
+    if (failure) throw failure;
     return results;
   }
 
@@ -896,17 +1017,16 @@ class WasmExecutor {
     const failed = this.entry(...this.inputOffsets, ...this.outputOffsets, this.paramsOffset, this.arenaOffset);
     if (failed) fail("run", this.manifest.calls[failed - 1]?.group ?? null, describeFailure(this.manifest, failed));
     const results = outputs.map((spec, position) => {
-      const Type = TYPED_ARRAYS[spec.dtype];
+      const Type = RESULT_ARRAYS[spec.dtype];
       return new Type(copyOut(this.memory, this.outputOffsets[position], byteSize(spec)));
     });
     // Outputs no kernel writes (an input or a weight passed straight through) are copied here, as in build.py.
     outputs.forEach((spec, position) => {
       const from = spec.source;
       if (!from) return;
-      const Type = TYPED_ARRAYS[spec.dtype];
-      if (from.region === "input") results[position] = Type.from(arrays[from.index]);
-      else if (from.region === "output") results[position] = Type.from(results[from.index]);
-      else results[position] = new Type(copyOut(this.memory, this.paramsOffset + from.offset, byteSize(spec)));
+      const Type = RESULT_ARRAYS[spec.dtype];
+      if (from.region === "params") results[position] = new Type(copyOut(this.memory, this.paramsOffset + from.offset, byteSize(spec)));
+      else results[position] = copyAs(Type, (from.region === "input" ? arrays : results)[from.index]);
     });
     return results;
   }
@@ -1066,9 +1186,13 @@ const wasmBackend = {
     const params = prefetched(source.chunks(manifest.params.file));
     // The digest and the code's own seal are checked before the compile's outcome is looked at, so a damaged
     // download says so rather than giving the engine's CompileError; nothing is instantiated before them.
-    const { bytes, compiled } = await source.wasm(variant.code, options.onProgress);
-    mark("code-downloaded");
-    await checkDigest(manifest, variant.code, bytes);
+    const read = async () => {
+      const code = await source.wasm(variant.code, options.onProgress);
+      mark("code-downloaded");
+      await checkDigest(manifest, variant.code, code.bytes);
+      return code;
+    };
+    const { bytes, compiled } = await settle(source, variant.code, read(), read);
     await checkSeal(variant.code, bytes, "wasm");
     let instance, module;
     try {
@@ -1095,7 +1219,7 @@ const wasmBackend = {
     // the workers instantiate the module while the params are copied in and checked
     const workers = variant.threads > 1 ? executor.startWorkers(module) : null;
     try {
-      await executor.loadParams(params, options.onProgress);
+      await executor.loadParams(source, params, options.onProgress);
     } catch (error) {
       await workers;
       executor.dispose();
@@ -1136,7 +1260,8 @@ const webgpuBackend = {
   },
   async create(manifest, source, options) {
     const { createExecutor } = await import("./tessel-webgpu.js");
-    return createExecutor(manifest, source, TYPED_ARRAYS, { ...options, describeFailure, mark, binding: bindings.get(manifest) });
+    const helpers = { describeFailure, mark, copyAs, copyParams, settle, checkDigest };
+    return createExecutor(manifest, source, RESULT_ARRAYS, { ...options, ...helpers, binding: bindings.get(manifest) });
   },
 };
 
@@ -1272,52 +1397,59 @@ export async function clearCache() {
 
 const quietly = (promise) => promise.catch(() => null);
 
-// True when `bytes` are the file `name` as the manifest's digests give it (the chunked digest where there is one).
-async function matches(manifest, name, bytes) {
-  try {
-    const hasher = chunkedHasher(manifest, name, bytes.byteLength);
-    if (hasher) {
-      hasher.arrived(bytes, bytes.byteLength);
-      await hasher.finish(bytes);
-    } else {
-      await checkDigest(manifest, name, bytes);
-    }
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** A FetchSource's files through the cache: mode "default" reads and fills it, "reload" only fills it. */
+/**
+ * A FetchSource's files through the cache: mode "default" reads and fills it, "reload" only fills it. It hashes
+ * nothing: the backend's own digest check of each file it reads (settle) tells it, through checked(), whether the
+ * bytes matched, so a hit is hashed once, as the backend uses it, and a download once, before it is stored.
+ */
 class CachedSource {
   constructor(inner, manifest, store, mode) {
     Object.assign(this, { inner, manifest, store, mode });
+    // each file's last read: its bytes when they came from the network (stored once they match), null from the cache
+    this.read = new Map();
+    // files whose cached bytes did not match: read from the network from then on
+    this.dropped = new Set();
   }
 
   async hit(name) {
     const digest = this.manifest.files[name];
-    if (this.mode !== "default" || !digest) return null;
+    if (this.mode !== "default" || !digest || this.dropped.has(name)) return null;
     await storing.get(digest);
     const bytes = await quietly(this.store.get(digest));
-    if (!bytes) return null;
-    if (await matches(this.manifest, name, bytes)) return bytes;
-    await quietly(this.store.delete(digest));
-    return null;
+    // an entry of the wrong size (a write cut short) is passed over unhashed, as a damaged one is after its check
+    const size = name === this.manifest.params.file ? this.manifest.params.bytes : null;
+    if (!bytes || (size !== null && bytes.byteLength !== size)) return null;
+    this.read.set(name, null);
+    return bytes;
   }
 
-  keep(name, bytes) {
+  fetched(name, bytes) {
+    this.read.set(name, bytes);
+  }
+
+  /** The backend's digest check of the bytes of `name` it read last: bytes from the network that matched are
+   * stored (after the load, off its critical path); cached bytes that did not are dropped, and true says to read
+   * `name` again, from the network. */
+  async checked(name, matched) {
+    const bytes = this.read.get(name);
+    this.read.delete(name);
     const digest = this.manifest.files[name];
-    if (!digest) return;
-    const write = quietly(matches(this.manifest, name, bytes).then((ok) => ok && this.store.put(digest, bytes)));
-    storing.set(digest, write);
-    write.then(() => storing.get(digest) === write && storing.delete(digest));
+    if (matched && bytes) {
+      const write = quietly(this.store.put(digest, bytes));
+      storing.set(digest, write);
+      write.then(() => storing.get(digest) === write && storing.delete(digest));
+    }
+    if (matched || bytes !== null) return false;
+    this.dropped.add(name);
+    await quietly(this.store.delete(digest));
+    return true;
   }
 
   async text(name) {
     const cached = await this.hit(name);
     if (cached) return new TextDecoder().decode(cached);
     const text = await this.inner.text(name);
-    this.keep(name, new TextEncoder().encode(text));
+    this.fetched(name, new TextEncoder().encode(text));
     return text;
   }
 
@@ -1325,7 +1457,7 @@ class CachedSource {
     const bytes = await this.hit(name);
     if (!bytes) {
       const fetched = await this.inner.wasm(name, onProgress);
-      this.keep(name, fetched.bytes);
+      this.fetched(name, fetched.bytes);
       return fetched;
     }
     reportProgress(onProgress, "code", bytes.byteLength, bytes.byteLength);
@@ -1347,7 +1479,7 @@ class CachedSource {
       length += chunk.byteLength;
       yield chunk;
     }
-    this.keep(name, join(parts, length));
+    this.fetched(name, join(parts, length));
   }
 }
 

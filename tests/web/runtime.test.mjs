@@ -265,7 +265,7 @@ describe("input validation, before anything runs", () => {
   });
 
   test("the wrong dtype", async () => {
-    const wanted = /must be a Float32Array \(dtype float32\), got /;
+    const wanted = /input "input" \(dtype float32\) must be a Float32Array, got /;
     await assert.rejects(model.run({ input: new Float64Array(64) }), new RegExp(`${wanted.source}Float64Array`));
     await assert.rejects(model.run({ input: Array(64).fill(0) }), new RegExp(`${wanted.source}Array`));
   });

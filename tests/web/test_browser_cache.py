@@ -5,6 +5,7 @@ sends COOP/COEP, so the page and its workers are cross-origin isolated."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import json
 import shutil
@@ -16,7 +17,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_browser import ATOL, RTOL, _run_onnxruntime, launch_chromium
+from test_browser import ATOL, CHROMIUM_ARGS, RTOL, _run_onnxruntime, launch_chromium
+from test_node_cache import _matmul_model as _three_piece_model
 
 from compiler import compile_model, zoo
 from compiler.build import EVERY_WASM_VARIANT
@@ -121,6 +123,10 @@ def site(tmp_path_factory):
     compile_model(stalled, "wasm").export(root / "stalled")
     feeds = {"input": np.random.default_rng(3).standard_normal((1, 512)).astype(np.float32)}
     cases["stalled"] = ({"input": feeds["input"].ravel().tolist()}, _run_onnxruntime(stalled, feeds))
+    gpu = _three_piece_model()
+    compile_model(gpu, "webgpu").export(root / "gpu")
+    feeds = {"input": np.random.default_rng(6).standard_normal((1, 640)).astype(np.float32)}
+    cases["gpu"] = ({"input": feeds["input"].ravel().tolist()}, _run_onnxruntime(gpu, feeds))
     return root, cases
 
 
@@ -137,13 +143,18 @@ def served(site):
 
 
 @pytest.fixture(scope="module")
-def context(tmp_path_factory):
+def playwright():
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        browser = launch_chromium(playwright, tmp_path_factory.mktemp("cache-profile"))
-        yield browser
-        browser.close()
+    with sync_playwright() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def context(playwright, tmp_path_factory):
+    browser = launch_chromium(playwright, tmp_path_factory.mktemp("cache-profile"))
+    yield browser
+    browser.close()
 
 
 def _page(context, url: str, init_script: str | None = None):
@@ -190,6 +201,19 @@ def test_a_second_load_downloads_nothing_and_a_changed_bundle_is_fetched_fresh(s
     )
     assert load() == ["manifest.json", "params.bin"]
     assert load() == ["manifest.json"]
+    # and one of the right size with a byte flipped, found by the load's own check of the bytes it copies in
+    page.evaluate(
+        """async (digest) => {
+             const cache = await caches.open("tessel-runtime");
+             const key = `https://tessel-runtime.invalid/sha256/${digest}`;
+             const bytes = new Uint8Array(await (await cache.match(key)).arrayBuffer());
+             bytes[bytes.length >> 1] ^= 0x01;
+             await cache.put(key, new Response(bytes));
+           }""",
+        json.loads((root / "bundles/digits/manifest.json").read_text())["files"]["params.bin"],
+    )
+    assert load() == ["manifest.json", "params.bin"]
+    assert load() == ["manifest.json"]
     page.evaluate("import('/runtime/tessel.js').then((tessel) => tessel.clearCache())")
     assert load() == everything
     # the same URL now serves another model: new digests, so nothing stale is used
@@ -221,6 +245,76 @@ def test_without_the_cache_api_indexeddb_keeps_the_files(site, served, context):
     assert page.evaluate("indexedDB.databases().then((all) => all.map((db) => db.name))") == ["tessel-runtime"]
     page.evaluate("import('/runtime/tessel.js').then((tessel) => tessel.clearCache())")
     assert page.evaluate("indexedDB.databases().then((all) => all.length)") == 0
+    page.close()
+    assert not errors, errors
+
+
+# crypto.subtle.digest wrapped before the page's scripts: a copy of each input, hashed afterwards by the real digest
+RECORD_HASHES = """window.hashed = [];
+window.realDigest = crypto.subtle.digest.bind(crypto.subtle);
+crypto.subtle.digest = (algorithm, data) => {
+  const view = ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : new Uint8Array(data);
+  window.hashed.push(view.slice());
+  return window.realDigest(algorithm, data);
+};"""
+
+GPU_LOAD = """async ({feeds}) => {
+  const tessel = await import("/runtime/tessel.js");
+  window.hashed.length = 0;
+  const model = await tessel.load("/gpu/", {backend: "webgpu"});
+  const outputs = await model.run({input: Float32Array.from(feeds.input)});
+  model.dispose();
+  const hex = async (bytes) => Array.from(new Uint8Array(await window.realDigest("SHA-256", bytes)), (b) => b.toString(16).padStart(2, "0")).join("");
+  return {backend: model.backend, output: Array.from(outputs.output.data), hashed: await Promise.all(window.hashed.map(hex))};
+}"""
+
+
+@pytest.fixture(scope="module")
+def gpu_context(playwright, tmp_path_factory):
+    args = [*CHROMIUM_ARGS, "--enable-unsafe-webgpu"]
+    browser = launch_chromium(playwright, tmp_path_factory.mktemp("cache-gpu-profile"), args)
+    yield browser
+    browser.close()
+
+
+def test_webgpu_hashes_a_download_and_a_cache_hit_once_and_replaces_a_damaged_entry(site, served, gpu_context):
+    """params.bin (2.5 MiB: three pieces of its chunked digest) streams into the mapped buffer and is hashed piece by
+    piece as it arrives, from the network or the cache alike; kernels.wgsl is hashed once for its digest. A cached
+    params.bin with a flipped byte is hashed once as it is copied in, refused by that check, and fetched again."""
+    root, cases = site
+    url, requests = served
+    page, errors = _page(gpu_context, url, RECORD_HASHES)
+    feeds, expected = cases["gpu"]
+    params = (root / "gpu/params.bin").read_bytes()
+    chunk = json.loads((root / "gpu/manifest.json").read_text())["chunked_files"]["chunk_bytes"]
+    pieces = [hashlib.sha256(params[start : start + chunk]).hexdigest() for start in range(0, len(params), chunk)]
+    code = hashlib.sha256((root / "gpu/kernels.wgsl").read_bytes()).hexdigest()
+    assert len(pieces) == 3
+
+    def load():
+        requests.clear()
+        report = page.evaluate(GPU_LOAD, {"feeds": feeds})
+        assert report["backend"] == "webgpu"
+        np.testing.assert_allclose(np.array(report["output"], np.float32), expected["output"].ravel(), RTOL, ATOL)
+        fetched = sorted(path.removeprefix("/gpu/") for path in requests if path.startswith("/gpu/"))
+        return fetched, [report["hashed"].count(piece) for piece in pieces], report["hashed"].count(code)
+
+    page.evaluate("import('/runtime/tessel.js').then((tessel) => tessel.clearCache())")
+    assert load() == (["kernels.wgsl", "manifest.json", "params.bin"], [1, 1, 1], 1), "the download"
+    assert load() == (["manifest.json"], [1, 1, 1], 1), "the cache hit"
+    page.evaluate(
+        """async (digest) => {
+             const cache = await caches.open("tessel-runtime");
+             const key = `https://tessel-runtime.invalid/sha256/${digest}`;
+             const bytes = new Uint8Array(await (await cache.match(key)).arrayBuffer());
+             bytes[bytes.length >> 1] ^= 0x01;
+             await cache.put(key, new Response(bytes));
+           }""",
+        json.loads((root / "gpu/manifest.json").read_text())["files"]["params.bin"],
+    )
+    # the damaged piece is the second: the cached read hashes the other two, then the download all three
+    assert load() == (["manifest.json", "params.bin"], [2, 1, 2], 1), "the damaged entry"
+    assert load() == (["manifest.json"], [1, 1, 1], 1), "the entry replaced"
     page.close()
     assert not errors, errors
 

@@ -33,9 +33,14 @@ PACKAGE_FILES = {"package.json", "README.md", "tessel.js", "tessel-webgpu.js", "
 # esbuild for the browser; window.tesselApp is what the test drives.
 APP_SOURCE = """
 import {
-  load, registerBackend, hasWasmSimd, clearCache, TesselError, VERSION,
-  type LoadOptions, type LoadProgress, type Model, type Tensor, type TesselErrorCode,
+  load, registerBackend, hasWasmSimd, clearCache, TesselError, VERSION, float32ToFloat16Bits, float16BitsToFloat32,
+  type LoadOptions, type LoadProgress, type Model, type Tensor, type TesselErrorCode, type TensorInput, type TypedArrayOf,
 } from "tessel-runtime";
+
+// float16: inputs as bits or float32 values, results as Float16Array or bits (lib es2022 has no Float16Array)
+const halfBits: TypedArrayOf["float16"] = float32ToFloat16Bits(Float32Array.of(0.1, 65520));
+const halfInputs: TensorInput[] = [halfBits, { data: Float32Array.of(0.1, 2), dims: [2] }, new Uint8ClampedArray(4)];
+const halfValues: Float32Array = float16BitsToFloat32(halfBits as Uint16Array);
 
 async function run(bundle: string, backend: "wasm" | "webgpu", input: number[], threads?: number, worker?: string) {
   const phases: LoadProgress["phase"][] = [];
@@ -75,19 +80,21 @@ async function failure(bundle: string): Promise<{ code: TesselErrorCode; field: 
 registerBackend({ name: "wasm", probe: async () => (hasWasmSimd() ? null : "no SIMD") });
 
 const cleared: Promise<void> = clearCache();
-(globalThis as unknown as { tesselApp: object }).tesselApp = { run, failure, cleared };
+(globalThis as unknown as { tesselApp: object }).tesselApp = { run, failure, cleared, halfInputs, halfValues };
 """
 
 # Misuses the declarations must refuse: if tsc accepted these, the types would be `any` and the check worthless.
 WRONG_SOURCE = """
-import { load, TesselError } from "tessel-runtime";
+import { load, TesselError, float16BitsToFloat32, type TensorInput } from "tessel-runtime";
 const model = await load(42);
 await model.run("not feeds");
 const code: "nonsense" = new TesselError("manifest", null, "x").code;
 model.backend = "webgpu";
 await load("/m/", { cache: "sometimes" });
+float16BitsToFloat32(new Float32Array(2));
+const feed: TensorInput = [1, 2];
 """
-WRONG_LINES = 5
+WRONG_LINES = 7
 
 TSCONFIG = {
     "compilerOptions": {
