@@ -119,13 +119,15 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
     k = te.reduce_axis((0, a.shape[-1]), "k")
 
     def weight(j, k):
-        """B's element, widened from its stored dtype; a quantized one shifted by its zero point and scaled."""
+        """B's element, widened from its stored dtype; a quantized one shifted by its zero point and, when the scale
+        varies along k (blocks), scaled."""
         value = w[j // panel, k, j % panel].astype(acc)
         if scale is not None:
             group = k // block if block else 0
             if zero is not None:
                 value = value - zero[j // panel, group, j % panel].astype(acc)
-            value = value * scale[j // panel, group, j % panel].astype(acc)
+            if block:
+                value = value * scale[j // panel, group, j % panel].astype(acc)
         return value
 
     def body(*index):
@@ -133,6 +135,13 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         return te.sum(a[(*rows, k)].astype(acc) * weight(j, k), axis=k)
 
     result = te.compute(shape, body, name="dense_packed", tag=tags.DENSE_PACKED)
+    if scale is not None and not block:
+        # one scale per column: applied once per output, in the epilogue, not once per multiply-add
+        def scaled(*index):
+            j = index[-1]
+            return result[index] * scale[j // panel, 0, j % panel].astype(acc)
+
+        result = te.compute(shape, scaled, name="dense_scaled", tag=tags.ELEMWISE)
     return [cast(result, a.dtype)]
 
 

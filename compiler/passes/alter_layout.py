@@ -150,7 +150,7 @@ def _packed_weight(graph: Graph, weight: Value, producer: Node | None, panel: in
         return [*parts, 0]
     scale, zero, block = _weight_groups(graph, producer, transposed)
     parts.append(graph.add_param(f"{name}_scale_panels{panel}", pack_dense_weight(scale, panel)))
-    if zero is not None:
+    if zero is not None and np.any(zero):  # a symmetric weight's zero points (all 0) cost a subtraction for nothing
         parts.append(graph.add_param(f"{name}_zero_panels{panel}", pack_dense_weight(zero, panel)))
     return [*parts, block]
 
