@@ -116,12 +116,18 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
     acc = accumulator(a.dtype)
     panel = w.shape[-1]
     block = int(attrs.get("block", 0))
+    bits = int(attrs.get("bits", 8))
     k = te.reduce_axis((0, a.shape[-1]), "k")
 
     def weight(j, k):
         """B's element, widened from its stored dtype; a quantized one shifted by its zero point and, when the scale
         varies along k (blocks), scaled."""
-        value = w[j // panel, k, j % panel].astype(acc)
+        if bits == 4:  # two levels a byte, the even k in the low half
+            byte = w[j // panel, k // 2, j % panel].astype("int32")
+            odd = Compare("ne", k % 2, Const(0, "int32"))
+            value = te.select(odd, byte // 16, byte % 16).astype(acc)
+        else:
+            value = w[j // panel, k, j % panel].astype(acc)
         if scale is not None:
             group = k // block if block else 0
             if zero is not None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.graph.ops.conv import block_channels, pack_transposed_weight
-from compiler.graph.ops.dense import pack_dense_weight
+from compiler.graph.ops.dense import pack_dense_weight, pack_nibbles
 from compiler.graph.ops.quantize import quantization_axis
 from compiler.graph.ops.resize import ASPECT_POLICIES, attr_string, resize_plan
 from compiler.graph.ops.transform import pad_widths, slice_plan
@@ -123,11 +123,11 @@ def pack_dense(graph: Graph, target: Target) -> Graph:
         key = (weight, panel, transposed)
         if key not in packed:
             packed[key] = _packed_weight(result, weight, producers.get(weight), panel, transposed)
-        *inputs, block = packed[key]
+        *inputs, block, bits = packed[key]
         addend = node.inputs[2] if node.op == "Gemm" and len(node.inputs) > 2 else None
         (output,) = node.outputs
         product = Value(result.fresh_name(f"{output.name}_product"), output.type) if addend is not None else output
-        attrs = {"columns": columns, **({"block": block} if block else {})}
+        attrs = {"columns": columns, **({"block": block} if block else {}), **({"bits": bits} if bits != 8 else {})}
         nodes.append(Node("MatMulPacked", [node.inputs[0], *inputs], [product], attrs, node.name))
         if addend is not None:
             nodes.append(Node("Add", [product, addend], [output], {}, f"{node.name}_bias"))
@@ -136,23 +136,26 @@ def pack_dense(graph: Graph, target: Target) -> Graph:
 
 
 def _packed_weight(graph: Graph, weight: Value, producer: Node | None, panel: int, transposed: bool) -> list:
-    """[packed B, packed scale, packed zero point (each present or not), block]: B as (N / panel, K, panel) in its
-    stored dtype; a scale and zero point as (N / panel, groups, panel), a group being `block` consecutive k (one group
-    of all k when block is 0)."""
+    """[packed B, packed scale, packed zero point (each present or not), block, bits]: B as (N / panel, K, panel) in
+    its stored dtype (4-bit levels two a byte: pack_nibbles); a scale and zero point as (N / panel, groups, panel), a
+    group being `block` consecutive k (one group of all k when block is 0)."""
     name = weight.name
     if producer is None:  # a float32 param
         array = graph.params[weight]
-        return [graph.add_param(f"{name}_panels{panel}", pack_dense_weight(array.T if transposed else array, panel)), 0]
+        packed = pack_dense_weight(array.T if transposed else array, panel)
+        return [graph.add_param(f"{name}_panels{panel}", packed), 0, 8]
     levels = graph.params[producer.inputs[0]]
-    levels = levels.T if transposed else levels
-    parts = [graph.add_param(f"{name}_panels{panel}", pack_dense_weight(levels, panel))]
+    levels = pack_dense_weight(levels.T if transposed else levels, panel)
+    # uint8 levels that all fit 4 bits (a 4-bit quantizer's, as MatMulNBits unpacks them) are stored two a byte
+    bits = 4 if producer.op == "DequantizeLinear" and levels.dtype == np.uint8 and levels.max(initial=0) < 16 else 8
+    parts = [graph.add_param(f"{name}_panels{panel}", pack_nibbles(levels) if bits == 4 else levels)]
     if producer.op == "Cast":
-        return [*parts, 0]
+        return [*parts, 0, 8]
     scale, zero, block = _weight_groups(graph, producer, transposed)
     parts.append(graph.add_param(f"{name}_scale_panels{panel}", pack_dense_weight(scale, panel)))
     if zero is not None and np.any(zero):  # a symmetric weight's zero points (all 0) cost a subtraction for nothing
         parts.append(graph.add_param(f"{name}_zero_panels{panel}", pack_dense_weight(zero, panel)))
-    return [*parts, block]
+    return [*parts, block, bits]
 
 
 def _weight_groups(graph: Graph, dequantize: Node, transposed: bool) -> tuple:

@@ -87,6 +87,19 @@ def unpack_dense_weight(packed: np.ndarray, columns: int) -> np.ndarray:
     return packed.transpose(1, 0, 2).reshape(inner, panels * panel)[:, :columns]
 
 
+def pack_nibbles(levels: np.ndarray) -> np.ndarray:
+    """(P, K, panel) levels below 16 -> (P, ceil(K / 2), panel) bytes: level k in the low half of byte k // 2 when k
+    is even, in the high half when odd."""
+    padded = np.pad(levels, [(0, 0), (0, levels.shape[1] % 2), (0, 0)]).astype(np.uint8)
+    return np.ascontiguousarray(padded[:, 0::2] | (padded[:, 1::2] << 4))
+
+
+def unpack_nibbles(packed: np.ndarray, inner: int) -> np.ndarray:
+    """pack_nibbles's levels, the first `inner` along axis 1."""
+    both = np.stack([packed & 15, packed >> 4], axis=2)
+    return both.reshape(packed.shape[0], -1, packed.shape[2])[:, :inner]
+
+
 # The weights a MatMulPacked of float32 A may read narrow, each element widened as it is read.
 NARROW_WEIGHT_DTYPES = ("int8", "uint8", "float16")
 
@@ -94,7 +107,11 @@ NARROW_WEIGHT_DTYPES = ("int8", "uint8", "float16")
 def _infer_matmul_packed(types, attrs):
     a, w, scale, zero = op_inputs("MatMulPacked", types, 2, 4)
     columns = int(attrs.get("columns", 0))
-    if len(a.shape) < 2 or len(w.shape) != 3 or a.shape[-1] != w.shape[1]:
+    bits = int(attrs.get("bits", 8))
+    stored = -(-a.shape[-1] // 2) if bits == 4 else a.shape[-1] if a.shape else 0
+    if bits not in (4, 8) or (bits == 4 and w.dtype != "uint8"):
+        raise ShapeError(f"MatMulPacked stores 8-bit or (uint8) 4-bit levels, not {bits}-bit {w.dtype}")
+    if len(a.shape) < 2 or len(w.shape) != 3 or w.shape[1] != stored:
         raise ShapeError(
             f"MatMulPacked needs A of rank >= 2 and a packed (N / panel, K, panel) weight with A's K, got "
             f"{list(a.shape)} and {list(w.shape)}"
@@ -105,7 +122,7 @@ def _infer_matmul_packed(types, attrs):
     if a.dtype != w.dtype and not narrow:
         raise ShapeError(f"MatMulPacked operands have dtypes {a.dtype} and {w.dtype}; they must agree")
     block = int(attrs.get("block", 0))
-    groups = -(-w.shape[1] // block) if block else 1
+    groups = -(-a.shape[-1] // block) if block else 1
     for part, what in ((scale, "scale"), (zero, "zero point")):
         if part is not None and part.shape != (w.shape[0], groups, w.shape[2]):
             raise ShapeError(
@@ -116,7 +133,8 @@ def _infer_matmul_packed(types, attrs):
     return [TensorType((*a.shape[:-1], columns), a.dtype)]
 
 
-def _matmul_packed(a, w, scale=None, zero=None, *, columns, block=0, **_):
+def _matmul_packed(a, w, scale=None, zero=None, *, columns, block=0, bits=8, **_):
+    w = unpack_nibbles(w, a.shape[-1]) if bits == 4 else w
     weight = unpack_dense_weight(w, columns).astype(np.float32)
     if scale is not None:
         groups = np.arange(weight.shape[0]) // block if block else np.zeros(weight.shape[0], np.int64)
