@@ -124,8 +124,7 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         varies along k (blocks), scaled."""
         if bits == 4:  # two levels a byte, the even k in the low half
             byte = w[j // panel, k // 2, j % panel].astype("int32")
-            odd = Compare("ne", k % 2, Const(0, "int32"))
-            value = te.select(odd, byte // 16, byte % 16).astype(acc)
+            value = te.select(te.equal(k % 2, 1), byte // 16, byte % 16).astype(acc)
         else:
             value = w[j // panel, k, j % panel].astype(acc)
         if scale is not None:

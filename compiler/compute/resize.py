@@ -188,7 +188,7 @@ def _cubic_taps(position, size: int, a: float, exclude_outside: bool) -> list:
     if exclude_outside:
         taps = [(tap, te.select(te.all(tap >= 0, tap < size), weight, 0.0)) for tap, weight in taps]
         total = taps[0][1] + taps[1][1] + taps[2][1] + taps[3][1]
-        total = te.select(total == 0.0, 1.0, total)
+        total = te.select(te.equal(total, 0.0), 1.0, total)
         taps = [(tap, weight / total) for tap, weight in taps]
     return [(clamp(tap, 0, size - 1), weight) for tap, weight in taps]
 

@@ -21,6 +21,7 @@ from compiler.te.expr import (
     const,
     is_int,
 )
+from compiler.te.expr import _binary as expr_binary
 from compiler.te.expr import _promote as promote
 from compiler.te.schedule import Schedule, Stage, create_schedule
 from compiler.te.tensor import (
@@ -69,10 +70,18 @@ def minimum(a, b) -> Expr:
 
 
 def _condition(cond) -> Expr:
+    if isinstance(cond, bool):
+        # `a == b` on expressions is Python's identity test, not a comparison the kernel makes
+        raise TEError(f"a condition must be an expression, not the Python value {cond}; compare with te.equal(a, b)")
     cond = as_expr(cond)
     if cond.dtype != "bool":
         raise TEError(f"a condition must be a bool expression, got {cond.dtype}")
     return cond
+
+
+def equal(a, b) -> Expr:
+    """`a == b` as an expression (Python's == on expressions tests identity, so that they can key dicts)."""
+    return expr_binary("eq", a, b)
 
 
 def select(cond, true_value, false_value) -> Expr:
@@ -197,6 +206,7 @@ __all__ = [
     "round",
     "rsqrt",
     "select",
+    "equal",
     "sigmoid",
     "sqrt",
     "sum",
