@@ -20,6 +20,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 from compiler.errors import ModelError, ShapeError, TesselError, UnsupportedOpError
 from compiler.frontend import checks
 from compiler.frontend.checks import TENSOR_DTYPES, check_shape, dtype_name
+from compiler.frontend.order import node_label, node_order
 from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import get_op, is_registered, worth_folding
@@ -187,10 +188,6 @@ def _decode(data: bytes, source: str) -> onnx.ModelProto:
     return proto
 
 
-def _node_label(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"{node.op_type}_{index}"
-
-
 def _check_supported(graph: onnx.GraphProto) -> None:
     """Raise one error naming every op type Tessel lacks, each with the nodes that use it."""
     missing: dict[str, list[str]] = {}
@@ -202,7 +199,7 @@ def _check_supported(graph: onnx.GraphProto) -> None:
         else:
             op_type, supported = f"{node.domain}.{node.op_type}", False
         if not supported:
-            missing.setdefault(op_type, []).append(_node_label(node, index))
+            missing.setdefault(op_type, []).append(node_label(node, index))
     if missing:
         listed = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(missing.items()))
         raise UnsupportedOpError(
@@ -295,13 +292,15 @@ class _Importer:
         self.taken.update(t.name for t in onnx_graph.initializer)
 
     def run(self) -> Graph:
+        order = node_order(self.onnx_graph)
         for tensor in self.onnx_graph.initializer:
             self._add_param(tensor.name, _tensor_array(tensor, f"initializer {tensor.name!r}"))
         for tensor in self.onnx_graph.sparse_initializer:
             self._add_param(tensor.values.name, _sparse_array(tensor, f"initializer {tensor.values.name!r}"))
         self._add_inputs()
-        for index, node in enumerate(self.onnx_graph.node):
-            label = _node_label(node, index)
+        for index in order:
+            node = self.onnx_graph.node[index]
+            label = node_label(node, index)
             what = f"node {label} ({node.op_type})"
             # the one place where a node's failure becomes the user's error, named after the node
             try:
@@ -414,8 +413,8 @@ class _Importer:
         for name in node.input:
             if name and name not in self.values:
                 raise ModelError(
-                    f"it uses {name!r}, which no earlier node, input or initializer defines; "
-                    "the model is not in topological order or is incomplete"
+                    f"it uses {name!r}, which no node, input or initializer of the model defines; the model is "
+                    "incomplete: export it again"
                 )
             inputs.append(self.values[name] if name else None)
         checks.check_dtypes(node, schema, [v.type.dtype if v is not None else None for v in inputs])
