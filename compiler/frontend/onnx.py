@@ -234,7 +234,13 @@ def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
     checks.check_sparse(sparse, what)
     values = numpy_helper.to_array(sparse.values)
     indices = numpy_helper.to_array(sparse.indices)
-    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    try:
+        dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    except MemoryError:
+        raise ModelError(
+            f"{what} is a sparse tensor of dims {list(sparse.dims)}, which Tessel stores dense: its "
+            f"{math.prod(sparse.dims) * values.itemsize:,} bytes are more memory than this process may take"
+        ) from None
     if indices.ndim == 1:
         dense.reshape(-1)[indices] = values
     else:
