@@ -174,9 +174,10 @@ def _edit(data: bytes, rng: random.Random) -> bytes:
     node = rng.choice(graph.node) if graph.node else None
     if kind == "dims":
         if tensors and rng.random() < 0.5:
-            tensor = rng.choice(tensors)
-            if tensor.dims:
-                tensor.dims[rng.randrange(len(tensor.dims))] = rng.choice(_DIMS)
+            # a sparse tensor's own dims too: a few bytes that may declare a dense tensor of any size
+            dims = rng.choice([t.dims for t in tensors] + [s.dims for s in graph.sparse_initializer])
+            if dims:
+                dims[rng.randrange(len(dims))] = rng.choice(_DIMS)
         else:
             dims = rng.choice(infos).type.tensor_type.shape.dim
             if dims:
