@@ -16,6 +16,10 @@ from onnx import AttributeProto, TensorProto, defs
 from compiler.errors import ModelError, ShapeError
 
 INT64_MAX = (1 << 63) - 1
+# The most elements a sparse tensor may have once made dense: the most a kernel's 32-bit index reaches (build.py's
+# INDEX_LIMIT), past which compile_model would refuse it anyway. Checked before the dense array is allocated, as a
+# few bytes of sparse tensor may declare any dims.
+DENSE_LIMIT = (1 << 31) - 1
 
 # ONNX tensor dtypes that Tessel reads, as numpy dtype names.
 TENSOR_DTYPES = {
@@ -211,6 +215,13 @@ def check_sparse(sparse: onnx.SparseTensorProto, what: str) -> None:
     """Values of shape [NNZ] and int64 indices of shape [NNZ] (into the flattened tensor) or [NNZ, rank], in range."""
     check_tensor(sparse.values, f"{what}'s values")
     dense = check_shape(sparse.dims, TENSOR_DTYPES[sparse.values.data_type], what)
+    size = int(np.prod(dense, dtype=object))
+    if size > DENSE_LIMIT:
+        raise ModelError(
+            f"{what} is a sparse tensor of dims {list(dense)}: {size:,} elements once dense, and Tessel stores every "
+            f"weight dense, in tensors its kernels index with 32-bit integers (at most {DENSE_LIMIT:,} elements); "
+            "give it smaller dims"
+        )
     if len(sparse.values.dims) != 1:
         raise ModelError(f"{what}'s values have dims {list(sparse.values.dims)}; a sparse tensor's values are 1-D")
     count = sparse.values.dims[0]
@@ -223,7 +234,7 @@ def check_sparse(sparse: onnx.SparseTensorProto, what: str) -> None:
             f"{what}'s indices have shape {list(indices.shape)}; for {count} values in a tensor of rank {len(dense)} "
             f"they must be [{count}] or [{count}, {len(dense)}]"
         )
-    bounds = np.array([int(np.prod(dense, dtype=object))] if indices.ndim == 1 else dense, dtype=np.int64)
+    bounds = np.array([size] if indices.ndim == 1 else dense, dtype=np.int64)
     outside = (indices < 0) | (indices >= bounds)
     if outside.any():
         position = int(np.argwhere(outside)[0][0])

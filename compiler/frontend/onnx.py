@@ -20,6 +20,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 from compiler.errors import ModelError, ShapeError, TesselError, UnsupportedOpError
 from compiler.frontend import checks, quantized
 from compiler.frontend.checks import TENSOR_DTYPES, check_shape, dtype_name
+from compiler.frontend.order import node_label, node_order
 from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.registry import decompresses, get_op, is_registered, worth_folding
@@ -195,10 +196,6 @@ def _decode(data: bytes, source: str) -> onnx.ModelProto:
     return proto
 
 
-def _node_label(node: onnx.NodeProto, index: int) -> str:
-    return node.name or f"{node.op_type}_{index}"
-
-
 def supported_op(op_type: str, domain: str = "") -> bool:
     """Whether the importer takes a node of this op: a registered op of the default domain, or a quantized form it
     rewrites (compiler/frontend/quantized.py). Constant never becomes a node: the importer turns it into a param."""
@@ -213,7 +210,7 @@ def _check_supported(graph: onnx.GraphProto) -> None:
     for index, node in enumerate(graph.node):
         op_type = node.op_type if node.domain in _DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
         if not supported_op(node.op_type, node.domain):
-            missing.setdefault(op_type, []).append(_node_label(node, index))
+            missing.setdefault(op_type, []).append(node_label(node, index))
     if missing:
         listed = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(missing.items()))
         raise UnsupportedOpError(
@@ -248,7 +245,13 @@ def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
     checks.check_sparse(sparse, what)
     values = numpy_helper.to_array(sparse.values)
     indices = numpy_helper.to_array(sparse.indices)
-    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    try:
+        dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    except MemoryError:
+        raise ModelError(
+            f"{what} is a sparse tensor of dims {list(sparse.dims)}, which Tessel stores dense: its "
+            f"{math.prod(sparse.dims) * values.itemsize:,} bytes are more memory than this process may take"
+        ) from None
     if indices.ndim == 1:
         dense.reshape(-1)[indices] = values
     else:
@@ -306,13 +309,15 @@ class _Importer:
         self.taken.update(t.name for t in onnx_graph.initializer)
 
     def run(self) -> Graph:
+        order = node_order(self.onnx_graph)
         for tensor in self.onnx_graph.initializer:
             self._add_param(tensor.name, _tensor_array(tensor, f"initializer {tensor.name!r}"))
         for tensor in self.onnx_graph.sparse_initializer:
             self._add_param(tensor.values.name, _sparse_array(tensor, f"initializer {tensor.values.name!r}"))
         self._add_inputs()
-        for index, node in enumerate(self.onnx_graph.node):
-            label = _node_label(node, index)
+        for index in order:
+            node = self.onnx_graph.node[index]
+            label = node_label(node, index)
             what = f"node {label} ({node.op_type})"
             # the one place where a node's failure becomes the user's error, named after the node
             try:
@@ -433,8 +438,8 @@ class _Importer:
         for name in node.input:
             if name and name not in self.values:
                 raise ModelError(
-                    f"it uses {name!r}, which no earlier node, input or initializer defines; "
-                    "the model is not in topological order or is incomplete"
+                    f"it uses {name!r}, which no node, input or initializer of the model defines; the model is "
+                    "incomplete: export it again"
                 )
             inputs.append(self.values[name] if name else None)
         if schema is not None:

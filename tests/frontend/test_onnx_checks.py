@@ -2,18 +2,27 @@
 in one TesselError naming what is wrong, and the valid ones (local functions, external data) import and match
 onnxruntime."""
 
+import math
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compiler.build import INDEX_LIMIT
+from compiler.cli import main
 from compiler.errors import ModelError, ShapeError, TesselError
 from compiler.frontend import load_onnx
+from compiler.frontend.checks import DENSE_LIMIT
 from compiler.frontend.onnx import external_data_files, model_in_folder
 from compiler.graph.reference import run_reference
 
 RNG = np.random.default_rng(0)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17, **kwargs) -> onnx.ModelProto:
@@ -137,6 +146,64 @@ def test_a_sparse_initializer_in_range_loads_densely():
     model.graph.sparse_initializer.append(sparse)
     (weight,) = load_onnx(model).params.values()
     assert weight.reshape(-1)[[0, 11]].tolist() == [1.0, 2.0] and weight.sum() == 3.0
+
+
+def _sparse_softmax(dims) -> onnx.ModelProto:
+    """A Softmax over one sparse initializer: about 250 bytes however large its dims."""
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "weight")
+    sparse = helper.make_sparse_tensor(values, numpy_helper.from_array(np.array([0, 1], np.int64)), dims)
+    model = _model([helper.make_node("Softmax", ["weight"], ["y"], name="softmax")], [], [_tensor("y", None)])
+    model.graph.sparse_initializer.append(sparse)
+    return model
+
+
+@pytest.mark.parametrize("dims", [[1 << 40, 4], [1 << 20, 1 << 20], [DENSE_LIMIT + 1], [3, 1 << 59]])
+def test_a_sparse_initializer_too_large_to_make_dense_is_one_clear_error(tmp_path, capsys, dims):
+    path = tmp_path / "softmax.onnx"
+    onnx.save(_sparse_softmax(dims), path)
+    assert main(["compile", str(path), "-o", str(tmp_path / "bundle")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [
+        f"tessel: error: initializer 'weight' is a sparse tensor of dims {dims}: {math.prod(dims):,} elements once "
+        "dense, and Tessel stores every weight dense, in tensors its kernels index with 32-bit integers (at most "
+        "2,147,483,647 elements); give it smaller dims"
+    ]
+
+
+def test_the_dense_limit_of_a_sparse_tensor_is_what_a_kernel_indexes():
+    assert DENSE_LIMIT == INDEX_LIMIT
+
+
+def test_a_sparse_tensor_constant_too_large_to_make_dense_names_the_node():
+    sparse = _sparse_softmax([1 << 40]).graph.sparse_initializer[0]
+    nodes = [helper.make_node("Constant", [], ["c"], sparse_value=sparse, name="huge")]
+    with pytest.raises(
+        ModelError, match=r"node huge \(Constant\): attribute 'sparse_value' is a sparse tensor of dims"
+    ):
+        load_onnx(_model(nodes, [], [_tensor("c", None)]))
+
+
+def test_a_sparse_initializer_that_fits_the_limit_but_not_the_memory_is_one_clear_error(tmp_path):
+    """Under the element limit, the dense array may still be more than the process may allocate (the service
+    imports in a memory-limited process): a ModelError, not a MemoryError's traceback."""
+    path = tmp_path / "softmax.onnx"
+    onnx.save(_sparse_softmax([1 << 15, 1 << 15]), path)  # 4 GiB of float32 once dense
+    script = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+        "from compiler.cli import main; sys.exit(main(['compile', sys.argv[1], '-o', sys.argv[2]]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path), str(tmp_path / "bundle")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "tessel: error: initializer 'weight' is a sparse tensor of dims [32768, 32768], which Tessel stores dense: "
+        "its 4,294,967,296 bytes are more memory than this process may take"
+    ]
 
 
 def test_a_value_name_that_is_not_utf8_is_refused():

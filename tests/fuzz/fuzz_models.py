@@ -174,9 +174,10 @@ def _edit(data: bytes, rng: random.Random) -> bytes:
     node = rng.choice(graph.node) if graph.node else None
     if kind == "dims":
         if tensors and rng.random() < 0.5:
-            tensor = rng.choice(tensors)
-            if tensor.dims:
-                tensor.dims[rng.randrange(len(tensor.dims))] = rng.choice(_DIMS)
+            # a sparse tensor's own dims too: a few bytes that may declare a dense tensor of any size
+            dims = rng.choice([t.dims for t in tensors] + [s.dims for s in graph.sparse_initializer])
+            if dims:
+                dims[rng.randrange(len(dims))] = rng.choice(_DIMS)
         else:
             dims = rng.choice(infos).type.tensor_type.shape.dim
             if dims:
@@ -264,6 +265,11 @@ def _feeds(graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
         shape, dtype = value.type.shape, value.type.dtype
         if dtype == "bool":
             feeds[value.name] = rng.random(shape) < 0.5
+        elif dtype in ("int8", "uint8"):
+            # quantized data, over its whole range (no index input of ONNX's is 8-bit but OneHot's, which may
+            # be out of range)
+            info = np.iinfo(dtype)
+            feeds[value.name] = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
         elif dtype.startswith(("int", "uint")):
             # small non-negative integers, so that an index input stays inside any plausible dim
             feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
@@ -336,10 +342,11 @@ class Report:
     defects: list[str] = field(default_factory=list)
 
 
-def run_cases(cases: int, seed: int, zoo_names: tuple[str, ...], compile_every: int, log=sys.stderr) -> Report:
-    """`cases` seeded mutations over the base models; a case is compiled (not only run by the reference
-    executor) every `compile_every` cases."""
-    models = base_models(zoo_names)
+def run_cases(
+    cases: int, seed: int, models: dict[str, bytes], compile_every: int, mutations=MUTATIONS, log=sys.stderr
+) -> Report:
+    """`cases` seeded mutations (one of `mutations` each) over the serialized base models; a case is compiled (not
+    only run by the reference executor) every `compile_every` cases."""
     names = sorted(models)
     report = Report()
     signal.signal(signal.SIGALRM, _alarm)
@@ -347,7 +354,7 @@ def run_cases(cases: int, seed: int, zoo_names: tuple[str, ...], compile_every: 
         case_seed = seed * 1_000_003 + number
         rng = random.Random(case_seed)
         name = rng.choice(names)
-        mutation = rng.choice(MUTATIONS)
+        mutation = rng.choice(mutations)
         label = f"case {number} (seed {case_seed}, {name}, {mutation.__name__})"
         print(label, file=log, flush=True)  # the last line a crashed child printed names the crash
         try:
