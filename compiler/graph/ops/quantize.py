@@ -51,7 +51,9 @@ def quantization_axis(x: TensorType, scale: TensorType, attrs: dict, op: str) ->
 def _same_layout(zero_point: TensorType, scale: TensorType) -> bool:
     """The zero point has the scale's shape; per tensor, any one-element shape (onnxruntime's quantizer writes a
     scalar zero point beside a [1] scale for biases)."""
-    return zero_point.shape == scale.shape or (zero_point.size == 1 and scale.size == 1 and len(scale.shape) <= 1)
+    if zero_point.shape == scale.shape:
+        return True
+    return zero_point.size == scale.size == 1 and len(zero_point.shape) <= 1 and len(scale.shape) <= 1
 
 
 def _infer_dequantize(types, attrs):
@@ -84,7 +86,8 @@ def _spread(values: np.ndarray, shape: tuple[int, ...], granularity: str, axis: 
         return values.reshape(())
     if granularity == "axis":
         return values.reshape([size if k == axis else 1 for k, size in enumerate(shape)])
-    return np.repeat(values, block_size, axis=axis)[tuple(slice(0, size) for size in shape)]
+    # each position reads its block's value: indexing, not np.repeat, so nothing scales with block_size itself
+    return np.take(values, np.arange(shape[axis]) // block_size, axis=axis)
 
 
 def _dequantize(x, scale, zero_point=None, axis=1, block_size=0, output_dtype=None, **_):
