@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler import zoo
 from compiler.backends import BACKENDS
-from compiler.build import EVERY_WASM_VARIANT, compile_model, load_module
+from compiler.build import EVERY_WASM_VARIANT, WEIGHT_FORMATS, compile_model, load_module
 from compiler.data.train_digits import held_out_split
 from compiler.errors import ModelError, ShapeError, TesselError
 from compiler.frontend.onnx import load_onnx
@@ -125,6 +125,16 @@ def _add_input_shape(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_weights(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        default="fp32",
+        help="fp32 (default): the model's weights as they are; fp16: each float32 weight of a packed dense "
+        "(MatMul/Gemm) kernel stored as float16, half the bytes, computed in float32 (CPU targets: llvm, wasm)",
+    )
+
+
 def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="threads for parallel loops when a bundle runs natively")
 
@@ -224,6 +234,7 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
         help="wasm code beside the plain model.wasm, for tessel.js to pick the best an engine and page allow: "
         "all (default for wasm: threads, relaxed-simd and both), threads, relaxed-simd or none",
     )
+    _add_weights(parser)
     parser.add_argument("--verbose", action="store_true", help="print the kernels and the memory plan")
 
 
@@ -260,6 +271,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         progress=progress,
         wasm_variants=_wasm_variants(args, target),
+        weights=args.weights,
     )
     output = args.output or args.model.with_suffix(".bundle")
     path = module.export(output)
@@ -273,6 +285,11 @@ def _run_compile(args: argparse.Namespace) -> int:
             f"intermediates ({len(manifest['calls'])} kernel calls, {len(manifest['kernels'])} distinct kernels)"
         )
         print(f"params: {manifest['params']['bytes']:,} bytes in {len(manifest['params']['layout'])} arrays")
+    if args.weights != "fp32":
+        layout = manifest["params"]["layout"]
+        narrow = sum(entry["dtype"] == "float16" for entry in layout)
+        total = manifest["params"]["bytes"]
+        print(f"weights {args.weights}: {narrow} of {len(layout)} param arrays float16, params {total:,} bytes")
     variants = ", ".join(variant["code"] for variant in manifest.get("variants", []))
     beside = f"; variants {variants}" if variants else ""
     print(f"wrote {path} (target {manifest['target']}{beside}) in {time.perf_counter() - started:.1f} s")
