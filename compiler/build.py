@@ -37,6 +37,7 @@ from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.graph.ir import Graph, Node
 from compiler.link import WASM_STACK_BYTES
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
+from compiler.passes.half_weights import half_weights
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
 from compiler.target import Target
@@ -154,6 +155,29 @@ def _wasm_variants(target: Target, variants) -> list[dict]:
     return entries
 
 
+# How compile_model(weights=...) stores dense weights: "fp32" keeps the model's params as they are; "fp16" stores each
+# float32 weight of a packed dense kernel as float16, widened as the kernel reads it (passes/half_weights.py).
+WEIGHT_FORMATS = ("fp32", "fp16")
+
+
+def check_weights(weights: str, target: Target) -> None:
+    """One error for a `weights` that WEIGHT_FORMATS lacks, or that `target` cannot store: float16 is read narrow only
+    by the CPU family's packed dense kernels; a GPU target's kernels read float32 weights."""
+    if weights not in WEIGHT_FORMATS:
+        raise TesselError(f"unknown weights format {weights!r}; use {' or '.join(WEIGHT_FORMATS)}")
+    if weights != "fp32" and target.family != "cpu":
+        raise TargetError(
+            f"weights {weights} applies to the CPU targets (llvm, wasm), whose dense kernels read float16 weights; "
+            f"{target.kind} kernels read float32 weights: drop it or compile for llvm or wasm"
+        )
+
+
+def stored_weights(graph: Graph, target: Target, weights: str) -> Graph:
+    """`graph` with its dense weights stored as `weights` asks (WEIGHT_FORMATS) for `target` (check_weights)."""
+    check_weights(weights, target)
+    return half_weights(graph) if weights == "fp16" else graph
+
+
 def _silent(step: str, fraction: float) -> None:
     return None
 
@@ -223,18 +247,21 @@ def compile_model(
     num_threads: int | None = None,
     progress: Progress | None = None,
     wasm_variants: tuple[str, ...] = (),
+    weights: str = "fp32",
 ) -> Module:
     """Compile a whole model (a path, ONNX bytes, a ModelProto or a Graph) ahead of time into a Module:
     one kernel per distinct fused group, a static memory plan and one `run` entry calling them in order.
-    `wasm_variants` adds code built with more engine features beside the plain wasm (_wasm_variants)."""
+    `wasm_variants` adds code built with more engine features beside the plain wasm (_wasm_variants); `weights`
+    "fp16" stores the dense weights as float16 (stored_weights)."""
     progress = progress or _silent
     target = Target.parse(target)
     backend = backend_for(target)
     variants = _wasm_variants(target, wasm_variants)
+    check_weights(weights, target)
     progress("loading the model", 0.0)
     graph, model_bytes = _model_source(model, input_shapes)
     progress("optimizing the graph", 0.05)
-    fused = optimize(graph, fuse=True, target=target)
+    fused = optimize(stored_weights(graph, target, weights), fuse=True, target=target)
     _check_indexable(fused)
     records = load_records(tuning_records) if tuning_records is not None else {}
 
@@ -265,6 +292,8 @@ def compile_model(
     }
     if variants:
         options["wasm_variants"] = [variant["code"] for variant in variants]
+    if weights != "fp32":  # absent by default, so the bundles (and ids) of float32 compiles stay as they were
+        options["weights"] = weights
     identity = hashlib.sha256()
     for part in (
         model_bytes,

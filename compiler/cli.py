@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler import zoo
 from compiler.backends import BACKENDS
-from compiler.build import EVERY_WASM_VARIANT, compile_model, load_module
+from compiler.build import EVERY_WASM_VARIANT, WEIGHT_FORMATS, compile_model, load_module, stored_weights
 from compiler.data.train_digits import held_out_split
 from compiler.errors import ModelError, ShapeError, TesselError
 from compiler.frontend.onnx import load_onnx
@@ -125,6 +125,16 @@ def _add_input_shape(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_weights(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        default="fp32",
+        help="fp32 (default): the model's weights as they are; fp16: each float32 weight of a packed dense "
+        "(MatMul/Gemm) kernel stored as float16, half the bytes, computed in float32 (CPU targets: llvm, wasm)",
+    )
+
+
 def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="threads for parallel loops when a bundle runs natively")
 
@@ -132,18 +142,91 @@ def _add_threads(parser: argparse.ArgumentParser) -> None:
 # -- inspect ---------------------------------------------------------------------------------------------------
 
 
+# The target whose dense kernels `tessel inspect` reports without --target: tessel compile's default.
+INSPECT_WEIGHTS_TARGET = "wasm"
+
+
 def _configure_inspect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=Path, help="an .onnx file")
     _add_input_shape(parser)
+    parser.add_argument(
+        "--target",
+        help="run the passes of this target too (layouts, packed weights), as tessel compile does; without it the "
+        f"graph sections show the target-independent passes, the dense weights section {INSPECT_WEIGHTS_TARGET}'s",
+    )
+    _add_weights(parser)
+
+
+def _level_bits(array: np.ndarray) -> int | None:
+    """The bits an integer weight's levels need when they fit 4 (MatMulNBits' levels are stored one per byte), else
+    None: read from the levels themselves, so an 8-bit weight whose levels happen to be small says 4 bits too."""
+    if array.size == 0 or array.dtype.kind not in "iu":
+        return None
+    low, high = int(array.min()), int(array.max())
+    fits = 0 <= low and high <= 15 if array.dtype.kind == "u" else -8 <= low and high <= 7
+    return 4 if fits else None
+
+
+def _dense_weights(fused) -> list[tuple[str, str, str, str, int]]:
+    """(group, op, stored dtype, K x N, bytes of the weight with its scales and zero points) for each dense kernel of
+    a fused graph whose weight is a param: a MatMulPacked's in the dtype the kernel reads it in, a MatMul's or Gemm's
+    float32 (kernels that read their weight unpacked read float32)."""
+    rows = []
+    for group in fused.nodes:
+        body = group.attrs.get("body")
+        if body is None:
+            continue
+        outer = dict(zip(body.inputs, group.inputs, strict=True))
+        for member in body.nodes:
+            if member.op not in ("MatMulPacked", "MatMul", "Gemm") or len(member.inputs) < 2:
+                continue
+            arrays = [fused.params.get(outer.get(value)) for value in member.inputs[1:]]
+            if arrays[0] is None:  # a product of two activations (attention's), not a weight
+                continue
+            weight = arrays[0]
+            if member.op == "MatMulPacked":
+                size = f"{member.inputs[0].type.shape[-1]}x{member.attrs['columns']}"
+            elif member.op == "Gemm" and member.attrs.get("transB", 0):
+                size = "x".join(map(str, weight.shape[::-1]))
+            else:
+                size = "x".join(map(str, weight.shape))
+            dtype = str(weight.dtype)
+            if _level_bits(weight) == 4:
+                dtype += " (4-bit levels)"
+            stored = sum(
+                array.nbytes for array in arrays[: 1 if member.op != "MatMulPacked" else None] if array is not None
+            )
+            rows.append((group.name, member.op, dtype, size, stored))
+    return rows
+
+
+def _print_dense_weights(fused, target: str) -> None:
+    rows = _dense_weights(fused)
+    print(f"\n== dense weights (target {target}) ==")
+    if rows:
+        print(
+            "\n".join(
+                _table([(*row[:4], f"{row[4]:,}") for row in rows], ("group", "op", "stored as", "K x N", "bytes"))
+            )
+        )
+    counts = Counter(row[2] for row in rows)
+    kinds = ", ".join(f"{count} {dtype}" for dtype, count in counts.most_common()) or "none"
+    print(f"dense weights: {kinds}; params {_param_bytes(fused) / 1e6:.2f} MB")
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
     input_shapes = parse_input_shapes(args.input_shape)
+    target = Target.parse(args.target) if args.target else None
+    weights_target = target or Target.parse(INSPECT_WEIGHTS_TARGET)
     _progress(f"loading {args.model}")
     graph = _load_model_file(args.model, input_shapes)
+    stored = stored_weights(graph, weights_target, args.weights)
     _progress(f"optimizing {len(graph.nodes)} nodes")
     started = time.perf_counter()
-    fused = optimize(graph, fuse=True)
+    fused = optimize(stored, fuse=True, target=target)
+    # without --target the graph sections keep the target-independent passes, whose float kernels read every weight
+    # widened: the dense weights are what the default compile target's packed kernels read
+    packed = fused if target is not None else optimize(stored, fuse=True, target=weights_target)
     groups = group_summary(fused)
     _progress(f"optimized in {time.perf_counter() - started:.2f} s")
 
@@ -170,6 +253,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     print("\n".join(_table(sorted(by_pattern.items()) + [("total", len(groups))], ("pattern", "groups"))))
 
     print(f"\nparameter bytes: {_param_bytes(graph):,} before passes, {_param_bytes(fused):,} after")
+    _print_dense_weights(packed, str(weights_target))
     return 0
 
 
@@ -224,6 +308,7 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
         help="wasm code beside the plain model.wasm, for tessel.js to pick the best an engine and page allow: "
         "all (default for wasm: threads, relaxed-simd and both), threads, relaxed-simd or none",
     )
+    _add_weights(parser)
     parser.add_argument("--verbose", action="store_true", help="print the kernels and the memory plan")
 
 
@@ -260,6 +345,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         progress=progress,
         wasm_variants=_wasm_variants(args, target),
+        weights=args.weights,
     )
     output = args.output or args.model.with_suffix(".bundle")
     path = module.export(output)
@@ -273,6 +359,11 @@ def _run_compile(args: argparse.Namespace) -> int:
             f"intermediates ({len(manifest['calls'])} kernel calls, {len(manifest['kernels'])} distinct kernels)"
         )
         print(f"params: {manifest['params']['bytes']:,} bytes in {len(manifest['params']['layout'])} arrays")
+    if args.weights != "fp32":
+        layout = manifest["params"]["layout"]
+        narrow = sum(entry["dtype"] == "float16" for entry in layout)
+        total = manifest["params"]["bytes"]
+        print(f"weights {args.weights}: {narrow} of {len(layout)} param arrays float16, params {total:,} bytes")
     variants = ", ".join(variant["code"] for variant in manifest.get("variants", []))
     beside = f"; variants {variants}" if variants else ""
     print(f"wrote {path} (target {manifest['target']}{beside}) in {time.perf_counter() - started:.1f} s")

@@ -176,3 +176,70 @@ def test_demo_prints_predictions_and_accuracy(capsys):
     accuracy = float(re.search(r"held-out accuracy: ([\d.]+) \((\d+)/450 digits\)", out).group(1))
     assert accuracy >= 0.95
     assert np.mean([p == t for p, t in predictions]) >= 0.7
+
+
+# -- inspect: the dense weights' stored dtypes ----------------------------------------------------------------------
+
+
+def _dense_weights_section(out: str) -> list[str]:
+    return out[out.index("== dense weights") :].strip().splitlines()
+
+
+def test_inspect_a_float_model_shows_float32_dense_weights_and_fp16_ones_on_request(tmp_path, capsys):
+    path = zoo.save_model("bert_tiny", tmp_path / "bert_tiny.onnx")
+    assert main(["inspect", str(path)]) == 0
+    section = _dense_weights_section(capsys.readouterr().out)
+    assert section[0] == "== dense weights (target wasm) =="
+    assert re.match(r"\s+group\s+op\s+stored as\s+K x N\s+bytes$", section[1])
+    assert re.match(r"\s+fused_\d+_matmulpacked_add\s+MatMulPacked\s+float32\s+128x128\s+65,536$", section[2])
+    # the pooler reads one row (the first token): an unpacked Gemm
+    assert re.match(r"\s+fused_\d+_gemm_tanh\s+Gemm\s+float32\s+128x128\s+65,536$", section[-2])
+    assert section[-1] == "dense weights: 13 float32; params 1.65 MB"
+    assert main(["inspect", str(path), "--weights", "fp16"]) == 0
+    section = _dense_weights_section(capsys.readouterr().out)
+    assert re.match(r"\s+fused_\d+_matmulpacked_add\s+MatMulPacked\s+float16\s+128x128\s+32,768$", section[2])
+    assert section[-1] == "dense weights: 12 float16, 1 float32; params 0.87 MB"
+
+
+def _quantized_bert_tiny(folder, mode: str):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    source, output = folder / "bert_tiny.onnx", folder / f"bert_tiny.{mode}.onnx"
+    zoo.save_model("bert_tiny", source)
+    if mode == "dynamic":
+        quantize_dynamic(str(source), str(output), weight_type=QuantType.QInt8)
+    else:
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), block_size=32, is_symmetric=False)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(output))
+    return output
+
+
+@pytest.mark.parametrize(
+    "mode, stored, summary",
+    [
+        ("dynamic", "int8", "dense weights: 12 int8, 1 float32; params 0.49 MB"),
+        # MatMulNBits' 4-bit levels are stored one per uint8 byte; their largest is 15
+        ("q4", r"uint8 \(4-bit levels\)", "dense weights: 12 uint8 (4-bit levels), 1 float32; params 0.54 MB"),
+    ],
+)
+def test_inspect_a_quantized_model_shows_which_groups_read_narrow_weights(mode, stored, summary, tmp_path, capsys):
+    path = _quantized_bert_tiny(tmp_path, mode)
+    assert main(["inspect", str(path), "--target", "llvm"]) == 0
+    out = capsys.readouterr().out
+    # with --target the graph itself is the target's: its dense kernels are the packed ones listed
+    assert "= MatMulPacked(" in out[out.index("== graph after passes ==") : out.index("== fused groups")]
+    section = _dense_weights_section(out)
+    assert section[0] == "== dense weights (target llvm) =="
+    narrow = [line for line in section[2:-1] if re.search(rf"MatMulPacked\s+{stored}\s+\d+x\d+\s+[\d,]+$", line)]
+    assert len(narrow) == 12, section
+    assert section[-1] == summary
+
+
+def test_inspect_weights_fp16_on_a_gpu_target_or_a_bad_value_is_one_error(tmp_path, capsys):
+    path = zoo.save_model("mlp", tmp_path / "mlp.onnx")
+    assert main(["inspect", str(path), "--target", "webgpu", "--weights", "fp16"]) == 2
+    assert "weights fp16 applies to the CPU targets (llvm, wasm)" in _error_line(capsys)
+    assert main(["inspect", str(path), "--weights", "half"]) == 2
+    assert "invalid choice: 'half'" in _error_line(capsys)

@@ -8,8 +8,10 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from compiler import zoo
 from compiler.build import load_module
@@ -198,3 +200,69 @@ def test_wasm_variants_on_another_target_is_one_error(tmp_path, capsys):
     message = _error(capsys, ["compile", str(model), "--target", "llvm", "--wasm-variants", "threads"])
     assert "--wasm-variants threads applies to --target wasm, not llvm" in message
     assert "invalid choice: 'fast'" in _error(capsys, ["compile", str(model), "--wasm-variants", "fast"])
+
+
+def _dense_model(weight: np.ndarray, rows: int = 8) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "w"], ["output"])],
+        "dense",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [rows, weight.shape[0]])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [rows, weight.shape[1]])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_compile_weights_fp16_stores_the_dense_weights_as_float16(tmp_path, capsys):
+    model = zoo.save_model("bert_tiny", tmp_path / "bert_tiny.onnx")
+    assert main(["compile", str(model), "--target", "llvm", "--weights", "fp16", "-o", str(tmp_path / "b16")]) == 0
+    out = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "b16" / "manifest.json").read_text())
+    assert manifest["options"]["weights"] == "fp16"
+    layout = manifest["params"]["layout"]
+    assert sum(entry["dtype"] == "float16" for entry in layout) == 12
+    assert (
+        f"weights fp16: 12 of {len(layout)} param arrays float16, params {manifest['params']['bytes']:,} bytes" in out
+    )
+    feeds = zoo.sample_input("bert_tiny", seed=5)
+    np.save(tmp_path / "x.npy", feeds["input"])
+    assert (
+        main(["run", str(tmp_path / "b16"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")])
+        == 0
+    )
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, feeds)
+    # float16 weights: within 2e-3 of the output's largest magnitude (tests/passes/test_half_weights.py)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=0, atol=2e-3)
+
+
+def test_compile_weights_fp32_is_the_default_and_writes_no_option(tmp_path, capsys):
+    model = tmp_path / "dense.onnx"
+    onnx.save(_dense_model(np.ones((64, 96), np.float32)), model)
+    assert main(["compile", str(model), "--target", "llvm", "--weights", "fp32", "-o", str(tmp_path / "a")]) == 0
+    assert main(["compile", str(model), "--target", "llvm", "-o", str(tmp_path / "b")]) == 0
+    assert "weights " not in capsys.readouterr().out
+    manifests = [json.loads((tmp_path / name / "manifest.json").read_text()) for name in ("a", "b")]
+    assert manifests[0] == manifests[1] and "weights" not in manifests[0]["options"]
+    assert {entry["dtype"] for entry in manifests[0]["params"]["layout"]} == {"float32"}
+
+
+def test_compile_weights_bad_value_or_target_is_one_error(tmp_path, capsys):
+    model = zoo.save_model("digits", tmp_path / "digits.onnx")
+    message = _error(capsys, ["compile", str(model), "--weights", "int8"])
+    assert "argument --weights: invalid choice: 'int8' (choose from 'fp32', 'fp16')" in message
+    message = _error(capsys, ["compile", str(model), "--target", "webgpu", "--weights", "fp16"])
+    assert "weights fp16 applies to the CPU targets (llvm, wasm)" in message and "webgpu" in message
+
+
+def test_compile_weights_fp16_keeps_a_weight_beyond_float16_as_float32_with_a_warning(tmp_path, capsys):
+    weight = np.ones((64, 96), np.float32)
+    weight[1, 2] = 1e6
+    model = tmp_path / "dense.onnx"
+    onnx.save(_dense_model(weight), model)
+    assert main(["compile", str(model), "--target", "llvm", "--weights", "fp16", "-o", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        "tessel: warning: weight 'w' holds values up to 1e+06 in magnitude, beyond float16's 65504: it stays float32"
+    )
+    assert "weights fp16: 0 of 1 param arrays float16" in captured.out

@@ -191,23 +191,33 @@ def _weight_groups(graph: Graph, dequantize: Node, transposed: bool) -> tuple:
     return np.ascontiguousarray(scale), None if zero is None else np.ascontiguousarray(zero), block
 
 
-def _dense_weight(graph: Graph, node: Node, producers: dict) -> Value | None:
-    """The B of a MatMul or Gemm that pack_dense packs (a float32 param, or a narrow one widened), else None."""
+def packs_dense(node: Node) -> bool:
+    """Whether pack_dense makes `node` a MatMulPacked once its B is a param (or a narrow one widened): a MatMul of a
+    float32 A of more than one row by a 2-D float32 B, or a Gemm of that kind (transA 0, alpha 1, beta 1). The weights
+    pass (passes/half_weights.py) asks the same before it stores a B as float16."""
     if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or len(node.outputs) != 1:
-        return None
+        return False
     a, weight = node.inputs[:2]
-    if a is None or a.type.dtype != "float32" or weight.type.dtype != "float32" or len(weight.type.shape) != 2:
-        return None
-    if weight not in graph.params and not _narrow_weight(graph, producers.get(weight)):
-        return None
-    if len(a.type.shape) < 2 or math.prod(a.type.shape[:-1]) < 2:
-        return None
+    if a is None or weight is None or a.type.dtype != "float32" or weight.type.dtype != "float32":
+        return False
+    if len(weight.type.shape) != 2 or len(a.type.shape) < 2 or math.prod(a.type.shape[:-1]) < 2:
+        return False
     if node.op == "Gemm":
         attrs = node.attrs
         addend = node.inputs[2] if len(node.inputs) > 2 else None
         beta = float(attrs.get("beta", 1.0)) if addend is not None else 1.0
         if int(attrs.get("transA", 0)) or float(attrs.get("alpha", 1.0)) != 1.0 or beta != 1.0:
-            return None
+            return False
+    return True
+
+
+def _dense_weight(graph: Graph, node: Node, producers: dict) -> Value | None:
+    """The B of a MatMul or Gemm that pack_dense packs (a float32 param, or a narrow one widened), else None."""
+    if not packs_dense(node):
+        return None
+    weight = node.inputs[1]
+    if weight not in graph.params and not _narrow_weight(graph, producers.get(weight)):
+        return None
     return weight
 
 
