@@ -157,16 +157,6 @@ def _configure_inspect(parser: argparse.ArgumentParser) -> None:
     _add_weights(parser)
 
 
-def _level_bits(array: np.ndarray) -> int | None:
-    """The bits an integer weight's levels need when they fit 4 (MatMulNBits' levels are stored one per byte), else
-    None: read from the levels themselves, so an 8-bit weight whose levels happen to be small says 4 bits too."""
-    if array.size == 0 or array.dtype.kind not in "iu":
-        return None
-    low, high = int(array.min()), int(array.max())
-    fits = 0 <= low and high <= 15 if array.dtype.kind == "u" else -8 <= low and high <= 7
-    return 4 if fits else None
-
-
 def _dense_weights(fused) -> list[tuple[str, str, str, str, int]]:
     """(group, op, stored dtype, K x N, bytes of the weight with its scales and zero points) for each dense kernel of
     a fused graph whose weight is a param: a MatMulPacked's in the dtype the kernel reads it in, a MatMul's or Gemm's
@@ -191,7 +181,7 @@ def _dense_weights(fused) -> list[tuple[str, str, str, str, int]]:
             else:
                 size = "x".join(map(str, weight.shape))
             dtype = str(weight.dtype)
-            if _level_bits(weight) == 4:
+            if member.attrs.get("bits") == 4:  # pack_dense stores levels that fit 4 bits two a byte
                 dtype += " (4-bit levels)"
             stored = sum(
                 array.nbytes for array in arrays[: 1 if member.op != "MatMulPacked" else None] if array is not None

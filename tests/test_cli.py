@@ -219,9 +219,9 @@ def _quantized_bert_tiny(folder, mode: str):
 @pytest.mark.parametrize(
     "mode, stored, summary",
     [
-        ("dynamic", "int8", "dense weights: 12 int8, 1 float32; params 0.49 MB"),
-        # MatMulNBits' 4-bit levels are stored one per uint8 byte; their largest is 15
-        ("q4", r"uint8 \(4-bit levels\)", "dense weights: 12 uint8 (4-bit levels), 1 float32; params 0.54 MB"),
+        ("dynamic", "int8", "dense weights: 12 int8, 1 float32; params 0.48 MB"),
+        # MatMulNBits' 4-bit levels are packed two a uint8 byte
+        ("q4", r"uint8 \(4-bit levels\)", "dense weights: 12 uint8 (4-bit levels), 1 float32; params 0.34 MB"),
     ],
 )
 def test_inspect_a_quantized_model_shows_which_groups_read_narrow_weights(mode, stored, summary, tmp_path, capsys):

@@ -118,8 +118,10 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
     """A 2-D convolution in NCHW[x]c (depthwise, or groups of whole blocks) over a packed weight
     (M / x, C / group, kh, kw, x). The innermost axis of the result is the filter block: a vector over it loads the
     block's weights contiguously and broadcasts one input value (or loads the matching input channels, depthwise)."""
-    x, w, bias = (list(inputs) + [None, None])[:3]
+    x, w, bias, scale = (list(inputs) + [None, None, None])[:4]
     plain_x, plain_w = blocked_conv_types(type_of(x), type_of(w), attrs)
+    if scale is not None:  # int8/uint8 levels, widened as read and scaled once per output
+        plain_w = TensorType(plain_w.shape, x.dtype)
     group, window = conv_geometry("ConvNCHWc", plain_x, plain_w, attrs)
     acc = accumulator(x.dtype)
     padded = pad_blocked(x, window.pads_begin, window.read_end)
@@ -155,6 +157,15 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
 
         tag = tags.CONV2D_NCHWC
     result = te.compute(shape, body, name="conv", tag=tag)
+    if scale is not None:
+        result = te.compute(
+            shape,
+            lambda n, outer, row, column, inner: (
+                result[n, outer, row, column, inner] * scale[outer * block + inner].astype(acc)
+            ),
+            name="conv_scaled",
+            tag=tags.BROADCAST,
+        )
     return [cast(_blocked_bias(result, bias, block, acc), x.dtype)]
 
 

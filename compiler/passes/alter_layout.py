@@ -221,6 +221,24 @@ def _dense_weight(graph: Graph, node: Node, producers: dict) -> Value | None:
     return weight
 
 
+def _narrow_conv_weight(graph: Graph, producer: Node | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(levels, one float32 scale per filter) of a conv weight that is a DequantizeLinear of int8/uint8 param levels
+    with a per-tensor or per-filter scale and no zero point (or zeros: the symmetric weights quantizers write), else
+    (None, None)."""
+    if producer is None or producer.op != "DequantizeLinear" or not _narrow_weight(graph, producer):
+        return None, None
+    levels, scale = (graph.params[value] for value in producer.inputs[:2])
+    zero = graph.params[producer.inputs[2]] if len(producer.inputs) > 2 and producer.inputs[2] is not None else None
+    if zero is not None and np.any(zero):
+        return None, None
+    granularity, axis, _ = quantization_axis(
+        producer.inputs[0].type, producer.inputs[1].type, producer.attrs, "DequantizeLinear"
+    )
+    if granularity == "block" or (granularity == "axis" and axis != 0):
+        return None, None
+    return levels, np.broadcast_to(scale.astype(np.float32).reshape(-1), (levels.shape[0],)).copy()
+
+
 def _narrow_weight(graph: Graph, producer: Node | None) -> bool:
     """Whether `producer` widens a narrow param that the packed kernel can read: a Cast of float16, or a
     DequantizeLinear of int8/uint8 levels with param scale and zero point."""
@@ -253,6 +271,7 @@ class _Rewriter:
         self.only_blocked: dict[Value, int] = {}  # values whose NCHW form nobody has made yet -> their twin's x
         self.converted: dict[int, Node] = {}  # position of each converted conv -> its ConvNCHWc
         self.readers: dict[Value, list[Node]] = {}
+        self.producers = {value: node for node in self.graph.nodes for value in node.outputs}
         for node in self.graph.nodes:
             for value in node.inputs:
                 self.readers.setdefault(value, []).append(node)
@@ -403,8 +422,12 @@ class _Rewriter:
         if len(node.inputs) < 2 or len(node.outputs) != 1:
             return False
         x, weight = node.inputs[:2]
-        array = self.graph.params.get(weight)
-        if array is None or array.dtype != np.float32 or array.ndim not in (3, 4) or len(x.type.shape) != array.ndim:
+        array, scale = self.graph.params.get(weight), None
+        if array is None:  # int8/uint8 levels dequantized per filter: kept narrow, scaled as the kernel stores
+            array, scale = _narrow_conv_weight(self.graph, self.producers.get(weight))
+        elif array.dtype != np.float32:
+            return False
+        if array is None or array.ndim not in (3, 4) or len(x.type.shape) != array.ndim:
             return False
         attrs = dict(node.attrs)
         if array.ndim == 3:  # a 1-D conv is a 2-D one over a row of height 1
@@ -443,6 +466,12 @@ class _Rewriter:
         if depthwise:
             attrs["group"] = padded_filters
         inputs = [self._blocked_of(x, input_block), packed, *([bias] if bias is not None else [])]
+        if scale is not None:
+            if bias is None:  # the scale is input 3
+                bias = self.graph.add_param(f"{weight.name}_zero_bias", np.zeros(padded_filters, np.float32))
+                inputs.append(bias)
+            padded_scale = np.pad(scale, (0, padded_filters - filters))
+            inputs.append(self.graph.add_param(f"{weight.name}_scale{block}", padded_scale))
         self._replace(node, "ConvNCHWc", inputs, attrs, block)
         return True
 

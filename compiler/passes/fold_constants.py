@@ -14,9 +14,9 @@ from compiler.graph.registry import decompresses, get_op, worth_folding
 
 __all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants", "fold_decompressions"]
 
-# The ops that read a weight as their input 1 and whose CPU template can read it narrow (passes/alter_layout.py,
-# pack_dense): a decompression feeding only these stays a node until the layout passes have run.
-NARROW_WEIGHT_READERS = ("MatMul", "Gemm")
+# The ops that read a weight as their input 1 and whose CPU templates can read it narrow (passes/alter_layout.py:
+# pack_dense, and the blocked conv's per-filter scale): a decompression feeding only these stays a node until the layout passes have run.
+NARROW_WEIGHT_READERS = ("MatMul", "Gemm", "Conv")
 
 # Ops whose results are not a function of their inputs, so evaluating them once would change the model.
 NONDETERMINISTIC_OPS = frozenset(

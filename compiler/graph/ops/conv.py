@@ -200,15 +200,25 @@ def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> t
 
 
 def _infer_conv_nchwc(types, attrs):
-    x, w, bias = op_inputs("ConvNCHWc", types, 2, 3)
+    x, w, bias, scale = op_inputs("ConvNCHWc", types, 2, 4)
     plain_x, plain_w = blocked_conv_types(x, w, attrs)
+    if scale is not None:
+        # a narrow weight: int8/uint8 levels, widened and scaled per output channel by the kernel
+        if w.dtype not in ("int8", "uint8") or x.dtype != "float32" or scale.shape != (plain_w.shape[0],):
+            raise ShapeError(
+                f"ConvNCHWc with a scale takes int8/uint8 levels of a float32 conv and one scale per filter "
+                f"({plain_w.shape[0]}); got {w.dtype} levels and a scale of shape {list(scale.shape)}"
+            )
+        plain_w = TensorType(plain_w.shape, x.dtype)
     (plain,) = _infer_conv([plain_x, plain_w, bias], attrs)
     block = w.shape[-1]
     return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
 
 
-def _conv_nchwc(x, w, bias=None, **attrs):
+def _conv_nchwc(x, w, bias=None, scale=None, **attrs):
     weight = np.moveaxis(w, -1, 1).reshape(unpack_weight(w.shape))
+    if scale is not None:
+        weight = weight.astype(np.float32) * scale.astype(np.float32).reshape(-1, *[1] * (weight.ndim - 1))
     return block_channels(_conv(unblock_channels(x), weight, bias, **attrs), w.shape[-1])
 
 
