@@ -298,6 +298,8 @@ def _quantized(name: str, mode: str, folder) -> onnx.ModelProto:
         ("bert_tiny", "qop", "llvm"),
         ("bert_tiny", "dynamic", "wasm"),
         ("bert_tiny", "q4", "llvm"),
+        ("resnet50_bottleneck", "qdq", "llvm"),
+        ("dwconv_block", "qdq", "wasm"),
     ],
 )
 def test_quantized_zoo_models_match_onnxruntime(name, mode, target, tmp_path):
@@ -355,3 +357,15 @@ def test_float16_weights_are_widened_in_the_kernel():
     assert _packed_weights(model) == ["float16"]
     _compare(model, {"x": RNG.standard_normal((7, 96)).astype(np.float32)}, 1e-4)
     _compare(model, {"x": RNG.standard_normal((7, 96)).astype(np.float32)}, 1e-4, target="wasm")
+
+
+def test_quantized_conv_weights_stay_narrow(tmp_path):
+    """A QDQ convnet's per-filter int8 weights are packed as int8 for the blocked conv, scaled in its epilogue."""
+    from compiler.frontend import load_onnx
+    from compiler.passes.pipeline import optimize
+    from compiler.target import Target
+
+    model = _quantized("resnet50_bottleneck", "qdq", tmp_path)
+    graph = optimize(load_onnx(model), fuse=False, target=Target.parse("llvm"))
+    convs = [node for node in graph.nodes if node.op == "ConvNCHWc"]
+    assert convs and all(node.inputs[1].type.dtype == "int8" and len(node.inputs) == 4 for node in convs)
