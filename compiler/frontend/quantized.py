@@ -28,6 +28,7 @@ from onnx import AttributeProto
 
 from compiler.errors import ModelError, ShapeError, UnsupportedOpError
 from compiler.graph.ir import Value
+from compiler.graph.registry import get_op
 
 CONTRIB_DOMAIN = "com.microsoft"
 
@@ -82,16 +83,68 @@ class Builder:
     def requantize(self, accumulator: Value, multiplier: Value, zero_point: Value | None, output: str) -> Value:
         """QuantizeLinear(accumulator * multiplier, 1, zero_point): round half to even, shift, saturate."""
         scaled = self.op("Mul", [accumulator, multiplier])
-        one = self.const(1.0)
-        inputs = [scaled, one] if zero_point is None else [scaled, one, self.op("Reshape", [zero_point], {"shape": ()})]
-        return self.op("QuantizeLinear", inputs, {}, output)
+        zero = None if zero_point is None else self.op("Reshape", [zero_point], {"shape": ()})
+        return self.quantize(scaled, self.const(1.0), zero, output)
 
-    def dequantize(self, x: Value, scale: Value, zero_point: Value | None) -> Value:
-        return self.op("DequantizeLinear", [x, scale] if zero_point is None else [x, scale, zero_point])
-
-    def quantize(self, x: Value, scale: Value, zero_point: Value | None, output: str) -> Value:
+    def dequantize(self, x: Value, scale: Value, zero_point: Value | None, attrs=None, output=None) -> Value:
+        """DequantizeLinear; of an activation with one scale, as the elementwise ops it is (x - zero) * scale, which
+        every layout and epilogue takes, where the op's per-axis form is an injective stage of its own. A weight
+        (a param) keeps the op, so that a kernel may read it narrow."""
         inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
-        return self.op("QuantizeLinear", inputs, {}, output)
+        attrs = attrs or {}
+        (wanted,) = get_op("DequantizeLinear").infer([v.type for v in inputs], attrs)  # its checks, in one place
+        if x in self.params or not _one_scale(scale, zero_point):
+            return self.op("DequantizeLinear", inputs, attrs, output)
+        value = self.shifted_scalar(x, zero_point)
+        scale = self.op("Reshape", [self.float32(scale)], {"shape": ()})
+        if wanted.dtype == "float32":
+            return self.op("Mul", [value, scale], {}, output)
+        return self.op("Cast", [self.op("Mul", [value, scale])], {"to": wanted.dtype}, output)
+
+    def quantize(self, x: Value, scale: Value, zero_point: Value | None, output: str | None, attrs=None) -> Value:
+        """QuantizeLinear; with one scale, the elementwise ops it is: saturate(round(x / scale) + zero), in float32
+        (Round is half to even), then cast to the integer type, which fuse into the producer's epilogue."""
+        inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
+        attrs = attrs or {}
+        (wanted,) = get_op("QuantizeLinear").infer([v.type for v in inputs], attrs)
+        if x in self.params or not _one_scale(scale, zero_point):
+            return self.op("QuantizeLinear", inputs, attrs, output)
+        levels = self.op(
+            "Round", [self.op("Div", [self.float32(x), self.op("Reshape", [self.float32(scale)], {"shape": ()})])]
+        )
+        if zero_point is not None:
+            levels = self.op("Add", [levels, self.op("Reshape", [self.float32(zero_point)], {"shape": ()})])
+        limits = np.iinfo(wanted.dtype)
+        levels = self.op("Clip", [levels], {"min": float(limits.min), "max": float(limits.max)})
+        return self.op("Cast", [levels], {"to": wanted.dtype}, output)
+
+    def shifted_scalar(self, x: Value, zero_point: Value | None) -> Value:
+        value = self.float32(x)
+        if zero_point is None:
+            return value
+        return self.op("Sub", [value, self.op("Reshape", [self.float32(zero_point)], {"shape": ()})])
+
+
+def _one_scale(scale: Value, zero_point: Value | None) -> bool:
+    return scale.type.size == 1 and (zero_point is None or zero_point.type.size == 1)
+
+
+def _quantize_node(b: Builder, inputs, attrs, outputs):
+    x, scale, zero = (*inputs, None)[:3]
+    _checked_scale(b, scale)
+    b.quantize(x, scale, zero, outputs[0], attrs)
+
+
+def _dequantize_node(b: Builder, inputs, attrs, outputs):
+    x, scale, zero = (*inputs, None)[:3]
+    _checked_scale(b, scale)
+    b.dequantize(x, scale, zero, attrs, outputs[0])
+
+
+def _checked_scale(b: Builder, scale: Value) -> None:
+    array = b.value(scale)
+    if array is not None:
+        check_scale(array, f"the scale {scale.name!r}")
 
 
 def _per_tensor(value: Value | None, what: str) -> None:
@@ -378,6 +431,8 @@ _POOL = {
 
 # ONNX ops: their schemas check attributes and types.
 REWRITES: dict[str, Rewrite] = {
+    "QuantizeLinear": Rewrite(_quantize_node, (2, 3)),
+    "DequantizeLinear": Rewrite(_dequantize_node, (2, 3)),
     "MatMulInteger": Rewrite(_matmul_integer, (2, 4)),
     "ConvInteger": Rewrite(_conv_integer, (2, 4)),
     "QLinearMatMul": Rewrite(_qlinear_matmul, (8, 8)),
@@ -387,6 +442,8 @@ REWRITES: dict[str, Rewrite] = {
 
 # com.microsoft ops, which onnx.defs does not describe: their inputs and attributes are checked here.
 CONTRIB_REWRITES: dict[str, Rewrite] = {
+    "QuantizeLinear": Rewrite(_quantize_node, (2, 3)),
+    "DequantizeLinear": Rewrite(_dequantize_node, (2, 3)),
     "QLinearAdd": Rewrite(_around("Add", 2), (7, 8)),
     "QLinearMul": Rewrite(_around("Mul", 2), (7, 8)),
     "QLinearGlobalAveragePool": Rewrite(_around("GlobalAveragePool"), (4, 5), {"channels_last": _INT}),
