@@ -129,7 +129,8 @@ def compile_checked(label: str, path: Path, feeds: dict, range_tolerance: float)
             f"unoptimised sessions differ by ({own:.3g})",
             flush=True,
         )
-    print(f"{label}: compiled for llvm in {seconds:.1f} s; outputs agree with onnxruntime's", flush=True)
+    else:
+        print(f"{label}: compiled for llvm in {seconds:.1f} s; outputs agree with onnxruntime's", flush=True)
     return module, seconds
 
 

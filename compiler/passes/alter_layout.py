@@ -27,6 +27,7 @@ from compiler.graph.ops.dense import pack_dense_weight, pack_nibbles
 from compiler.graph.ops.quantize import quantization_axis
 from compiler.graph.ops.resize import ASPECT_POLICIES, attr_string, resize_plan
 from compiler.graph.ops.transform import pad_widths, slice_plan
+from compiler.graph.registry import get_op
 from compiler.target import Target
 
 # channels per block, by the target's vector width in bytes (measured on mobilenet_v2 and resnet18, 1 thread): one
@@ -49,6 +50,8 @@ DENSE_PANEL_COLUMNS = {64: 64, 32: 16, 16: 8}
 UNARY_OPS = (
     *("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu", "Gelu"),
     *("Softplus", "Softsign", "Exp", "Neg", "Abs", "Sqrt", "Reciprocal", "Erf", "Identity"),
+    # a per-tensor quantization's steps (compiler/frontend/quantized.py): x / scale, rounded, shifted, cast
+    *("Round", "Floor", "Ceil", "Cast"),
 )
 BINARY_OPS = ("Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu")
 # ops that can make an infinity or a NaN of the finite values in padded channels (0 / 0), which a conv's zero
@@ -191,16 +194,17 @@ def _weight_groups(graph: Graph, dequantize: Node, transposed: bool) -> tuple:
     return np.ascontiguousarray(scale), None if zero is None else np.ascontiguousarray(zero), block
 
 
-def packs_dense(node: Node) -> bool:
-    """Whether pack_dense makes `node` a MatMulPacked once its B is a param (or a narrow one widened): a MatMul of a
-    float32 A of more than one row by a 2-D float32 B, or a Gemm of that kind (transA 0, alpha 1, beta 1). The weights
+def packs_dense(node: Node, narrow: bool = False) -> bool:
+    """Whether pack_dense makes `node` a MatMulPacked once its B is a param (or, `narrow`, a narrow one widened): a
+    MatMul of a float32 A of more than one row (of any rows for a narrow B, which a single row then streams at a
+    quarter or half the bytes) by a 2-D float32 B, or a Gemm of that kind (transA 0, alpha 1, beta 1). The weights
     pass (passes/half_weights.py) asks the same before it stores a B as float16."""
     if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or len(node.outputs) != 1:
         return False
     a, weight = node.inputs[:2]
     if a is None or weight is None or a.type.dtype != "float32" or weight.type.dtype != "float32":
         return False
-    if len(weight.type.shape) != 2 or len(a.type.shape) < 2 or math.prod(a.type.shape[:-1]) < 2:
+    if len(weight.type.shape) != 2 or len(a.type.shape) < 2 or (math.prod(a.type.shape[:-1]) < 2 and not narrow):
         return False
     if node.op == "Gemm":
         attrs = node.attrs
@@ -213,30 +217,33 @@ def packs_dense(node: Node) -> bool:
 
 def _dense_weight(graph: Graph, node: Node, producers: dict) -> Value | None:
     """The B of a MatMul or Gemm that pack_dense packs (a float32 param, or a narrow one widened), else None."""
-    if not packs_dense(node):
-        return None
-    weight = node.inputs[1]
-    if weight not in graph.params and not _narrow_weight(graph, producers.get(weight)):
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    narrow = weight is not None and weight not in graph.params and _narrow_weight(graph, producers.get(weight))
+    if not packs_dense(node, narrow) or (weight not in graph.params and not narrow):
         return None
     return weight
 
 
 def _narrow_conv_weight(graph: Graph, producer: Node | None) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(levels, one float32 scale per filter) of a conv weight that is a DequantizeLinear of int8/uint8 param levels
-    with a per-tensor or per-filter scale and no zero point (or zeros: the symmetric weights quantizers write), else
-    (None, None)."""
-    if producer is None or producer.op != "DequantizeLinear" or not _narrow_weight(graph, producer):
+    with a per-tensor or per-filter scale and no zero point (or zeros: the symmetric weights quantizers write);
+    (float32 weight, None) of any other weight computed from params alone; (None, None) otherwise."""
+    if producer is None or not all(value is None or value in graph.params for value in producer.inputs):
         return None, None
-    levels, scale = (graph.params[value] for value in producer.inputs[:2])
-    zero = graph.params[producer.inputs[2]] if len(producer.inputs) > 2 and producer.inputs[2] is not None else None
-    if zero is not None and np.any(zero):
-        return None, None
-    granularity, axis, _ = quantization_axis(
-        producer.inputs[0].type, producer.inputs[1].type, producer.attrs, "DequantizeLinear"
-    )
-    if granularity == "block" or (granularity == "axis" and axis != 0):
-        return None, None
-    return levels, np.broadcast_to(scale.astype(np.float32).reshape(-1), (levels.shape[0],)).copy()
+    if producer.op == "DequantizeLinear" and _narrow_weight(graph, producer):
+        levels, scale = (graph.params[value] for value in producer.inputs[:2])
+        zero = graph.params[producer.inputs[2]] if len(producer.inputs) > 2 and producer.inputs[2] is not None else None
+        granularity, axis, _ = quantization_axis(
+            producer.inputs[0].type, producer.inputs[1].type, producer.attrs, "DequantizeLinear"
+        )
+        symmetric = zero is None or not np.any(zero)
+        if symmetric and granularity != "block" and (granularity == "tensor" or axis == 0):
+            return levels, np.broadcast_to(scale.astype(np.float32).reshape(-1), (levels.shape[0],)).copy()
+    # any other weight computed from params (kept narrow for a kernel that could not take it): widened here, so the
+    # conv is blocked as a float32 param's would be
+    arrays = [None if value is None else graph.params[value] for value in producer.inputs]
+    (array,) = get_op(producer.op).run_reference(arrays, producer.attrs)[:1]
+    return np.asarray(array, dtype=np.float32), None
 
 
 def _narrow_weight(graph: Graph, producer: Node | None) -> bool:
@@ -642,7 +649,7 @@ class _Rewriter:
         block = self._block_for(shape[1]) if len(shape) in (3, 4) else 0
         if not block or not any((value, block) in self.blocked for value in operands):
             return False
-        if shape[1] % block and node.op in UNSAFE_ON_PADDING:
+        if shape[1] % block and node.op in UNSAFE_ON_PADDING and not self._nonzero_divisor(node):
             return False
         activations = [value not in self.graph.params and _broadcasts_per_channel(value, shape) for value in operands]
         if not all(active or self._channel_param(value, shape) for value, active in zip(operands, activations)):
@@ -653,6 +660,11 @@ class _Rewriter:
         ]
         self._replace(node, node.op, inputs, dict(node.attrs), block)
         return True
+
+    def _nonzero_divisor(self, node: Node) -> bool:
+        """A Div by a param without zeros (a quantization's scale) keeps padded channels' zeros zero."""
+        divisor = self.graph.params.get(node.inputs[1]) if node.op == "Div" and len(node.inputs) > 1 else None
+        return divisor is not None and bool(np.all(divisor != 0))
 
     def _channel_param(self, value: Value, shape: tuple[int, ...]) -> bool:
         """Whether a param operand broadcast against NCHW (or NCW) `shape` has a blocked form: a scalar, or per

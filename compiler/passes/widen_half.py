@@ -4,7 +4,7 @@ A float16 model (onnxruntime's converter, a `model_fp16.onnx`) computes every op
 float16 arithmetic: a float16 op widens each element to float32, computes, and rounds back, at every step, and its
 kernels read and write half the bytes but run 1.5-3x slower than the float32 model's (benchmarks/quantized.py on
 BERT-base, DistilBERT, ResNet-50 and MobileNetV3). This pass makes every float16 value inside the graph float32:
-- a float16 param read as a MatMul, Gemm or Conv weight of at least registry.DECOMPRESS_MIN_ELEMENTS elements becomes
+- a float16 param read as a MatMul or Gemm weight of at least registry.DECOMPRESS_MIN_ELEMENTS elements becomes
   Cast(float16 param), the narrow weight that pack_dense keeps float16 in the bundle and the kernel widens as it
   reads (a param also read elsewhere is widened for those readers at compile time); smaller params are widened;
 - a float16 graph input is widened by a Cast after it, a float16 graph output rounded by a Cast before it;
@@ -24,8 +24,8 @@ from compiler.target import Target
 __all__ = ["widen_half"]
 
 HALF, FULL = "float16", "float32"
-# the ops whose input 1 is a weight a CPU kernel can read narrow (passes/fold_constants.py, NARROW_WEIGHT_READERS)
-WEIGHT_READERS = ("MatMul", "Gemm", "Conv")
+# the ops whose input 1 is a weight a CPU kernel can read float16 (pack_dense); a conv's is widened at compile time
+WEIGHT_READERS = ("MatMul", "Gemm")
 # attributes that name a dtype
 DTYPE_ATTRIBUTES = {"Cast": "to"}
 

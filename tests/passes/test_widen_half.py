@@ -27,7 +27,7 @@ def test_a_float16_transformer_computes_in_float32_with_float16_dense_weights():
     assert _half_values(graph) == []
     assert [v.type.dtype for v in graph.inputs] == ["float16"] and graph.outputs[0].type.dtype == "float16"
     packed = [node.inputs[1].type.dtype for node in graph.nodes if node.op == "MatMulPacked"]
-    assert packed == ["float16"] * 12
+    assert packed == ["float16"] * 13  # the 12 projections and the single-row pooler
 
 
 def test_a_graph_without_float16_is_returned_unchanged():
