@@ -70,10 +70,8 @@ class Builder:
                 zero = self.op("Reshape", [zero], {"shape": zero_shape})
             return self.op("Sub", [result, zero])
         if zero_point is None or zero_point.type.size == 1:
-            inputs = [x, self.const(1.0)]
-            if zero_point is not None:
-                inputs.append(self.op("Reshape", [zero_point], {"shape": ()}))
-            return self.op("DequantizeLinear", inputs)
+            zero = None if zero_point is None else self.op("Reshape", [zero_point], {"shape": (1,)})
+            return self.dequantize(x, self.const([1.0]), zero)
         (position,) = [k for k, size in enumerate(zero_shape) if size != 1]
         count = zero_shape[position]
         zero = self.op("Reshape", [zero_point], {"shape": (count,)})
@@ -83,8 +81,8 @@ class Builder:
     def requantize(self, accumulator: Value, multiplier: Value, zero_point: Value | None, output: str) -> Value:
         """QuantizeLinear(accumulator * multiplier, 1, zero_point): round half to even, shift, saturate."""
         scaled = self.op("Mul", [accumulator, multiplier])
-        zero = None if zero_point is None else self.op("Reshape", [zero_point], {"shape": ()})
-        return self.quantize(scaled, self.const(1.0), zero, output)
+        zero = None if zero_point is None else self.op("Reshape", [zero_point], {"shape": (1,)})
+        return self.quantize(scaled, self.const([1.0]), zero, output)
 
     def dequantize(self, x: Value, scale: Value, zero_point: Value | None, attrs=None, output=None) -> Value:
         """DequantizeLinear; of an activation with one scale, as the elementwise ops it is (x - zero) * scale, which
@@ -96,7 +94,7 @@ class Builder:
         if x in self.params or not _one_scale(scale, zero_point):
             return self.op("DequantizeLinear", inputs, attrs, output)
         value = self.shifted_scalar(x, zero_point)
-        scale = self.op("Reshape", [self.float32(scale)], {"shape": ()})
+        scale = self.scalar(scale, x)
         if wanted.dtype == "float32":
             return self.op("Mul", [value, scale], {}, output)
         return self.op("Cast", [self.op("Mul", [value, scale])], {"to": wanted.dtype}, output)
@@ -109,11 +107,9 @@ class Builder:
         (wanted,) = get_op("QuantizeLinear").infer([v.type for v in inputs], attrs)
         if x in self.params or not _one_scale(scale, zero_point):
             return self.op("QuantizeLinear", inputs, attrs, output)
-        levels = self.op(
-            "Round", [self.op("Div", [self.float32(x), self.op("Reshape", [self.float32(scale)], {"shape": ()})])]
-        )
+        levels = self.op("Round", [self.op("Div", [self.float32(x), self.scalar(scale, x)])])
         if zero_point is not None:
-            levels = self.op("Add", [levels, self.op("Reshape", [self.float32(zero_point)], {"shape": ()})])
+            levels = self.op("Add", [levels, self.scalar(zero_point, x)])
         limits = np.iinfo(wanted.dtype)
         levels = self.op("Clip", [levels], {"min": float(limits.min), "max": float(limits.max)})
         return self.op("Cast", [levels], {"to": wanted.dtype}, output)
@@ -122,7 +118,13 @@ class Builder:
         value = self.float32(x)
         if zero_point is None:
             return value
-        return self.op("Sub", [value, self.op("Reshape", [self.float32(zero_point)], {"shape": ()})])
+        return self.op("Sub", [value, self.scalar(zero_point, x)])
+
+    def scalar(self, value: Value, like: Value) -> Value:
+        """A one-element value in float32, shaped to broadcast against `like` without changing its shape: (1,), or ()
+        for a scalar `like`. Never (), for a tensor, because a value computed at run time (a scale that is a graph
+        input) then makes a kernel of one element, which GPU targets need an axis to run."""
+        return self.op("Reshape", [self.float32(value)], {"shape": (1,) if like.type.shape else ()})
 
 
 def _one_scale(scale: Value, zero_point: Value | None) -> bool:
@@ -192,7 +194,7 @@ def _multiplier(b: Builder, scales: list[tuple[Value, tuple | None]], y_scale: V
             scale = b.op("Reshape", [scale], {"shape": shape})
         product = scale if product is None else b.op("Mul", [product, scale])
     if y_scale is not None:
-        product = b.op("Div", [product, b.op("Reshape", [b.float32(y_scale)], {"shape": ()})])
+        product = b.op("Div", [product, b.op("Reshape", [b.float32(y_scale)], {"shape": (1,)})])
     return product
 
 
