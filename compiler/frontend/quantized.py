@@ -1,4 +1,4 @@
-"""The quantized forms that are not QDQ, rewritten at import into QuantizeLinear, DequantizeLinear and float ops.
+"""Quantized models' ops, rewritten at import into QuantizeLinear, DequantizeLinear and float ops.
 
 onnxruntime's quantizer writes three forms besides QDQ, and the graph keeps one: an integer product is a float op on
 zero-point-shifted integers (exact: every product and partial sum of 8-bit operands is an integer that float32 holds
@@ -6,6 +6,9 @@ exactly while it stays below 2**24 in magnitude, which a sum of K products of at
 513, and for far longer sums of real data), then a requantization (a multiply by scale_a * scale_b / scale_y and a
 QuantizeLinear with scale 1: round half to even, add the zero point, saturate), as onnxruntime's kernels compute it.
 
+- QuantizeLinear and DequantizeLinear themselves: per tensor on an activation, the elementwise ops they are (x /
+  scale rounded, shifted, clipped, cast; (x - zero) * scale), which fuse into epilogues and flow through blocked
+  layouts; on a weight or per axis or block, the ops (a weight stays narrow: passes/alter_layout.py).
 - QOperator form: QLinearConv, QLinearMatMul (ONNX); QLinearAdd, QLinearMul, QLinearGlobalAveragePool,
   QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QGemm (com.microsoft).
 - Integer ops of dynamic quantization: DynamicQuantizeLinear, MatMulInteger, ConvInteger.

@@ -56,15 +56,20 @@ def _same_layout(zero_point: TensorType, scale: TensorType) -> bool:
     return zero_point.size == scale.size == 1 and len(zero_point.shape) <= 1 and len(scale.shape) <= 1
 
 
-def _infer_dequantize(types, attrs):
-    x, scale, zero_point = op_inputs("DequantizeLinear", types, 2, 3)
-    if x.dtype not in QUANTIZED_DTYPES:
+def _operands(op: str, types, x_dtypes: tuple[str, ...]):
+    """(x, scale, zero point) of a (de)quantization, x of one of `x_dtypes` and the scale float."""
+    x, scale, zero_point = op_inputs(op, types, 2, 3)
+    if x.dtype not in x_dtypes:
         raise UnsupportedOpError(
-            f"DequantizeLinear of {x.dtype} is not supported; Tessel dequantizes {', '.join(QUANTIZED_DTYPES)}",
-            {"DequantizeLinear": []},
+            f"{op} of {x.dtype} is not supported; Tessel's {op} takes {', '.join(x_dtypes)}", {op: []}
         )
     if scale.dtype not in SCALE_DTYPES:
-        raise ShapeError(f"DequantizeLinear: the scale must be float32 or float16, not {scale.dtype}")
+        raise ShapeError(f"{op}: the scale must be float32 or float16, not {scale.dtype}")
+    return x, scale, zero_point
+
+
+def _infer_dequantize(types, attrs):
+    x, scale, zero_point = _operands("DequantizeLinear", types, QUANTIZED_DTYPES)
     if zero_point is not None and (zero_point.dtype != x.dtype or not _same_layout(zero_point, scale)):
         raise ShapeError(
             f"DequantizeLinear: the zero point must have x's dtype ({x.dtype}) and the scale's shape "
@@ -119,14 +124,7 @@ def quantize_dtype(zero_point_dtype: str | None, output_dtype: str | None) -> st
 
 
 def _infer_quantize(types, attrs):
-    x, scale, zero_point = op_inputs("QuantizeLinear", types, 2, 3)
-    if x.dtype not in SCALE_DTYPES:
-        raise UnsupportedOpError(
-            f"QuantizeLinear of {x.dtype} is not supported; Tessel quantizes float32 and float16",
-            {"QuantizeLinear": []},
-        )
-    if scale.dtype not in SCALE_DTYPES:
-        raise ShapeError(f"QuantizeLinear: the scale must be float32 or float16, not {scale.dtype}")
+    x, scale, zero_point = _operands("QuantizeLinear", types, SCALE_DTYPES)
     dtype = quantize_dtype(zero_point.dtype if zero_point is not None else None, attrs.get("output_dtype"))
     if dtype not in QUANTIZE_DTYPES:
         raise UnsupportedOpError(
