@@ -109,8 +109,9 @@ def matmul(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]
 def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     """A by a weight packed into column panels (compiler/graph/ops/dense.py, pack_dense_weight): column j of B is lane
     j % panel of panel j // panel, so a schedule that tiles the columns by the panel reads each panel at unit stride.
-    A narrow weight (int8/uint8 levels, float16) is widened element by element as the product reads it, its levels
-    shifted by the zero point and scaled by the scale of their group of k (inputs 3 and 4, packed alike)."""
+    A narrow weight (int8/uint8 levels, 4-bit levels two a byte, float16) is widened element by element as the
+    product reads it, its levels shifted by the zero point (input 3, packed as B) and scaled (input 2): a scale per
+    block of k as each element is read, a scale per column once per output."""
     a, w, scale, zero = (*inputs, None, None)[:4]
     shape = output_types[0].shape
     acc = accumulator(a.dtype)

@@ -47,8 +47,14 @@ _SCHEMA_TYPES = {
     "bool": "tensor(bool)",
 }
 
+# 4-bit integer tensors, two values a byte in the file: read as the 8-bit type that holds their values (an initializer
+# only: a DequantizeLinear's levels, which pack_dense stores two a byte again). No graph input or output has them.
+PACKED_4BIT = {TensorProto.INT4: "int8", TensorProto.UINT4: "uint8"}
+
 # The field a TensorProto keeps its values in when it has no raw_data, per dtype (onnx.proto's comments).
 _VALUE_FIELDS = {
+    TensorProto.INT4: "int32_data",
+    TensorProto.UINT4: "int32_data",
     TensorProto.FLOAT: "float_data",
     TensorProto.FLOAT16: "int32_data",
     TensorProto.DOUBLE: "double_data",
@@ -192,7 +198,8 @@ def dtype_name(elem_type: int, what: str) -> str:
 
 def check_tensor(tensor: TensorProto, what: str) -> None:
     """A dense tensor that numpy_helper.to_array reads exactly: known dtype, dims >= 0, data as long as its dims."""
-    dtype = dtype_name(tensor.data_type, what)
+    packed = tensor.data_type in PACKED_4BIT
+    dtype = PACKED_4BIT[tensor.data_type] if packed else dtype_name(tensor.data_type, what)
     shape = check_shape(tensor.dims, dtype, what)
     if tensor.data_location == TensorProto.EXTERNAL:
         raise ModelError(
@@ -201,6 +208,8 @@ def check_tensor(tensor: TensorProto, what: str) -> None:
     if tensor.HasField("segment"):
         raise ModelError(f"{what} is a segment of a larger tensor, which Tessel does not read; export it whole")
     count = int(np.prod(shape, dtype=object))
+    if packed:  # two values a byte (raw_data) or a value of int32_data
+        count = (count + 1) // 2
     if tensor.HasField("raw_data"):
         expected, got, unit = count * np.dtype(dtype).itemsize, len(tensor.raw_data), "bytes of raw_data"
     else:

@@ -238,7 +238,9 @@ def _default_opset(proto: onnx.ModelProto) -> int:
 
 def _tensor_array(tensor: TensorProto, what: str) -> np.ndarray:
     checks.check_tensor(tensor, what)
-    return numpy_helper.to_array(tensor)
+    array = numpy_helper.to_array(tensor)
+    widened = checks.PACKED_4BIT.get(tensor.data_type)
+    return array.astype(widened) if widened else array
 
 
 def _sparse_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:

@@ -149,12 +149,17 @@ def _packed_weight(graph: Graph, weight: Value, producer: Node | None, panel: in
         return [graph.add_param(f"{name}_panels{panel}", packed), 0, 8]
     levels = graph.params[producer.inputs[0]]
     levels = pack_dense_weight(levels.T if transposed else levels, panel)
-    # uint8 levels that all fit 4 bits (a 4-bit quantizer's, as MatMulNBits unpacks them) are stored two a byte
-    bits = 4 if producer.op == "DequantizeLinear" and levels.dtype == np.uint8 and levels.max(initial=0) < 16 else 8
-    parts = [graph.add_param(f"{name}_panels{panel}", pack_nibbles(levels) if bits == 4 else levels)]
     if producer.op == "Cast":
-        return [*parts, 0, 8]
+        return [graph.add_param(f"{name}_panels{panel}", levels), 0, 8]
+    # levels that all fit 4 bits (a 4-bit quantizer's: MatMulNBits' as unpacked, an int4 or uint4 initializer's) are
+    # stored two a byte, signed ones offset by 8 (and their zero point with them)
+    offset = 8 if levels.dtype == np.int8 and levels.size and -8 <= levels.min() and levels.max() <= 7 else 0
+    bits = 4 if offset or (levels.dtype == np.uint8 and levels.max(initial=0) < 16) else 8
+    stored = pack_nibbles((levels.astype(np.int16) + offset).astype(np.uint8)) if bits == 4 else levels
+    parts = [graph.add_param(f"{name}_panels{panel}", stored)]
     scale, zero, block = _weight_groups(graph, producer, transposed)
+    if offset:
+        zero = (np.zeros(scale.shape, np.int16) if zero is None else zero.astype(np.int16)) + offset
     parts.append(graph.add_param(f"{name}_scale_panels{panel}", pack_dense_weight(scale, panel)))
     if zero is not None and np.any(zero):  # a symmetric weight's zero points (all 0) cost a subtraction for nothing
         parts.append(graph.add_param(f"{name}_zero_panels{panel}", pack_dense_weight(zero, panel)))

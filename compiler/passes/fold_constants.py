@@ -15,7 +15,8 @@ from compiler.graph.registry import decompresses, get_op, worth_folding
 __all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants", "fold_decompressions"]
 
 # The ops that read a weight as their input 1 and whose CPU templates can read it narrow (passes/alter_layout.py:
-# pack_dense, and the blocked conv's per-filter scale): a decompression feeding only these stays a node until the layout passes have run.
+# pack_dense, and the blocked conv's per-filter scale): a decompression feeding only these stays a node until the
+# layout passes have run.
 NARROW_WEIGHT_READERS = ("MatMul", "Gemm", "Conv")
 
 # Ops whose results are not a function of their inputs, so evaluating them once would change the model.
@@ -27,7 +28,7 @@ NONDETERMINISTIC_OPS = frozenset(
 def fold_constants(graph: Graph, keep_narrow_weights: bool = True) -> Graph:
     """Replace each node whose inputs are all params (or a Shape/Size of any value) by params holding its results;
     except, when `keep_narrow_weights`, a decompression of a weight (registry.decompresses) read only as the weight of
-    a MatMul or Gemm, which the layout passes may hand to a kernel that reads the weight narrow."""
+    a MatMul, Gemm or Conv, which the layout passes may hand to a kernel that reads the weight narrow."""
     result = graph.copy()
     readers: dict = {}
     for node in result.nodes:

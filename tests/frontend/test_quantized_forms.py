@@ -370,3 +370,37 @@ def test_quantized_conv_weights_stay_narrow(tmp_path):
     graph = optimize(load_onnx(model), fuse=False, target=Target.parse("llvm"))
     convs = [node for node in graph.nodes if node.op == "ConvNCHWc"]
     assert convs and all(node.inputs[1].type.dtype == "int8" and len(node.inputs) == 4 for node in convs)
+
+
+@pytest.mark.parametrize("elem_type, low, high", [(TensorProto.INT4, -8, 8), (TensorProto.UINT4, 0, 16)])
+def test_int4_weights_dequantized_into_a_matmul(elem_type, low, high):
+    """The standard 4-bit form (opset 21): int4/uint4 initializer levels, blocked scales, DequantizeLinear, MatMul.
+    The file's two-a-byte levels are read as 8-bit ones, then packed two a byte again for the kernel (signed ones
+    offset by 8, their zero point with them)."""
+    rows, inner, columns, block = 5, 128, 64, 32
+    levels = helper.make_tensor("q", elem_type, [inner, columns], RNG.integers(low, high, inner * columns).tolist())
+    scale = numpy_helper.from_array(RNG.uniform(0.01, 0.05, (inner // block, columns)).astype(np.float32), "s")
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "s"], ["w"], axis=0, block_size=block),
+        helper.make_node("MatMul", ["x", "w"], ["out"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "g",
+            [_info("x", TensorProto.FLOAT, [rows, inner])],
+            [_info("out", TensorProto.FLOAT, None)],
+            [levels, scale],
+        ),
+        opset_imports=[helper.make_opsetid("", 21)],
+    )
+    from compiler.frontend import load_onnx
+    from compiler.passes.pipeline import optimize
+    from compiler.target import Target
+
+    graph = optimize(load_onnx(model), fuse=False, target=Target.parse("llvm"))
+    (packed,) = [node for node in graph.nodes if node.op == "MatMulPacked"]
+    assert packed.attrs.get("bits") == 4 and packed.inputs[1].type.shape[1] == inner // 2
+    feeds = {"x": RNG.standard_normal((rows, inner)).astype(np.float32)}
+    _compare(model, feeds, 1e-4)
+    _compare(model, feeds, 1e-4, target="wasm")
