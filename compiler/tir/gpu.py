@@ -172,6 +172,15 @@ class _GpuLowering:
                 Seq(()),
                 {**self.func.attrs, "launch": {"grid": [1, 1, 1], "block": [1, 1, 1]}},
             )
+        if not loops and not any(isinstance(stmt, For) for stmt in walk_stmts(self.func.body)):
+            # a scalar (a 0-d value computed at run time, such as a dynamic quantization's scale): one thread
+            self.check_dtypes()
+            return PrimFunc(
+                self.func.name,
+                self.func.params,
+                self.func.body,
+                {**self.func.attrs, "launch": {"grid": [1, 1, 1], "block": [1, 1, 1]}},
+            )
         if not loops:
             self.fail(
                 "it has no thread-bound loop (a CPU schedule); GPU kernels come from compiler/schedules/gpu.py, "
