@@ -388,7 +388,7 @@ class RunPanel {
 function plainTensors(tensors) {
   const entries = Object.entries(tensors).map(([name, tensor]) => [
     name,
-    { dims: tensor.dims, data: Array.from(tensor.data, Number) },
+    { dims: tensor.dims, data: numbers(tensor) },
   ]);
   return Object.fromEntries(entries);
 }
@@ -397,15 +397,27 @@ function isImageShape(shape) {
   return shape.length === 4 && shape[0] === 1 && (shape[1] === 1 || shape[1] === 3);
 }
 
+// Small non-negative integers (valid token ids, indices and masks) for integer inputs; normal floats for float ones
+// (a float16 input is given as float32, which tessel.js rounds to float16).
+const RANDOM_INTEGERS = { int8: Int8Array, uint8: Uint8Array, int16: Int16Array, int32: Int32Array };
+
 function randomArray(dtype, count, random) {
-  if (dtype === "float32" || dtype === "float64") {
-    const Type = dtype === "float32" ? Float32Array : Float64Array;
+  if (dtype === "float32" || dtype === "float16" || dtype === "float64") {
+    const Type = dtype === "float64" ? Float64Array : Float32Array;
     return Type.from({ length: count }, () => standardNormal(random));
   }
   if (dtype === "int64") return BigInt64Array.from({ length: count }, () => BigInt(Math.floor(random() * 10)));
   if (dtype === "bool") return Uint8Array.from({ length: count }, () => (random() < 0.5 ? 1 : 0));
-  if (dtype === "int32") return Int32Array.from({ length: count }, () => Math.floor(random() * 10));
+  if (dtype in RANDOM_INTEGERS) return RANDOM_INTEGERS[dtype].from({ length: count }, () => Math.floor(random() * 10));
   throw new Error(`the page cannot make random input of dtype ${dtype}`);
+}
+
+/** A tensor's values as numbers: a float16 one given as its bits (no Float16Array in this browser) converted. */
+function numbers(tensor) {
+  if (tensor.dtype === "float16" && tensor.data instanceof Uint16Array) {
+    return Array.from(tessel.float16BitsToFloat32(tensor.data));
+  }
+  return Array.from(tensor.data, Number);
 }
 
 // The usual ImageNet preprocessing for 3-channel models (pixels to 0..1, then per-channel mean and std);
@@ -466,7 +478,7 @@ function outputView(name, tensor) {
   dims.className = "muted mono";
   dims.textContent = `${tensor.dtype}[${tensor.dims.join(", ")}] · top values`;
   title.append(dims);
-  const values = Array.from(tensor.data, Number);
+  const values = numbers(tensor);
   const top = values
     .map((value, index) => ({ value, index }))
     .sort((a, b) => b.value - a.value)

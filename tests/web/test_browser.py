@@ -194,6 +194,45 @@ def test_a_model_with_its_data_file_chosen_together_compiles_and_runs(server, pa
     assert page.is_disabled("#compile-button")
 
 
+def test_random_inputs_of_every_integer_and_half_dtype_run_in_the_page(server, page, tmp_path):
+    """A model of int8, uint8, int16 and float16 inputs and a float16 output: the page makes random inputs of each
+    (a float16 one as float32, which tessel.js rounds) and shows the float16 output as numbers, whether the browser
+    has Float16Array or gives the bits."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [("a", TensorProto.INT8), ("b", TensorProto.UINT8), ("c", TensorProto.INT16), ("h", TensorProto.FLOAT16)]
+    nodes = [helper.make_node("Cast", [name], [f"{name}16"], to=TensorProto.FLOAT16) for name, _ in inputs[:3]]
+    nodes += [
+        helper.make_node("Add", ["a16", "b16"], ["ab"]),
+        helper.make_node("Add", ["ab", "c16"], ["abc"]),
+        helper.make_node("Mul", ["abc", "h"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dtypes",
+        [helper.make_tensor_value_info(name, dtype, [2, 3]) for name, dtype in inputs],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT16, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "dtypes.onnx"
+    onnx.save(model, path)
+    page.goto(f"{server}/?seed=5&backend=wasm")
+    page.wait_for_selector("#targets input[value=wasm]:checked")
+    page.set_input_files("#file-input", str(path))
+    page.click("#compile-button")
+    card = page.wait_for_selector(".result[data-target=wasm]", timeout=90_000)
+    card.query_selector("[data-field=run]").click()
+    page.wait_for_selector(".result [data-field=panel][data-state=done]", timeout=30_000)
+    run = page.evaluate("window.tesselLastRun")
+    dtypes = {"a": np.int8, "b": np.uint8, "c": np.int16, "h": np.float16}
+    feeds = {
+        name: np.array(item["data"]).astype(dtypes[name]).reshape(item["dims"]) for name, item in run["inputs"].items()
+    }
+    expected = _run_onnxruntime(model, feeds)["out"].astype(np.float32)
+    np.testing.assert_allclose(np.array(run["outputs"]["out"]["data"], np.float32), expected.ravel(), rtol=1e-3)
+
+
 def _grey_png(pixels: np.ndarray) -> bytes:
     """An 8-bit greyscale PNG of `pixels` (uint8 [height, width]), written out by hand: no imaging library."""
 
