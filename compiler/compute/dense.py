@@ -125,7 +125,8 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
         varies along k (blocks), scaled."""
         if bits == 4:  # two levels a byte, the even k in the low half
             byte = w[j // panel, k // 2, j % panel].astype("int32")
-            value = te.select(te.equal(k % 2, 1), byte // 16, byte % 16).astype(acc)
+            high = byte / 16  # truncating: the byte is not negative, and no floor's correction is needed
+            value = te.select(te.equal(k % 2, 1), high, byte - high * 16).astype(acc)
         else:
             value = w[j // panel, k, j % panel].astype(acc)
         if scale is not None:
