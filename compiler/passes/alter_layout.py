@@ -110,7 +110,8 @@ def pack_dense(graph: Graph, target: Target) -> Graph:
     A B that is a narrow weight widened (a DequantizeLinear of int8/uint8 levels, a Cast of float16; fold_constants
     kept these) is packed narrow, with its scales and zero points packed beside it, and the kernel widens each
     element as it reads it (compiler/compute/dense.py, matmul_packed): the bundle keeps the narrow bytes.
-    A single row (a classifier's head, a decode step) keeps its MatMul."""
+    A single row (a classifier's head, a decode step) of a float32 weight keeps its MatMul; of a narrow one it is
+    packed too (packs_dense)."""
     result = graph.copy()
     producers = {value: node for node in result.nodes for value in node.outputs}
     packed: dict[tuple, list[Value]] = {}
