@@ -39,6 +39,18 @@ def test_injective_launch_and_guard():
     check_serially(func, args, reference)
 
 
+def test_a_scalar_kernel_runs_as_one_thread():
+    """A 0-d result computed at run time (a dynamic quantization's scale from two reductions' results) has no axis to
+    bind: it is one thread, not a refusal. A kernel with an unbound loop is still refused (test_refusals)."""
+    a = te.placeholder((), name="A")
+    b = te.placeholder((), name="B")
+    c = te.compute((), lambda: (a[()] - b[()]) / 255.0, name="C")
+    schedule = te.create_schedule(c.op)
+    func = lower_gpu(lower(schedule, [a, b, c], "f"), Target.parse("opencl"))
+    assert func.attrs["launch"] == {"grid": [1, 1, 1], "block": [1, 1, 1]}
+    check_serially(func, [a, b, c], lambda x, y: (x - y) / np.float32(255.0))
+
+
 def test_matmul_shared_tiles():
     func, args, reference = gpu_func(matmul_shared(32, tile=16, threads=8))
     assert func.attrs["launch"] == {"grid": [2, 2, 1], "block": [8, 8, 1]}

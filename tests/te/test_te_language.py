@@ -99,6 +99,10 @@ def test_language_errors():
         te.reduce_axis((3, 3), name="r")
     with pytest.raises(TEError, match="use te.all/te.any/te.select"):
         bool(a[0, 0] > 1.0)
+    # == on expressions is Python's identity test: a condition built with it is a bool, refused, not a branch taken
+    with pytest.raises(TEError, match="compare with te.equal"):
+        te.select(a[0, 0] == 1.0, a[0, 0], 0.0)
+    assert te.equal(a[0, 0], 1.0).dtype == "bool"
     with pytest.raises(TEError, match="needs a float expression"):
         te.exp(te.const(1))
     with pytest.raises(TEError, match="must not be negative"):
