@@ -7,8 +7,10 @@ form a mixed-precision converter writes -- so fold_constants keeps the Cast, pac
 the kernel widens each element as it reads it (compute/dense.py, matmul_packed): the bundle holds half the bytes and
 the products and sums stay float32. Hands the pipeline a graph that computes with each such weight rounded to float16.
 
-A weight no kernel would read narrow (a single-row MatMul, a weight also read elsewhere) keeps its float32 bytes
-unrounded: storing it float16 would round it for nothing, since fold_decompressions would widen it back. A weight
+A weight also read elsewhere keeps its float32 bytes unrounded: storing it float16 would round it for nothing, since
+fold_decompressions would widen it back. So does a single-row MatMul's (packs_dense without `narrow`), although
+pack_dense would now pack it narrow (a quantized model's single rows are): storing those float16 too is a choice
+left for a measurement of decode steps. A weight
 with a value beyond float16's range (|w| > 65504) keeps float32 too, with a WeightsWarning naming it.
 """
 
