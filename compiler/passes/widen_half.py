@@ -53,6 +53,8 @@ def widen_half(graph: Graph, target: Target) -> Graph:
             result.params[value] = array  # stays float16: a Cast widens it for its weight readers below
         else:
             result.params[wide(value)] = array.astype(np.float32)
+            if value in graph.outputs:  # a float16 param the model outputs as it is
+                result.params[value] = array
     for value in graph.inputs:
         result.inputs.append(value)
         if value.type.dtype == HALF:

@@ -43,3 +43,23 @@ def test_float16_convnet_weights_are_widened_at_compile_time():
     convs = [node for node in graph.nodes if node.op.startswith("Conv")]
     assert convs and all(node.inputs[1].type.dtype == "float32" for node in convs)
     assert np.dtype(graph.inputs[0].type.dtype) == np.float32
+
+
+def test_a_float16_param_output_as_it_is_stays_defined():
+    """A float16 initializer that is also a graph output keeps its float16 bytes for the output, and its readers
+    read the widened twin."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(6, dtype=np.float16).reshape(2, 3), "table")
+    node = helper.make_node("Add", ["x", "table"], ["sum"])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT16, [2, 3]) for name in ("sum", "table")],
+        [table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    widened = optimize(load_onnx(model.SerializeToString()), fuse=False, target=CPU)
+    assert [value.type.dtype for value in widened.outputs] == ["float16", "float16"]
+    assert _half_values(widened) == []
