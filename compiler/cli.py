@@ -157,10 +157,15 @@ def _configure_inspect(parser: argparse.ArgumentParser) -> None:
     _add_weights(parser)
 
 
+# the dense ops whose weight pack_dense (and integer_dense) packed, with its scales and sums beside it
+PACKED_DENSE = ("MatMulPacked", "MatMulIntegerPacked")
+
+
 def _dense_weights(fused) -> list[tuple[str, str, str, str, int]]:
     """(group, op, stored dtype, K x N, bytes of the weight with its scales and zero points) for each dense kernel of
-    a fused graph whose weight is a param: a MatMulPacked's in the dtype the kernel reads it in, a MatMul's or Gemm's
-    float32 (kernels that read their weight unpacked read float32)."""
+    a fused graph whose weight is a param: a MatMulPacked's in the dtype the kernel reads it in, a
+    MatMulIntegerPacked's as int8 levels, a MatMul's or Gemm's float32 (kernels that read their weight unpacked read
+    float32)."""
     rows = []
     for group in fused.nodes:
         body = group.attrs.get("body")
@@ -168,13 +173,13 @@ def _dense_weights(fused) -> list[tuple[str, str, str, str, int]]:
             continue
         outer = dict(zip(body.inputs, group.inputs, strict=True))
         for member in body.nodes:
-            if member.op not in ("MatMulPacked", "MatMul", "Gemm") or len(member.inputs) < 2:
+            if member.op not in (*PACKED_DENSE, "MatMul", "Gemm") or len(member.inputs) < 2:
                 continue
             arrays = [fused.params.get(outer.get(value)) for value in member.inputs[1:]]
             if arrays[0] is None:  # a product of two activations (attention's), not a weight
                 continue
             weight = arrays[0]
-            if member.op == "MatMulPacked":
+            if member.op in PACKED_DENSE:
                 size = f"{member.inputs[0].type.shape[-1]}x{member.attrs['columns']}"
             elif member.op == "Gemm" and member.attrs.get("transB", 0):
                 size = "x".join(map(str, weight.shape[::-1]))
@@ -183,8 +188,10 @@ def _dense_weights(fused) -> list[tuple[str, str, str, str, int]]:
             dtype = str(weight.dtype)
             if member.attrs.get("bits") == 4:  # pack_dense stores levels that fit 4 bits two a byte
                 dtype += " (4-bit levels)"
+            if member.op == "MatMulIntegerPacked":  # int8 levels four to a word, uint8 activations
+                dtype = "int8 (integer products)"
             stored = sum(
-                array.nbytes for array in arrays[: 1 if member.op != "MatMulPacked" else None] if array is not None
+                array.nbytes for array in arrays[: None if member.op in PACKED_DENSE else 1] if array is not None
             )
             rows.append((group.name, member.op, dtype, size, stored))
     return rows

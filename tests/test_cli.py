@@ -217,25 +217,37 @@ def _quantized_bert_tiny(folder, mode: str):
 
 
 @pytest.mark.parametrize(
-    "mode, stored, count, summary",
+    "mode, op, stored, count, summary",
     [
-        # the single-row pooler's int8 weight is packed too
-        ("dynamic", "int8", 13, "dense weights: 13 int8; params 0.43 MB"),
+        # int8 levels by uint8 activations are integer products (passes/integer_dense.py), the single-row pooler's too
+        (
+            "dynamic",
+            "MatMulIntegerPacked",
+            r"int8 \(integer products\)",
+            13,
+            "dense weights: 13 int8 (integer products); params 0.44 MB",
+        ),
         # MatMulNBits' 4-bit levels are packed two a uint8 byte; the quantizer leaves the pooler's Gemm float
-        ("q4", r"uint8 \(4-bit levels\)", 12, "dense weights: 12 uint8 (4-bit levels), 1 float32; params 0.34 MB"),
+        (
+            "q4",
+            "MatMulPacked",
+            r"uint8 \(4-bit levels\)",
+            12,
+            "dense weights: 12 uint8 (4-bit levels), 1 float32; params 0.34 MB",
+        ),
     ],
 )
 def test_inspect_a_quantized_model_shows_which_groups_read_narrow_weights(
-    mode, stored, count, summary, tmp_path, capsys
+    mode, op, stored, count, summary, tmp_path, capsys
 ):
     path = _quantized_bert_tiny(tmp_path, mode)
     assert main(["inspect", str(path), "--target", "llvm"]) == 0
     out = capsys.readouterr().out
     # with --target the graph itself is the target's: its dense kernels are the packed ones listed
-    assert "= MatMulPacked(" in out[out.index("== graph after passes ==") : out.index("== fused groups")]
+    assert f"= {op}(" in out[out.index("== graph after passes ==") : out.index("== fused groups")]
     section = _dense_weights_section(out)
     assert section[0] == "== dense weights (target llvm) =="
-    narrow = [line for line in section[2:-1] if re.search(rf"MatMulPacked\s+{stored}\s+\d+x\d+\s+[\d,]+$", line)]
+    narrow = [line for line in section[2:-1] if re.search(rf"{op}\s+{stored}\s+\d+x\d+\s+[\d,]+$", line)]
     assert len(narrow) == count, section
     assert section[-1] == summary
 

@@ -1,5 +1,5 @@
 """Tensor-expression computes of the matrix products and attention: Gemm, MatMul (batched too, split-K partials
-for a transposed B), MatMulPacked and Attention (graph/ops/dense.py)."""
+for a transposed B), MatMulPacked, MatMulIntegerPacked and Attention (graph/ops/dense.py)."""
 
 from __future__ import annotations
 
@@ -152,6 +152,34 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
     return [cast(result, a.dtype)]
 
 
+def matmul_integer_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
+    """uint8 A by int8 weights packed four consecutive k to an int32 word (graph/ops/dense.py, pack_byte_words), in
+    column panels as MatMulPacked's: an int32 sum of te.dot_bytes over K / 4 (the machine's integer dot product),
+    then, once per output, A's zero point times the weight's column sum taken off and the column's scale applied:
+    sum((a - zero) * w) * scale = (sum(a * w) - zero * sum(w)) * scale, exact in int32."""
+    a, words, scale, column_sums, zero = (*inputs, None, None)[:5]
+    shape = output_types[0].shape
+    panel = words.shape[-1]
+    k = te.reduce_axis((0, words.shape[1]), "k")
+
+    def body(*index):
+        *rows, j = index
+        activations = [a[(*rows, 4 * k + byte)] for byte in range(4)]
+        return te.sum(te.dot_bytes(activations, words[j // panel, k, j % panel]), axis=k)
+
+    result = te.compute(shape, body, name="dense_packed", tag=tags.DENSE_PACKED)
+
+    def scaled(*index):
+        j = index[-1]
+        value = result[index]
+        if zero is not None:
+            offset = zero[(0,) * zero.ndim].astype("int32") * column_sums[j // panel, 0, j % panel]
+            value = value - offset
+        return value.astype("float32") * scale[j // panel, 0, j % panel]
+
+    return [te.compute(shape, scaled, name="dense_scaled", tag=tags.ELEMWISE)]
+
+
 def attention(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:
     """softmax(Q Kt * scale + mask) V in stages a schedule can make per tile of query rows: the scores
     ("attention_scores"), their row maximum ("attention_max"), the exponentials ("attention_exp"), their row sum
@@ -216,4 +244,5 @@ def attention(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorTy
 set_compute("Gemm", gemm)
 set_compute("MatMul", matmul)
 set_compute("MatMulPacked", matmul_packed)
+set_compute("MatMulIntegerPacked", matmul_integer_packed)
 set_compute("Attention", attention)

@@ -151,6 +151,21 @@ def index_check(index, extent: int) -> Expr:
     return Call("index_check", (index, Const(int(extent), index.dtype)), index.dtype)
 
 
+def dot_bytes(activations, word) -> Expr:
+    """sum(activations[i] * signed byte i of `word`) as int32: four uint8 expressions times the four int8 values packed
+    in an int32 one, lowest byte first, with no rounding or saturation (the largest sum, 4 * 255 * 128, fits 18
+    bits). One instruction of a machine's integer dot product per 32-bit lane (x86's vpdpbusd), where codegen finds
+    one; widening multiplies and pairwise adds elsewhere."""
+    activations = [as_expr(a) for a in activations]
+    word = as_expr(word)
+    if [a.dtype for a in activations] != ["uint8"] * 4 or word.dtype != "int32":
+        raise TEError(
+            "te.dot_bytes takes four uint8 values and one int32 word, got "
+            f"{[a.dtype for a in activations]} and {word.dtype}"
+        )
+    return Call("dot_bytes", (*activations, word), "int32")
+
+
 def abs(x) -> Expr:  # noqa: A001
     x = as_expr(x)
     return Call("abs", (x,), x.dtype)
@@ -190,6 +205,7 @@ __all__ = [
     "compute",
     "const",
     "create_schedule",
+    "dot_bytes",
     "erf",
     "exp",
     "floor",

@@ -219,9 +219,10 @@ class Cast(Expr):
 
 @dataclass(eq=False)
 class Call(Expr):
-    """A math intrinsic (exp, log, sqrt, rsqrt, tanh, sigmoid, erf, floor, ceil, round, abs, pow), or
+    """A math intrinsic (exp, log, sqrt, rsqrt, tanh, sigmoid, erf, floor, ceil, round, abs, pow);
     index_check(index, extent): the index where it lies in [0, extent), else 0 and the model's run reports
-    which call failed (te.index_check)."""
+    which call failed (te.index_check); or dot_bytes(a0, a1, a2, a3, word): four uint8 values times the four signed
+    bytes of an int32 word, summed (te.dot_bytes)."""
 
     INTRINSICS = (
         "exp",
@@ -237,6 +238,7 @@ class Call(Expr):
         "abs",
         "pow",
         "index_check",
+        "dot_bytes",
     )
     name: str
     args: tuple[Expr, ...]

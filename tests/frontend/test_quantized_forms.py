@@ -332,14 +332,18 @@ def _packed_weights(model) -> list[str]:
     from compiler.target import Target
 
     graph = optimize(load_onnx(model), fuse=False, target=Target.parse("llvm"))
-    return sorted(node.inputs[1].type.dtype for node in graph.nodes if node.op == "MatMulPacked")
+    kinds = {"MatMulPacked": "", "MatMulIntegerPacked": " integer"}
+    return sorted(node.inputs[1].type.dtype + kinds[node.op] for node in graph.nodes if node.op in kinds)
 
 
-@pytest.mark.parametrize("mode, dtype, count", [("qdq", "int8", 13), ("dynamic", "int8", 13), ("q4", "uint8", 12)])
+@pytest.mark.parametrize(
+    "mode, dtype, count", [("qdq", "int32 integer", 13), ("dynamic", "int32 integer", 13), ("q4", "uint8", 12)]
+)
 def test_quantized_dense_weights_stay_narrow_in_the_bundle(mode, dtype, count, tmp_path):
     """Every quantized dense weight of bert_tiny is packed in its stored dtype and widened in the kernel, the
     single-row pooler's too (the 4-bit quantizer leaves that Gemm float), so the params are about 0.3x the float
-    model's (its embeddings and norms stay float32)."""
+    model's (its embeddings and norms stay float32). 8-bit ones, whose activations are quantized per tensor to
+    uint8, are integer products over int8 levels packed four to an int32 word (passes/integer_dense.py)."""
     from compiler import zoo
 
     model = _quantized("bert_tiny", mode, tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from compiler.codegen.fast_math import FastMath, intrinsic_suffix
+from compiler.codegen.llvm.dot import DotEmitter
 from compiler.codegen.llvm.exprs import ExprEmitter
 from compiler.codegen.llvm.memory import MemoryEmitter
 from compiler.codegen.llvm.types import (
@@ -91,7 +92,7 @@ class ModuleContext:
         return self.function(f"llvm.{name}.{intrinsic_suffix(ty)}", ty, [ty] * arity)
 
 
-class FunctionEmitter(StmtVisitor, MemoryEmitter, ExprEmitter):
+class FunctionEmitter(StmtVisitor, MemoryEmitter, ExprEmitter, DotEmitter):
     """One visitor over a function body (its statements; its expressions dispatch on `expr_<node>`): `vector_var` is
     set while a vectorized loop is widened, and `lets` keeps each bound variable's expression so index analysis can
     see through it."""

@@ -115,6 +115,12 @@ class ExprEmitter:
         return self.builder.icmp_signed(symbol, left, right)
 
     def expr_binary(self, node: Binary) -> ir.Value:
+        if node.op == "add":
+            # a sum of byte products added to an int32 (a reduction's update) is one instruction on machines with an
+            # integer dot product, which adds into its accumulator
+            for total, term in ((node.a, node.b), (node.b, node.a)):
+                if isinstance(term, Call) and term.name == "dot_bytes" and total.dtype == "int32":
+                    return self.dot_bytes(term, self.expr(total))
         left, right = self.match(self.expr(node.a), self.expr(node.b))
         dtype = node.a.dtype
         if is_float(dtype):
@@ -228,6 +234,8 @@ class ExprEmitter:
             # the index being checked is data (a Gather's indices): computed as plain, wrapping arithmetic
             with self.indexing_as(False):
                 return self.index_check(*self.match(*(self.expr(arg) for arg in node.args)))
+        if node.name == "dot_bytes":
+            return self.dot_bytes(node)
         args = self.match(*(self.expr(arg) for arg in node.args))
         dtype = node.args[0].dtype
         if not is_float(dtype):

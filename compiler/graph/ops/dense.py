@@ -1,5 +1,6 @@
-"""Matrix products and attention: Gemm, MatMul, MatMulPacked (B packed into column panels at compile time) and
-Attention (passes/fuse_attention.py's op)."""
+"""Matrix products and attention: Gemm, MatMul, MatMulPacked (B packed into column panels at compile time),
+MatMulIntegerPacked (uint8 A by int8 weights packed four to a word: passes/integer_dense.py's op) and Attention
+(passes/fuse_attention.py's op)."""
 
 from __future__ import annotations
 
@@ -145,6 +146,63 @@ def _matmul_packed(a, w, scale=None, zero=None, *, columns, block=0, bits=8, **_
 
 
 register_op("MatMulPacked", infer=_infer_matmul_packed, pattern=Pattern.OUT_EWISE_FUSABLE, reference=_matmul_packed)
+
+
+def pack_byte_words(levels: np.ndarray, panel: int) -> np.ndarray:
+    """(K, N) int8 levels, K a multiple of 4 -> (ceil(N / panel), K / 4, panel) int32 words: the word of column j and
+    group g holds the levels of k = 4g .. 4g + 3, lowest byte first, as te.dot_bytes reads them (little-endian, as
+    every CPU target is). Columns past N are zeros."""
+    packed = pack_dense_weight(levels.astype(np.int8), panel)
+    panels, inner, _ = packed.shape
+    grouped = packed.reshape(panels, inner // 4, 4, panel).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(grouped).view("<i4").reshape(panels, inner // 4, panel)
+
+
+def unpack_byte_words(words: np.ndarray, columns: int) -> np.ndarray:
+    """The (K, N) int8 levels of pack_byte_words' words."""
+    panels, groups, panel = words.shape
+    levels = np.ascontiguousarray(words).astype("<i4").view(np.int8).reshape(panels, groups, panel, 4)
+    return unpack_dense_weight(levels.transpose(0, 1, 3, 2).reshape(panels, 4 * groups, panel), columns)
+
+
+def _infer_matmul_integer_packed(types, attrs):
+    a, words, scale, column_sums, zero = op_inputs("MatMulIntegerPacked", types, 3, 5)
+    columns = int(attrs.get("columns", 0))
+    if a.dtype != "uint8" or words.dtype != "int32" or scale.dtype != "float32":
+        raise ShapeError(
+            f"MatMulIntegerPacked takes uint8 A, int32 weight words and float32 scales, got {a.dtype}, {words.dtype} "
+            f"and {scale.dtype}"
+        )
+    if len(a.shape) < 2 or len(words.shape) != 3 or 4 * words.shape[1] != a.shape[-1]:
+        raise ShapeError(
+            f"MatMulIntegerPacked needs A of rank >= 2 and (N / panel, K / 4, panel) weight words with A's K, got "
+            f"{list(a.shape)} and {list(words.shape)}"
+        )
+    if not (words.shape[0] - 1) * words.shape[2] < columns <= words.shape[0] * words.shape[2]:
+        raise ShapeError(
+            f"MatMulIntegerPacked's columns={columns} does not fit its weight's panels {list(words.shape)}"
+        )
+    panels = (words.shape[0], 1, words.shape[2])
+    if scale.shape != panels or (column_sums is not None and column_sums.shape != panels):
+        raise ShapeError(f"MatMulIntegerPacked's scales and column sums must be packed as {list(panels)}")
+    if (column_sums is None) != (zero is None) or (zero is not None and (zero.dtype != "uint8" or zero.size != 1)):
+        raise ShapeError("MatMulIntegerPacked takes A's zero point (one uint8) with its weight's int32 column sums")
+    return [TensorType((*a.shape[:-1], columns), "float32")]
+
+
+def _matmul_integer_packed(a, words, scale, column_sums=None, zero=None, *, columns, **_):
+    accumulator = np.matmul(a.astype(np.int64), unpack_byte_words(words, columns).astype(np.int64))
+    if zero is not None:
+        accumulator -= int(zero.reshape(-1)[0]) * unpack_dense_weight(column_sums, columns).astype(np.int64)
+    return accumulator.astype(np.int32).astype(np.float32) * unpack_dense_weight(scale, columns)
+
+
+register_op(
+    "MatMulIntegerPacked",
+    infer=_infer_matmul_integer_packed,
+    pattern=Pattern.OUT_EWISE_FUSABLE,
+    reference=_matmul_integer_packed,
+)
 
 
 def attention_types(q: TensorType, kt: TensorType, v: TensorType) -> tuple[int, ...]:
