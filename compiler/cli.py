@@ -157,7 +157,7 @@ def _configure_inspect(parser: argparse.ArgumentParser) -> None:
     _add_weights(parser)
 
 
-# the dense ops whose weight pack_dense (and integer_dense) packed, with its scales and sums beside it
+# the dense ops whose weight pack_dense (and integer_products) packed, with its scales and sums beside it
 PACKED_DENSE = ("MatMulPacked", "MatMulIntegerPacked")
 
 

@@ -219,7 +219,7 @@ def _quantized_bert_tiny(folder, mode: str):
 @pytest.mark.parametrize(
     "mode, op, stored, count, summary",
     [
-        # int8 levels by uint8 activations are integer products (passes/integer_dense.py), the single-row pooler's too
+        # int8 levels by uint8 activations are integer products (passes/integer_products.py), the single-row pooler's too
         (
             "dynamic",
             "MatMulIntegerPacked",

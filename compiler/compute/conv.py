@@ -118,13 +118,20 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
     """A 2-D convolution in NCHW[x]c (depthwise, or groups of whole blocks) over a packed weight
     (M / x, C / group, kh, kw, x). The innermost axis of the result is the filter block: a vector over it loads the
     block's weights contiguously and broadcasts one input value (or loads the matching input channels, depthwise)."""
-    x, w, bias, scale = (list(inputs) + [None, None, None])[:4]
-    plain_x, plain_w = blocked_conv_types(type_of(x), type_of(w), attrs)
-    if scale is not None:  # int8/uint8 levels, widened as read and scaled once per output
-        plain_w = TensorType(plain_w.shape, x.dtype)
+    x, w, bias, scale, column_sums, zero = (list(inputs) + [None] * 5)[:6]
+    integer = w.dtype == "int32"  # uint8 input by int8 levels four channels to a word (graph/ops/conv.py)
+    if integer:
+        levels = TensorType((w.shape[0], 4 * w.shape[1], *w.shape[2:]), "int8")
+        plain_x, plain_w = blocked_conv_types(TensorType(x.shape, "float32"), levels, attrs)
+    else:
+        plain_x, plain_w = blocked_conv_types(type_of(x), type_of(w), attrs)
+    if scale is not None:  # int8/uint8 levels, widened as read (or summed in integers) and scaled once per output
+        plain_w = TensorType(plain_w.shape, plain_x.dtype)
     group, window = conv_geometry("ConvNCHWc", plain_x, plain_w, attrs)
-    acc = accumulator(x.dtype)
-    padded = pad_blocked(x, window.pads_begin, window.read_end)
+    acc = accumulator(plain_x.dtype)
+    # the integer form's padding is the zero point: its products are then taken off with the rest (column sums)
+    fill = (zero[(0,) * zero.ndim] if zero is not None else 0) if integer else 0.0
+    padded = pad_blocked(x, window.pads_begin, window.read_end, fill)
     taps = [te.reduce_axis((0, k), f"r{axis}") for axis, k in enumerate(window.kernel)]
     (stride_h, stride_w), (dilation_h, dilation_w) = window.strides, window.dilations
     shape = output_types[0].shape
@@ -147,16 +154,32 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
         group_blocks = x.shape[1] // group
         filter_blocks = shape[1] // group
         channel_outer = te.reduce_axis((0, group_blocks), "rco")
-        channel_inner = te.reduce_axis((0, input_block), "rci")
+        # the integer form sums a word (four channels) a step
+        words = input_block // 4 if integer else input_block
+        channel_inner = te.reduce_axis((0, words), "rci")
 
         def body(n, outer, row, column, inner):
             first = channel_outer if group == 1 else (outer // filter_blocks) * group_blocks + channel_outer
+            weight = w[outer, channel_outer * words + channel_inner, taps[0], taps[1], inner]
+            reduced = [channel_outer, *taps, channel_inner]
+            if integer:
+                inputs = [padded[(n, first, *source(row, column), 4 * channel_inner + byte)] for byte in range(4)]
+                return te.sum(te.dot_bytes(inputs, weight), axis=reduced)
             value = padded[(n, first, *source(row, column), channel_inner)].astype(acc)
-            weight = w[outer, channel_outer * input_block + channel_inner, taps[0], taps[1], inner].astype(acc)
-            return te.sum(value * weight, axis=[channel_outer, *taps, channel_inner])
+            return te.sum(value * weight.astype(acc), axis=reduced)
 
         tag = tags.CONV2D_NCHWC
     result = te.compute(shape, body, name="conv", tag=tag)
+    if integer:
+        integers = result
+
+        def shifted(n, outer, row, column, inner):
+            value = integers[n, outer, row, column, inner]
+            if zero is not None:
+                value = value - zero[(0,) * zero.ndim].astype("int32") * column_sums[outer * block + inner]
+            return value.astype(acc)
+
+        result = te.compute(shape, shifted, name="conv_shifted", tag=tags.BROADCAST)
     if scale is not None:
         result = te.compute(
             shape,
@@ -166,7 +189,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
             name="conv_scaled",
             tag=tags.BROADCAST,
         )
-    return [cast(_blocked_bias(result, bias, block, acc), x.dtype)]
+    return [cast(_blocked_bias(result, bias, block, acc), plain_x.dtype)]
 
 
 def conv_winograd(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorType]) -> list[te.Tensor]:

@@ -16,7 +16,7 @@ from compiler.passes.fold_batchnorm import fold_batchnorm
 from compiler.passes.fold_constants import fold_constants, fold_decompressions
 from compiler.passes.fuse_attention import fuse_attention
 from compiler.passes.fuse_ops import fuse_ops
-from compiler.passes.integer_dense import integer_dense
+from compiler.passes.integer_products import integer_products
 from compiler.passes.narrow_int64 import narrow_int64
 from compiler.passes.simplify import simplify
 from compiler.passes.widen_half import widen_half
@@ -40,7 +40,7 @@ PASSES = [
 # kernels keep the ONNX layout and spread threads over it (gpu_layout), and store int64 tensors as int32 on a device
 # without int64 (narrow_int64: a no-op where the device has it).
 LAYOUT_PASSES: dict[str, list[Callable[[Graph, Target], Graph]]] = {
-    "cpu": [widen_half, fuse_attention, alter_layout, integer_dense, winograd],
+    "cpu": [widen_half, fuse_attention, alter_layout, integer_products, winograd],
     "gpu": [gpu_layout, winograd_gpu, narrow_int64],
 }
 

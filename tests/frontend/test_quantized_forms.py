@@ -343,7 +343,7 @@ def test_quantized_dense_weights_stay_narrow_in_the_bundle(mode, dtype, count, t
     """Every quantized dense weight of bert_tiny is packed in its stored dtype and widened in the kernel, the
     single-row pooler's too (the 4-bit quantizer leaves that Gemm float), so the params are about 0.3x the float
     model's (its embeddings and norms stay float32). 8-bit ones, whose activations are quantized per tensor to
-    uint8, are integer products over int8 levels packed four to an int32 word (passes/integer_dense.py)."""
+    uint8, are integer products over int8 levels packed four to an int32 word (passes/integer_products.py)."""
     from compiler import zoo
 
     model = _quantized("bert_tiny", mode, tmp_path)
@@ -367,7 +367,10 @@ def test_float16_weights_are_widened_in_the_kernel():
 
 
 def test_quantized_conv_weights_stay_narrow(tmp_path):
-    """A QDQ convnet's per-filter int8 weights are packed as int8 for the blocked conv, scaled in its epilogue."""
+    """A QDQ convnet's per-filter int8 weights are packed narrow for the blocked conv, scaled in its epilogue: as
+    int8 levels widened in the kernel where the input has 3 channels (the stem), as int32 words of four input
+    channels' levels, read by integer dot products over the uint8 input, everywhere else
+    (passes/integer_products.py)."""
     from compiler.frontend import load_onnx
     from compiler.passes.pipeline import optimize
     from compiler.target import Target
@@ -375,7 +378,8 @@ def test_quantized_conv_weights_stay_narrow(tmp_path):
     model = _quantized("resnet50_bottleneck", "qdq", tmp_path)
     graph = optimize(load_onnx(model), fuse=False, target=Target.parse("llvm"))
     convs = [node for node in graph.nodes if node.op == "ConvNCHWc"]
-    assert convs and all(node.inputs[1].type.dtype == "int8" and len(node.inputs) == 4 for node in convs)
+    kinds = [(node.inputs[0].type.dtype, node.inputs[1].type.dtype) for node in convs]
+    assert kinds == [("float32", "int8")] + [("uint8", "int32")] * (len(convs) - 1)
 
 
 @pytest.mark.parametrize("elem_type, low, high", [(TensorProto.INT4, -8, 8), (TensorProto.UINT4, 0, 16)])

@@ -200,7 +200,11 @@ def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> t
 
 
 def _infer_conv_nchwc(types, attrs):
-    x, w, bias, scale = op_inputs("ConvNCHWc", types, 2, 4)
+    x, w, bias, scale, column_sums, zero = op_inputs("ConvNCHWc", types, 2, 6)
+    if w.dtype == "int32":
+        return _infer_integer_conv(x, w, bias, scale, column_sums, zero, attrs)
+    if column_sums is not None or zero is not None:
+        raise ShapeError("ConvNCHWc takes column sums and a zero point only with int32 weight words")
     plain_x, plain_w = blocked_conv_types(x, w, attrs)
     if scale is not None:
         # a narrow weight: int8/uint8 levels, widened and scaled per output channel by the kernel
@@ -215,7 +219,54 @@ def _infer_conv_nchwc(types, attrs):
     return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
 
 
-def _conv_nchwc(x, w, bias=None, scale=None, **attrs):
+def _infer_integer_conv(x, w, bias, scale, column_sums, zero, attrs):
+    """A group-1 ConvNCHWc of uint8 activations by int8 levels packed four input channels to an int32 word
+    (pack_conv_words), a scale and column sum per filter, A's zero point: float32 output
+    ((sum of products - zero * column sum) * scale + bias)."""
+    levels = TensorType((w.shape[0], 4 * w.shape[1], *w.shape[2:]), "int8")
+    plain_x, plain_w = blocked_conv_types(x, levels, attrs)
+    filters = (plain_w.shape[0],)
+    if x.dtype != "uint8" or int(attrs.get("group", 1)) != 1 or x.shape[-1] % 4:
+        raise ShapeError(
+            f"ConvNCHWc with int32 weight words takes uint8 input in blocks of a multiple of 4 channels, group 1; "
+            f"got {x.dtype} input {list(x.shape)}, group {attrs.get('group', 1)}"
+        )
+    if scale is None or scale.shape != filters or (column_sums is not None and column_sums.shape != filters):
+        raise ShapeError(f"ConvNCHWc with int32 weight words takes a scale and column sums per filter ({filters[0]})")
+    if (column_sums is None) != (zero is None) or (zero is not None and (zero.dtype != "uint8" or zero.size != 1)):
+        raise ShapeError("ConvNCHWc takes the input's zero point (one uint8) with its weight's int32 column sums")
+    float_x = TensorType(plain_x.shape, "float32")
+    (plain,) = _infer_conv([float_x, TensorType(plain_w.shape, "float32"), bias], attrs)
+    block = w.shape[-1]
+    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+
+
+def pack_conv_words(packed: np.ndarray) -> np.ndarray:
+    """A packed (M/x, C, kh, kw, x) int8 weight, C a multiple of 4 -> (M/x, C/4, kh, kw, x) int32 words, word g
+    holding channels 4g .. 4g + 3 lowest byte first (te.dot_bytes' order)."""
+    blocks, channels, *rest = packed.shape
+    grouped = packed.astype(np.int8).reshape(blocks, channels // 4, 4, *rest)
+    return np.ascontiguousarray(np.moveaxis(grouped, 2, -1)).view("<i4").reshape(blocks, channels // 4, *rest)
+
+
+def unpack_conv_words(words: np.ndarray) -> np.ndarray:
+    """pack_conv_words' packed int8 weight."""
+    levels = np.ascontiguousarray(words).astype("<i4").view(np.int8).reshape(*words.shape, 4)
+    blocks, groups, *rest = words.shape
+    return np.moveaxis(levels, -1, 2).reshape(blocks, 4 * groups, *rest)
+
+
+def _conv_nchwc(x, w, bias=None, scale=None, column_sums=None, zero=None, **attrs):
+    if w.dtype == np.int32:
+        # sum((x - zero) * w): the same as the kernel's sum(x * w) - zero * sum(w) over zero-point padding
+        levels = unpack_conv_words(w)
+        weight = np.moveaxis(levels, -1, 1).reshape(unpack_weight(levels.shape)).astype(np.float64)
+        shifted = unblock_channels(x).astype(np.float64) - (0 if zero is None else float(zero.reshape(-1)[0]))
+        accumulator = _conv(shifted, weight, None, **attrs).astype(np.float32)
+        result = accumulator * scale.astype(np.float32).reshape(1, -1, 1, 1)
+        if bias is not None:
+            result = result + bias.astype(np.float32).reshape(1, -1, 1, 1)
+        return block_channels(result, w.shape[-1])
     weight = np.moveaxis(w, -1, 1).reshape(unpack_weight(w.shape))
     if scale is not None:
         weight = weight.astype(np.float32) * scale.astype(np.float32).reshape(-1, *[1] * (weight.ndim - 1))

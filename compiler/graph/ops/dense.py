@@ -1,5 +1,5 @@
 """Matrix products and attention: Gemm, MatMul, MatMulPacked (B packed into column panels at compile time),
-MatMulIntegerPacked (uint8 A by int8 weights packed four to a word: passes/integer_dense.py's op) and Attention
+MatMulIntegerPacked (uint8 A by int8 weights packed four to a word: passes/integer_products.py's op) and Attention
 (passes/fuse_attention.py's op)."""
 
 from __future__ import annotations
