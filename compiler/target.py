@@ -94,6 +94,12 @@ GPU_KINDS = {"webgpu": ("webgpu", _WEBGPU), "opencl": ("spir64", _OPENCL), "cuda
 _CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 
 
+# A kernel's local buffer up to this size lives on the stack; a larger one in a buffer kept between calls (the heap
+# natively, a static array in wasm: codegen/llvm/memory.py). Schedules read it to keep a parallel task's buffers on
+# the stack where a static one would serialize the loop.
+STACK_BUFFER_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class Machine:
     """What code for a CPU target may assume beyond its triple and features; codegen/llvm/ and the linker read these

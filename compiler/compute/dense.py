@@ -120,26 +120,31 @@ def matmul_packed(inputs: Inputs, attrs: dict[str, Any], output_types: list[Tens
     bits = int(attrs.get("bits", 8))
     k = te.reduce_axis((0, a.shape[-1]), "k")
 
-    def weight(j, k):
-        """B's element, widened from its stored dtype; a quantized one shifted by its zero point and, when the scale
-        varies along k (blocks), scaled."""
+    def weight(p, k, lane):
+        """B's element (panel p, row k, lane), widened from its stored dtype; a quantized one shifted by its zero
+        point and, when the scale varies along k (blocks), scaled."""
         if bits == 4:  # two levels a byte, the even k in the low half
-            byte = w[j // panel, k // 2, j % panel].astype("int32")
+            byte = w[p, k // 2, lane].astype("int32")
             high = byte / 16  # truncating: the byte is not negative, and no floor's correction is needed
             value = te.select(te.equal(k % 2, 1), high, byte - high * 16).astype(acc)
         else:
-            value = w[j // panel, k, j % panel].astype(acc)
+            value = w[p, k, lane].astype(acc)
         if scale is not None:
             group = k // block if block else 0
             if zero is not None:
-                value = value - zero[j // panel, group, j % panel].astype(acc)
+                value = value - zero[p, group, lane].astype(acc)
             if block:
-                value = value * scale[j // panel, group, j % panel].astype(acc)
+                value = value * scale[p, group, lane].astype(acc)
         return value
+
+    weights = w
+    if w.dtype != acc or scale is not None:
+        # a stage of its own, which the template inlines or makes a panel at a time (schedules/cpu/dense.py)
+        weights = te.compute((w.shape[0], a.shape[-1], panel), weight, name="dense_weight", tag=tags.DENSE_WEIGHT)
 
     def body(*index):
         *rows, j = index
-        return te.sum(a[(*rows, k)].astype(acc) * weight(j, k), axis=k)
+        return te.sum(a[(*rows, k)].astype(acc) * weights[j // panel, k, j % panel].astype(acc), axis=k)
 
     result = te.compute(shape, body, name="dense_packed", tag=tags.DENSE_PACKED)
     if scale is not None and not block:

@@ -39,6 +39,9 @@ DENSE = "dense"
 DENSE_PARTIAL = "dense_partial"
 BATCH_MATMUL = "batch_matmul"
 DENSE_PACKED = "dense_packed"
+# a MatMulPacked's narrow weight widened to the product's dtype (levels shifted and scaled): inlined into the product,
+# or made a panel at a time into a local buffer that every row tile of the panel then reads
+DENSE_WEIGHT = "dense_weight"
 
 # Attention: the scores Q K^T, their row maximum, the exponentials, their row sum, and the product with V
 ATTENTION_SCORES = "attention_scores"

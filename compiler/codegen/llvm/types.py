@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from compiler.target import Target
+from compiler.target import STACK_BUFFER_BYTES, Target
 from compiler.tir.nodes import (
     Allocate,
     Stmt,
@@ -38,7 +38,7 @@ CONTRACTED = {"add": ir.IRBuilder.fadd, "sub": ir.IRBuilder.fsub, "mul": ir.IRBu
 
 
 # Larger allocations go to a static array (wasm) or the heap, kept between calls (kept_heap), so no stack can overflow.
-_STACK_LIMIT_BYTES = 64 * 1024
+_STACK_LIMIT_BYTES = STACK_BUFFER_BYTES
 
 
 # A vectorized loop wider than this is emitted as a loop: LLVM would split such vectors anyway.

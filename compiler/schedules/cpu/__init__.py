@@ -45,6 +45,13 @@ TEMPLATES = {
 }
 
 
+def anchor_weights(anchor: te.Tensor | None, kind: str | None) -> list[te.Tensor]:
+    """A MatMulPacked's widened narrow weight, which its template places (schedule_dense_packed)."""
+    if kind != tags.DENSE_PACKED:
+        return []
+    return [tensor for tensor in anchor.op.input_tensors if getattr(tensor.op, "tag", "") == tags.DENSE_WEIGHT]
+
+
 def _prepare(schedule: Schedule, anchor: te.Tensor | None, kind: str | None, target: Target) -> None:
     """Inline every injective stage but a conv's (or an NCHW pool's) padded input, which stays a stage of its own so
     the template's inner loop reads a plain buffer; where the template does not place it, its rows are scheduled."""
@@ -54,7 +61,7 @@ def _prepare(schedule: Schedule, anchor: te.Tensor | None, kind: str | None, tar
         pad = padding_stage(schedule, anchor)
         if pad is not None:
             keep.add(id(pad))
-    inline_injective(schedule, keep)
+    inline_injective(schedule, keep | {id(t.op) for t in anchor_weights(anchor, kind)})
     for stage in schedule.stages:
         if id(stage.op) in keep and kind not in (tags.DEPTHWISE_CONV2D, *tags.BLOCKED_CONV_TAGS) and not nchw_pool:
             schedule_rows(stage, target)

@@ -190,3 +190,11 @@ OUTER_TASKS = 8
 
 # the independent accumulators that keep two FMA ports busy through a multiply-add's 4-cycle latency
 FMA_CHAINS = 8
+
+
+# a narrow weight is widened a panel at a time into a local buffer, rather than element by element in the product,
+# where the dense's rows (of all its leading axes) times the widening's expression nodes reach this
+# (schedules/cpu/dense.py, _widen_knob). At one thread, 4-bit levels in blocks (50 nodes), 768 x 3072: inline 0.22
+# and 0.42 ms at 4 and 8 rows against 0.42 and 0.52 a panel at a time, 0.81 against 0.74 at 16, 6.7 against 3.4 at
+# 128; float16 (5 nodes), 768 x 768: inline as fast or faster at 8, 16 and 128 rows (1.01 ms against 1.03 at 128)
+WIDEN_PANEL_WORK = 1024

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from compiler.compute import tags
-from compiler.schedules.cpu.defaults import FMA_CHAINS, OUTER_TASKS, fallback
+from compiler.schedules.cpu.defaults import FMA_CHAINS, OUTER_TASKS, WIDEN_PANEL_WORK, fallback
 from compiler.schedules.cpu.tiling import (
     divisor_at_most,
     is_ragged,
@@ -19,7 +19,7 @@ from compiler.schedules.cpu.tiling import (
     vector_registers,
 )
 from compiler.schedules.space import ConfigSpace, divisors
-from compiler.target import Target
+from compiler.target import STACK_BUFFER_BYTES, Target
 from compiler.te.schedule import Schedule, Stage
 from compiler.te.tensor import TensorLoad, walk
 
@@ -156,17 +156,24 @@ def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, targe
     row = max((position for position, axis in enumerate(lead) if axis.extent > 1), default=len(lead) - 1)
     i, batch = lead[row], [axis for position, axis in enumerate(lead) if position != row]
     vectors = -(-panel // lanes(target, output.op.dtype))
+    widened = next((t.op for t in dense.op.input_tensors if getattr(t.op, "tag", "") == tags.DENSE_WEIGHT), None)
+    widen = _widen_knob(cfg, widened, i.extent * math.prod(axis.extent for axis in batch), target)
     most = max(size for size in range(1, i.extent + 1) if size == 1 or _dense_fits_registers(target, size, vectors))
     default = tile_or_tail(i.extent, min(values["tile_m"], most), least=1.0)
     cfg.define_split("tile_m", i, policy=list(range(1, most + 1)), default=default)
     cfg.define_knob("unroll_m", [0, 1], default=values["unroll_m"])
     i_outer, i_inner = cfg["tile_m"].apply(schedule, output, i)
     j_outer, j_inner = output.split(j, panel)
-    cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
-    tiles = cfg["tile_order"].permute([i_outer, j_outer])
+    if widen == "panel":
+        # each task a panel (columns outermost), its row tiles in order inside it, all reading the panel widened once
+        tiles, parallel = [j_outer, i_outer], "outer"
+    else:
+        cfg.define_reorder("tile_order", [i_outer, j_outer], default=values["tile_order"])
+        tiles = cfg["tile_order"].permute([i_outer, j_outer])
+        cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
+        parallel = cfg["parallel"].val
     output.reorder(*batch, *tiles, i_inner, j_inner)
-    cfg.define_knob("parallel", ["tiles", "outer"], default=values["parallel"])
-    if cfg["parallel"].val == "tiles":
+    if parallel == "tiles":
         fused = row_loop = panel_loop = output.fuse(*batch, *tiles)
         output.parallel(fused)
     else:
@@ -179,8 +186,19 @@ def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, targe
     if j.extent % panel:
         output.partition(panel_loop)
     output.vectorize(j_inner)
+    if widen == "panel":
+        # the epilogue's rows unrolled, so LLVM keeps the block's accumulators in registers: as a loop inside the
+        # panel's row-tile loop, they stayed in memory, stored at every k step (a GELU's 768 x 3072: 2.7x slower)
+        output.unroll(i_inner)
     dense.set_scope("local")
     dense.compute_at(output, fused)
+    if widen == "panel":
+        stage = schedule[widened]
+        stage.set_scope("local")
+        stage.compute_at(output, panel_loop)
+        stage.vectorize(stage.op.axis[-1])
+    elif widened is not None:
+        schedule[widened].compute_inline()
     *dense_lead, columns = dense.op.axis
     rows, dense_batch = dense_lead[row], [axis for position, axis in enumerate(dense_lead) if position != row]
     unrolls = [size for size in (1, 2, 4, 8) if k.extent % size == 0]
@@ -191,6 +209,25 @@ def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, targe
     if cfg["unroll_m"].val:
         dense.unroll(rows)
     dense.vectorize(columns)
+
+
+def _widen_knob(cfg: ConfigSpace, widened, rows: int, target: Target) -> str | None:
+    """Where a MatMulPacked's narrow weight is widened (None when it has none): "inline", element by element as the
+    product reads it (a decode step's single row streams the narrow bytes), or "panel", a panel at a time into a
+    local buffer that all rows' tiles then read as float32 (the widening's shifts, conversions and block scales
+    then cost once per panel, not once per row tile). The fallback makes panels where the rows times the widening's
+    cost reach WIDEN_PANEL_WORK and the buffer can be a task's own: in threaded wasm a large one is a static array,
+    which keeps its loop serial."""
+    if widened is None:
+        return None
+    panel_bytes = math.prod(widened.output(0).shape[1:]) * 4
+    shared = target.parallel and target.machine.scratch == "static" and panel_bytes > STACK_BUFFER_BYTES
+    # the widening's expression nodes (loads, index arithmetic, conversions, shifts, scales) stand for its cost per
+    # element: 5 for a float16 weight, 50 for 4-bit levels in blocks with zero points
+    work = rows * sum(1 for _ in walk(widened.body))
+    default = "panel" if work >= WIDEN_PANEL_WORK and not shared else "inline"
+    cfg.define_knob("widen", ["inline", "panel"], default=default)
+    return cfg["widen"].val
 
 
 def _dense_fits_registers(target: Target, rows: int, vectors: int) -> bool:
