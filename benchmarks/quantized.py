@@ -5,9 +5,11 @@ the sample input and seeded draws like it; dynamic for the transformers), 4-bit 
 file is compiled for llvm, its outputs checked against onnxruntime's on the same file, then timed at 1 thread and at the
 default thread count in real.py's blocks with pauses (a block of Tessel on the file, one of onnxruntime on it, one of
 Tessel's float32 build, a pause, and again). Prints Tessel / onnxruntime, Tessel / its float32 build and the bundle's
-bytes over the float32 bundle's (lower is better), and their geometric means. A file Tessel refuses (today most
-quantized ops) prints the refusal, and the run goes on to the next file.
-Run: .venv/bin/python benchmarks/quantized.py [--models ...] [--quick] [--repeat 20] [--cache DIR]"""
+bytes over the float32 bundle's (lower is better), and their geometric means. A file Tessel refuses prints the
+refusal, and the run goes on to the next file. With --node, each quantized file is also compiled for wasm and timed in
+Node 20 against onnxruntime-web on the same file (wasm execution provider, one thread each, in blocks with pauses:
+common.run_in_node, after checking both against onnxruntime).
+Run: .venv/bin/python benchmarks/quantized.py [--models ...] [--quick] [--repeat 20] [--cache DIR] [--node]"""
 
 from __future__ import annotations
 
@@ -24,8 +26,18 @@ from pathlib import Path
 sys.path.append(sys.path.pop(0))
 
 import numpy as np
+import onnx
 import onnxruntime as ort
-from common import check_close, geometric_mean, interleaved, onnxruntime_session, print_table, settled_cell, summary
+from common import (
+    check_close,
+    geometric_mean,
+    interleaved,
+    onnxruntime_session,
+    print_table,
+    run_in_node,
+    settled_cell,
+    summary,
+)
 from cpu import machine
 from real import BLOCK, COLUMNS, PAUSE_S, RANGE_TOLERANCE
 
@@ -40,6 +52,7 @@ CALIBRATION_SAMPLES = 8
 # for u8), and a float16 file is computed in float32 by Tessel on CPU but partly in float16 by onnxruntime. A wrong
 # kernel is off by far more.
 QUANTIZED_RANGE_TOLERANCE = 2e-2
+NODE = "Node, 1 thread"
 
 
 def files_to_compare(name: str, path: Path, feeds: dict, folder: Path) -> list[tuple[str, Path]]:
@@ -91,8 +104,9 @@ def bundle_bytes(module) -> int:
 
 
 def compile_checked(label: str, path: Path, feeds: dict, range_tolerance: float):
-    """Tessel's llvm module of `path` with its compile seconds, after checking its outputs against onnxruntime's on
-    the same file; None (the reason printed) when Tessel refuses or fails the file, or their outputs disagree."""
+    """Tessel's llvm module of `path`, its compile seconds and the tolerance its outputs met, after checking them
+    against onnxruntime's on the same file (`range_tolerance`, or twice what onnxruntime's own two sessions disagree
+    by on an 8-bit file); None (the reason printed) when Tessel refuses or fails the file, or they disagree."""
     started = time.perf_counter()
     try:
         module = compiler.compile_model(str(path), target="llvm")
@@ -129,9 +143,9 @@ def compile_checked(label: str, path: Path, feeds: dict, range_tolerance: float)
             f"unoptimised sessions differ by ({own:.3g})",
             flush=True,
         )
-    else:
-        print(f"{label}: compiled for llvm in {seconds:.1f} s; outputs agree with onnxruntime's", flush=True)
-    return module, seconds
+        return module, seconds, max(range_tolerance, 2 * own)
+    print(f"{label}: compiled for llvm in {seconds:.1f} s; outputs agree with onnxruntime's", flush=True)
+    return module, seconds, range_tolerance
 
 
 def time_file(module, path: Path, float_module, feeds: dict, repeat: int) -> dict:
@@ -157,13 +171,28 @@ def time_file(module, path: Path, float_module, feeds: dict, repeat: int) -> dic
     return row
 
 
-def benchmark_model(name: str, size: str, repeat: int, cache) -> list[dict]:
+def time_in_node(label: str, path: Path, feeds: dict, repeat: int, tolerance: float) -> tuple[float, float] | None:
+    """(Tessel wasm ms, onnxruntime-web ms) in Node on one thread, medians of blocks with pauses, after their outputs
+    agree within `tolerance` of their range (the native check's); None (the reason printed) when Tessel refuses the
+    file for wasm."""
+    try:
+        module = compiler.compile_model(str(path), target="wasm")
+    except TesselError as error:
+        print(f"{label}: Tessel refuses it for wasm: {error}", flush=True)
+        return None
+    entry = (label.replace(" ", "_"), onnx.load(str(path)), module, feeds)
+    report = run_in_node([entry], repeat, block=BLOCK, pause_ms=PAUSE_S * 1000, settle=True, range_tolerance=tolerance)
+    (result,) = report["results"]
+    return summary(result["tessel"])["median"], summary(result["onnxruntime_web"])["median"]
+
+
+def benchmark_model(name: str, size: str, repeat: int, cache, node: bool = False) -> list[dict]:
     path = real_zoo.export(name, size, cache)
     feeds = real_zoo.sample_inputs(name, size)
     compiled = compile_checked(f"{name} float32", path, feeds, RANGE_TOLERANCE)
     if compiled is None:
         return []
-    float_module, _ = compiled
+    float_module = compiled[0]
     float_bytes = bundle_bytes(float_module)
     rows = []
     with tempfile.TemporaryDirectory(prefix=".quantized-", dir=path.parent) as folder:
@@ -171,9 +200,12 @@ def benchmark_model(name: str, size: str, repeat: int, cache) -> list[dict]:
             compiled = compile_checked(f"{name} {label}", file, feeds, QUANTIZED_RANGE_TOLERANCE)
             if compiled is None:
                 continue
-            module, seconds = compiled
+            module, seconds, tolerance = compiled
             row = {"model": name, "file": label, "compile_s": seconds, "bytes": bundle_bytes(module) / float_bytes}
-            rows.append(row | time_file(module, file, float_module, feeds, repeat))
+            row |= time_file(module, file, float_module, feeds, repeat)
+            if node:
+                row[NODE] = time_in_node(f"{name} {label}", file, feeds, repeat, tolerance)
+            rows.append(row)
     return rows
 
 
@@ -181,18 +213,27 @@ def report(rows: list[dict]) -> None:
     header = ["model", "file", "compile s", "bundle / float32 bundle"]
     for title, _ in COLUMNS:
         header += [f"{title}: Tessel / onnxruntime / Tessel float32 ms", "vs onnxruntime", "vs float32"]
+    node = any(NODE in row for row in rows)
+    if node:
+        header += [f"{NODE}: Tessel wasm / onnxruntime-web ms", "vs onnxruntime-web"]
     table = []
     for row in rows:
         cells = [row["model"], row["file"], f"{row['compile_s']:.1f}", f"{row['bytes']:.2f}×"]
         for title, _ in COLUMNS:
             ours, theirs, float_ms = row[title]
             cells += [f"{ours:.2f} / {theirs:.2f} / {float_ms:.2f}", f"{ours / theirs:.2f}×", f"{ours / float_ms:.2f}×"]
+        if node:
+            ours, theirs = row.get(NODE) or (None, None)
+            cells += [f"{ours:.2f} / {theirs:.2f}", f"{ours / theirs:.2f}×"] if ours else ["refused", ""]
         table.append(cells)
     if rows:
         means = ["geometric mean", "", "", f"{geometric_mean([row['bytes'] for row in rows]):.2f}×"]
         for title, _ in COLUMNS:
             means += ["", f"{geometric_mean([row[title][0] / row[title][1] for row in rows]):.2f}×"]
             means += [f"{geometric_mean([row[title][0] / row[title][2] for row in rows]):.2f}×"]
+        if node:
+            timed = [row[NODE] for row in rows if row.get(NODE)]
+            means += ["", f"{geometric_mean([ours / theirs for ours, theirs in timed]):.2f}×" if timed else ""]
         table.append(means)
     print_table(header, table)
 
@@ -205,6 +246,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, help="timed runs of each side per cell, after warm-up (default 20)")
     parser.add_argument("--cache", default=None, help="folder of the exports (default: real_zoo.default_cache_dir())")
+    parser.add_argument(
+        "--node", action="store_true", help="also time each quantized file in wasm in Node against onnxruntime-web"
+    )
     arguments = parser.parse_args(argv)
     if arguments.repeat is not None and arguments.repeat < 1:
         parser.error("--repeat needs at least 1 timed run")
@@ -218,7 +262,7 @@ def main() -> None:
     print(f"{datetime.date.today()}, {machine()}, {arguments.size} size, onnxruntime {ort.__version__}", flush=True)
     rows = []
     for name in arguments.models:
-        rows += benchmark_model(name, arguments.size, arguments.repeat, arguments.cache)
+        rows += benchmark_model(name, arguments.size, arguments.repeat, arguments.cache, arguments.node)
     print(
         f"\nmedian ms of {arguments.repeat} runs in blocks of {BLOCK} with {PAUSE_S * 1000:.0f} ms pauses; ratios "
         "Tessel on the file / onnxruntime on the same file and / Tessel's float32 build; lower is better\n"

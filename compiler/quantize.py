@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 
 from compiler.errors import ModelError, ShapeError, TesselError
 from compiler.frontend.onnx import external_data_files
@@ -30,7 +31,7 @@ SUFFIXES = {"static": ".int8.onnx", "dynamic": ".dynamic.onnx", "int4": ".q4.onn
 WRITTEN_OPS = {
     "static": ("QuantizeLinear", "DequantizeLinear"),
     "dynamic": ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"),
-    "int4": ("MatMulNBits",),
+    "int4": ("MatMulNBits", "GatherBlockQuantized"),
 }
 INTEGER_TYPES = ("u8", "s8")
 # The block sizes MLAS quantizes MatMulNBits weights in; any other fails deep inside onnxruntime's C++.
@@ -96,7 +97,8 @@ def quantize_model(
     - "dynamic": quantize_dynamic, `weight_type` weights (per tensor unless `per_channel`): DynamicQuantizeLinear and
       MatMulInteger, the transformers' form.
     - "int4": MatMulNBitsQuantizer, 4-bit com.microsoft.MatMulNBits for MatMuls by constant weights, in blocks of
-      `block_size` along K, `symmetric` or with zero points, at `accuracy_level`.
+      `block_size` along K, `symmetric` or with zero points, at `accuracy_level`; and GatherBlockQuantized for
+      Gathers of constant tables (embeddings), in blocks along their rows.
     - "fp16": convert_float_to_float16; float32 inputs and outputs stay so unless `keep_io_types` is False.
 
     The static and dynamic modes run onnxruntime's pre-processing first (symbolic shape inference; static adds its
@@ -449,9 +451,29 @@ def _int4(source: Path, block_size: int, symmetric: bool, accuracy_level: int | 
         raise TesselError(f"block size {block_size} is not one MatMulNBits quantizes in; choose one of {BLOCK_SIZES}")
     if accuracy_level is not None and accuracy_level not in ACCURACY_LEVELS:
         raise TesselError(f"accuracy level {accuracy_level} is not one of MatMulNBits' {ACCURACY_LEVELS}")
+    model = onnx.load(str(source))
+    # MatMul weights to MatMulNBits and Gather tables (embeddings) to GatherBlockQuantized, in blocks along their rows.
+    # Quantizing a Gather sets the model's opset to 21 (int4 tables) without converting its ops: the model is brought
+    # to opset 21 first, or, where onnx's converter cannot, its Gathers stay float.
+    op_types = ("MatMul", "Gather")
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 21)
+    if opset < 21:
+        try:
+            model = onnx.version_converter.convert_version(model, 21)
+        except Exception as error:  # noqa: BLE001 - onnx raises several kinds; any means "not convertible"
+            warnings.warn(
+                f"{source}: onnx cannot convert opset {opset} to 21 ({str(error).splitlines()[0]}); its Gather tables "
+                "stay float32",
+                stacklevel=3,
+            )
+            op_types = ("MatMul",)
     with _library("onnxruntime's 4-bit quantizer (MatMulNBitsQuantizer)"):
         quantizer = MatMulNBitsQuantizer(
-            onnx.load(str(source)), block_size=block_size, is_symmetric=symmetric, accuracy_level=accuracy_level
+            model,
+            block_size=block_size,
+            is_symmetric=symmetric,
+            accuracy_level=accuracy_level,
+            op_types_to_quantize=op_types,
         )
         quantizer.process()
         quantizer.model.topological_sort()

@@ -115,6 +115,37 @@ def test_int4_writes_matmul_nbits_with_its_block_size_and_zero_points(models, tm
         assert _relative_rms(ours, theirs) < 0.15
 
 
+def test_int4_quantizes_embedding_tables_too(tmp_path, capsys):
+    """A Gather of a constant table (an embedding, opset 17 here: brought to 21 for the int4 table) becomes a
+    GatherBlockQuantized beside the MatMulNBits; Tessel compiles the file to what onnxruntime computes on it."""
+    from compiler import compile_model
+
+    rng = np.random.default_rng(4)
+    table = numpy_helper.from_array(rng.standard_normal((500, 64)).astype(np.float32), "embeddings")
+    weight = numpy_helper.from_array(rng.standard_normal((64, 48)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Gather", ["embeddings", "ids"], ["e"]),
+        helper.make_node("ReduceMean", ["e"], ["m"], axes=[-1], keepdims=1),
+        helper.make_node("Sub", ["e", "m"], ["c"]),
+        helper.make_node("MatMul", ["c", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embedded",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [table, weight],
+    )
+    source, output = tmp_path / "embedded.onnx", tmp_path / "embedded.q4.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(source))
+    assert main(["quantize", str(source), "--int4", "-o", str(output)]) == 0
+    assert "1 MatMulNBits, 1 GatherBlockQuantized" in capsys.readouterr().out
+    feeds = {"ids": rng.integers(0, 500, (2, 7)).astype(np.int64)}
+    (theirs,) = _run(output, feeds)
+    (ours,) = compile_model(str(output), target="llvm").run(feeds).values()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_fp16_keeps_float32_io_unless_asked_and_is_topologically_sorted(models, tmp_path, capsys):
     feeds = zoo.sample_input("digits")
     (theirs,) = _run(models["digits"], feeds)

@@ -508,7 +508,8 @@ class _Importer:
         """Add one node, or fold it to params when its result is known at import."""
         op_def = get_op(op)
         if op in ("QuantizeLinear", "DequantizeLinear") and len(inputs) > 1 and inputs[1] in self.graph.params:
-            quantized.check_scale(self.graph.params[inputs[1]], f"the scale {inputs[1].name!r}")
+            scale = self.graph.params[inputs[1]]
+            quantized.check_scale(scale, f"the scale {inputs[1].name!r}", dequantize=op == "DequantizeLinear")
         types = op_def.infer([v.type if v is not None else None for v in inputs], attrs)
         if len(types) < len(output_names):
             raise UnsupportedOpError(

@@ -142,14 +142,14 @@ def _quantize_node(b: Builder, inputs, attrs, outputs):
 
 def _dequantize_node(b: Builder, inputs, attrs, outputs):
     x, scale, zero = (*inputs, None)[:3]
-    _checked_scale(b, scale)
+    _checked_scale(b, scale, dequantize=True)
     b.dequantize(x, scale, zero, attrs, outputs[0])
 
 
-def _checked_scale(b: Builder, scale: Value) -> None:
+def _checked_scale(b: Builder, scale: Value, dequantize: bool = False) -> None:
     array = b.value(scale)
     if array is not None:
-        check_scale(array, f"the scale {scale.name!r}")
+        check_scale(array, f"the scale {scale.name!r}", dequantize)
 
 
 def _per_tensor(value: Value | None, what: str) -> None:
@@ -415,6 +415,61 @@ def _matmul_nbits(b: Builder, inputs, attrs, outputs):
         b.op("Add", [product, bias], {}, outputs[0])
 
 
+def _gather_block_quantized(b: Builder, inputs, attrs, outputs):
+    """com.microsoft.GatherBlockQuantized: Gather of a table quantized in blocks along one axis, as the blocked
+    DequantizeLinear of its levels and a Gather; the table stays narrow for a CPU kernel that gathers its rows
+    (passes/fold_constants.py). The levels are int4/uint4 (read as 8-bit levels), or uint8 holding two 4-bit values
+    a byte (low nibble first) or one 8-bit value; an unsigned table without zero points is centred on 2^(bits-1)."""
+    data, indices, scales, zeros = (*inputs, None)[:4]
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))
+    rank = len(data.type.shape)
+    gather_axis, quantize_axis = (
+        int(attrs.get(name, default)) % max(rank, 1) for name, default in (("gather_axis", 0), ("quantize_axis", 1))
+    )
+    if bits not in (4, 8):
+        raise UnsupportedOpError(f"GatherBlockQuantized with bits={bits} is not supported; Tessel takes 4 and 8", {})
+    if block < 16 or block & (block - 1):
+        raise ShapeError(f"GatherBlockQuantized: block_size must be a power of two >= 16, not {block}")
+    table = b.value(data)
+    if table is None or (zeros is not None and b.value(zeros) is None):
+        raise UnsupportedOpError("GatherBlockQuantized with a table computed at run time is not supported", {})
+
+    def blocked(shape) -> tuple[int, ...]:
+        return tuple(-(-size // block) if axis == quantize_axis else size for axis, size in enumerate(shape))
+
+    def levels_of(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """`array` as levels of `shape`: itself, or two 4-bit values a byte unpacked along the last axis."""
+        if array.shape == tuple(shape):
+            return array
+        if bits == 4 and array.dtype == np.uint8 and array.shape[:-1] == tuple(shape[:-1]):
+            return _unpack(array, 4, shape[-1])
+        raise ShapeError(
+            f"GatherBlockQuantized: a {array.dtype} array of shape {list(array.shape)} holds no {list(shape)} levels"
+        )
+
+    shape = tuple(data.type.shape)
+    packed = data.type.dtype == "uint8" and bits == 4 and tuple(scales.type.shape) != blocked(shape)
+    if packed:
+        shape = (*shape[:-1], 2 * shape[-1])
+    if tuple(scales.type.shape) != blocked(shape):
+        raise ShapeError(
+            f"GatherBlockQuantized: scales of shape {list(scales.type.shape)} do not match a table of {list(shape)} in "
+            f"blocks of {block} along axis {quantize_axis}"
+        )
+    levels = b.const(levels_of(table, shape), data.type.dtype)
+    signed = data.type.dtype == "int8"
+    if zeros is not None:
+        zero = b.const(levels_of(b.value(zeros), blocked(shape)), data.type.dtype)
+    else:
+        zero = None if signed else b.const(np.full(blocked(shape), 1 << (bits - 1)), "uint8")
+    weight = b.op(
+        "DequantizeLinear",
+        [levels, scales, *([zero] if zero is not None else [])],
+        {"axis": quantize_axis, "block_size": block},
+    )
+    b.op("Gather", [weight, indices], {"axis": gather_axis}, outputs[0])
+
+
 @dataclass(frozen=True)
 class Rewrite:
     rewrite: Callable
@@ -458,6 +513,11 @@ CONTRIB_REWRITES: dict[str, Rewrite] = {
     "QLinearSoftmax": Rewrite(_around("Softmax"), (4, 5), {"axis": _INT, "opset": _INT}, ("opset",)),
     "QLinearConcat": Rewrite(_qlinear_concat, (5, 1 << 30), {"axis": _INT}, ("axis",)),
     "QGemm": Rewrite(_qgemm, (6, 9), {"alpha": _FLOAT, "transA": _INT, "transB": _INT}),
+    "GatherBlockQuantized": Rewrite(
+        _gather_block_quantized,
+        (3, 4),
+        {"gather_axis": _INT, "quantize_axis": _INT, "block_size": _INT, "bits": _INT},
+    ),
     "MatMulNBits": Rewrite(
         _matmul_nbits,
         (3, 6),
@@ -492,12 +552,14 @@ def check_contrib(rewrite: Rewrite, op_type: str, inputs: list, attributes: list
         raise ModelError(f"it lacks the required attribute(s) {', '.join(map(repr, missing))}")
 
 
-def check_scale(scale: np.ndarray, what: str) -> None:
+def check_scale(scale: np.ndarray, what: str, dequantize: bool = False) -> None:
     """A constant scale must be finite and non-zero: a zero scale divides by zero in QuantizeLinear and erases the
-    tensor in DequantizeLinear, which no quantizer writes."""
+    whole tensor in a per-tensor DequantizeLinear, which no quantizer writes. A DequantizeLinear's scale per axis or
+    block may hold zeros: onnxruntime's quantizers write one for a block of zeros (an embedding's padding row)."""
     values = np.asarray(scale, dtype=np.float32)
-    if not np.all(np.isfinite(values)) or np.any(values == 0):
-        bad = values[~np.isfinite(values) | (values == 0)].reshape(-1)[0]
+    zero_allowed = dequantize and values.size > 1
+    if not np.all(np.isfinite(values)) or (not zero_allowed and np.any(values == 0)):
+        bad = values[~np.isfinite(values) | ((values == 0) & (not zero_allowed))].reshape(-1)[0]
         raise ModelError(
             f"{what} holds {bad}; a quantization scale must be finite and non-zero: quantize the model again"
         )

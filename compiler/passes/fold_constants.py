@@ -11,13 +11,19 @@ import numpy as np
 from compiler.graph.ir import Graph, Node
 from compiler.graph.registry import FOLD_GROWTH_LIMIT_ELEMENTS as GROWTH_LIMIT_ELEMENTS
 from compiler.graph.registry import decompresses, get_op, worth_folding
+from compiler.target import Target
 
 __all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants", "fold_decompressions"]
 
 # The ops that read a weight as their input 1 and whose CPU templates can read it narrow (passes/alter_layout.py:
 # pack_dense, and the blocked conv's per-filter scale): a decompression feeding only these stays a node until the
 # layout passes have run.
-NARROW_WEIGHT_READERS = ("MatMul", "Gemm", "Conv")
+# The ops that may read a decompressed weight narrow, by the input that holds it: a dense or conv kernel's weight
+# (alter_layout packs it narrow), a Gather's table (on CPU targets its group reads each gathered element narrow).
+NARROW_WEIGHT_READERS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "Gather": 0}
+# those whose narrow weight reaches the kernels as it is, without a layout pass taking it: kept by fold_decompressions
+# on CPU targets
+NARROW_AT_RUN_TIME = ("Gather",)
 
 # Ops whose results are not a function of their inputs, so evaluating them once would change the model.
 NONDETERMINISTIC_OPS = frozenset(
@@ -25,10 +31,11 @@ NONDETERMINISTIC_OPS = frozenset(
 )
 
 
-def fold_constants(graph: Graph, keep_narrow_weights: bool = True) -> Graph:
+def fold_constants(graph: Graph, keep_narrow_weights: bool | tuple[str, ...] = True) -> Graph:
     """Replace each node whose inputs are all params (or a Shape/Size of any value) by params holding its results;
     except, when `keep_narrow_weights`, a decompression of a weight (registry.decompresses) read only as the weight of
-    a MatMul, Gemm or Conv, which the layout passes may hand to a kernel that reads the weight narrow."""
+    a MatMul, Gemm or Conv or the table of a Gather (NARROW_WEIGHT_READERS), which the layout passes may hand to a
+    kernel that reads the weight narrow; given as a tuple of ops, only those read by them."""
     result = graph.copy()
     readers: dict = {}
     for node in result.nodes:
@@ -36,7 +43,8 @@ def fold_constants(graph: Graph, keep_narrow_weights: bool = True) -> Graph:
             readers.setdefault(value, []).append((node.op, position))
     kept: list[Node] = []
     for node in result.nodes:
-        if keep_narrow_weights and _narrow_weight(node, readers):
+        readable = NARROW_WEIGHT_READERS if keep_narrow_weights is True else keep_narrow_weights or ()
+        if readable and _narrow_weight(node, readers, readable):
             kept.append(node)
             continue
         arrays = _evaluate(node, result)
@@ -50,17 +58,20 @@ def fold_constants(graph: Graph, keep_narrow_weights: bool = True) -> Graph:
     return result
 
 
-def fold_decompressions(graph: Graph) -> Graph:
-    """Constant folding after the layout passes: the decompressions that no kernel took narrow become float params."""
-    return fold_constants(graph, keep_narrow_weights=False)
+def fold_decompressions(graph: Graph, target: Target | None = None) -> Graph:
+    """Constant folding after the layout passes: the decompressions that no kernel took narrow become float params,
+    but for a CPU `target` those a Gather reads (NARROW_AT_RUN_TIME), which its group computes for the gathered
+    elements only. GPU targets widen every one (WGSL has no 8- or 16-bit storage to read)."""
+    cpu = target is not None and target.family == "cpu"
+    return fold_constants(graph, keep_narrow_weights=NARROW_AT_RUN_TIME if cpu else False)
 
 
-def _narrow_weight(node: Node, readers: dict) -> bool:
+def _narrow_weight(node: Node, readers: dict, readable) -> bool:
     inputs = [value.type for value in node.inputs if value is not None]
     if not decompresses(node.op, inputs, [value.type for value in node.outputs]) or len(node.outputs) != 1:
         return False
     uses = readers.get(node.outputs[0], [])
-    return bool(uses) and all(op in NARROW_WEIGHT_READERS and position == 1 for op, position in uses)
+    return bool(uses) and all(op in readable and NARROW_WEIGHT_READERS[op] == position for op, position in uses)
 
 
 def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:

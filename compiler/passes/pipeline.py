@@ -63,7 +63,7 @@ def optimize(graph: Graph, fuse: bool = True, target: Target | None = None) -> G
         for layout_pass in LAYOUT_PASSES[target.family]:
             passes += [_for_target(layout_pass, target), eliminate_dead]
     # the narrow weights no layout pass handed to a kernel (fold_constants kept them for pack_dense) become floats
-    passes += [fold_decompressions, eliminate_dead]
+    passes += [_for_target(fold_decompressions, target), eliminate_dead]
     for graph_pass in [*passes, fuse_ops] if fuse else passes:
         graph = graph_pass(graph)
         try:

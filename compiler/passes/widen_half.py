@@ -4,9 +4,11 @@ A float16 model (onnxruntime's converter, a `model_fp16.onnx`) computes every op
 float16 arithmetic: a float16 op widens each element to float32, computes, and rounds back, at every step, and its
 kernels read and write half the bytes but run 1.5-3x slower than the float32 model's (benchmarks/quantized.py on
 BERT-base, DistilBERT, ResNet-50 and MobileNetV3). This pass makes every float16 value inside the graph float32:
-- a float16 param read as a MatMul or Gemm weight of at least registry.DECOMPRESS_MIN_ELEMENTS elements becomes
-  Cast(float16 param), the narrow weight that pack_dense keeps float16 in the bundle and the kernel widens as it
-  reads (a param also read elsewhere is widened for those readers at compile time); smaller params are widened;
+- a float16 param read as a MatMul or Gemm weight or a Gather's table (fold_constants.NARROW_WEIGHT_READERS; a
+  Conv's too, which alter_layout widens at compile time) of at least registry.DECOMPRESS_MIN_ELEMENTS elements
+  becomes Cast(float16 param), the narrow weight that pack_dense keeps float16 in the bundle and the kernel widens
+  as it reads, or that a Gather's group widens for the rows it gathers (a param also read elsewhere is widened for
+  those readers at compile time); smaller params are widened;
 - a float16 graph input is widened by a Cast after it, a float16 graph output rounded by a Cast before it;
 - a Cast to float16 inside the graph becomes a Cast to float32, so intermediate values are not rounded to float16.
 The results are float32 computations of the model's float16 weights: at least as accurate as the float16 graph, and
@@ -19,13 +21,12 @@ import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.graph.registry import DECOMPRESS_MIN_ELEMENTS
+from compiler.passes.fold_constants import NARROW_WEIGHT_READERS
 from compiler.target import Target
 
 __all__ = ["widen_half"]
 
 HALF, FULL = "float16", "float32"
-# the ops whose input 1 is a weight a CPU kernel can read float16 (pack_dense); a conv's is widened at compile time
-WEIGHT_READERS = ("MatMul", "Gemm")
 # attributes that name a dtype
 DTYPE_ATTRIBUTES = {"Cast": "to"}
 
@@ -101,7 +102,7 @@ def _narrow_weights(graph: Graph) -> set[Value]:
         and value.type.size >= DECOMPRESS_MIN_ELEMENTS
         and value not in graph.outputs
         and all(
-            (op in WEIGHT_READERS and position == 1) or (op, to) == ("Cast", FULL)
+            NARROW_WEIGHT_READERS.get(op) == position or (op, to) == ("Cast", FULL)
             for op, position, to in readers.get(value, [(None, 0, None)])
         )
     }

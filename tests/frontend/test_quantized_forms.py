@@ -414,3 +414,67 @@ def test_int4_weights_dequantized_into_a_matmul(elem_type, low, high):
     feeds = {"x": RNG.standard_normal((rows, inner)).astype(np.float32)}
     _compare(model, feeds, 1e-4)
     _compare(model, feeds, 1e-4, target="wasm")
+
+
+# -- quantized and float16 tables read narrow by a Gather ------------------------------------------------------------
+
+VOCABULARY, WIDTH, TABLE_BLOCK = 300, 64, 32
+
+
+def _gather_block_quantized(form: str):
+    """com.microsoft.GatherBlockQuantized of a (VOCABULARY, WIDTH) table in blocks of 32 along its rows, ids (2, 5):
+    int4 levels (signed, no zero point: 0), uint4 levels with zero points, uint8 bytes of two 4-bit levels (no zero
+    point: 8), or uint8 8-bit levels (no zero point: 128), opset 21 for the 4-bit types."""
+    shape, blocks = (VOCABULARY, WIDTH), (VOCABULARY, WIDTH // TABLE_BLOCK)
+    scales = numpy_helper.from_array(RNG.uniform(0.01, 0.05, blocks).astype(np.float32), "s")
+    inputs, attrs, params = ["q", "ids", "s"], {"block_size": TABLE_BLOCK}, [scales]
+    if form in ("int4", "uint4"):
+        low, high = (-8, 8) if form == "int4" else (0, 16)
+        kind = TensorProto.INT4 if form == "int4" else TensorProto.UINT4
+        params.append(helper.make_tensor("q", kind, shape, RNG.integers(low, high, VOCABULARY * WIDTH).tolist()))
+        if form == "uint4":
+            params.append(helper.make_tensor("z", kind, blocks, RNG.integers(0, 16, blocks[0] * blocks[1]).tolist()))
+            inputs.append("z")
+    elif form == "packed4":
+        params.append(numpy_helper.from_array(RNG.integers(0, 256, (VOCABULARY, WIDTH // 2)).astype(np.uint8), "q"))
+    else:
+        params.append(numpy_helper.from_array(RNG.integers(0, 256, shape).astype(np.uint8), "q"))
+        attrs["bits"] = 8
+    node = helper.make_node("GatherBlockQuantized", inputs, ["y"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph(
+        [node], "g", [_info("ids", TensorProto.INT64, [2, 5])], [_info("y", TensorProto.FLOAT, None)], params
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+
+
+@pytest.mark.parametrize("form", ["int4", "uint4", "packed4", "uint8"])
+@pytest.mark.parametrize("target", ["llvm", "wasm"])
+def test_gather_block_quantized_reads_its_table_narrow(form, target):
+    """Exact against onnxruntime, and the kernel reads the levels (the bundle keeps them narrow, not a float table)."""
+    model = _gather_block_quantized(form)
+    feeds = {"ids": RNG.integers(0, VOCABULARY, (2, 5)).astype(np.int64)}
+    _compare(model, feeds, 1e-6, target=target)
+    params = compile_model(model, target=target).manifest["params"]["bytes"]
+    assert params < VOCABULARY * WIDTH * 2  # float32 would be 4 bytes an element
+
+
+def test_float16_embeddings_stay_float16_for_the_gather():
+    """A float16 table widened by a Cast (what float16 converters write) and gathered: the bundle keeps it float16
+    on CPU targets, and a GPU target widens it at compile time."""
+    from compiler.frontend import load_onnx
+    from compiler.passes.pipeline import optimize
+    from compiler.target import Target
+
+    table = numpy_helper.from_array(RNG.standard_normal((VOCABULARY, WIDTH)).astype(np.float16), "t16")
+    nodes = [
+        helper.make_node("Cast", ["t16"], ["t"], to=TensorProto.FLOAT),
+        helper.make_node("Gather", ["t", "ids"], ["y"]),
+    ]
+    model = _model(nodes, [_info("ids", TensorProto.INT64, [3, 4])], [_info("y", TensorProto.FLOAT, None)], [table])
+    feeds = {"ids": RNG.integers(0, VOCABULARY, (3, 4)).astype(np.int64)}
+    _compare(model, feeds, 0.0)
+    assert compile_model(model, target="llvm").manifest["params"]["bytes"] == VOCABULARY * WIDTH * 2
+    on_gpu = optimize(load_onnx(model), fuse=False, target=Target.parse("webgpu"))
+    assert [node.op for node in on_gpu.nodes] == ["Gather"] and on_gpu.nodes[0].inputs[0].type.dtype == "float32"

@@ -198,3 +198,6 @@ FMA_CHAINS = 8
 # and 0.42 ms at 4 and 8 rows against 0.42 and 0.52 a panel at a time, 0.81 against 0.74 at 16, 6.7 against 3.4 at
 # 128; float16 (5 nodes), 768 x 768: inline as fast or faster at 8, 16 and 128 rows (1.01 ms against 1.03 at 128)
 WIDEN_PANEL_WORK = 1024
+# a float16 element's widening without half-conversion instructions (wasm: bit arithmetic on the 16-bit pattern,
+# codegen/fast_math.py), in expression nodes: it makes a float16 weight a panel at a time from 41 rows
+HALF_WIDENING_NODES = 20

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from compiler.compute import tags
-from compiler.schedules.cpu.defaults import FMA_CHAINS, OUTER_TASKS, WIDEN_PANEL_WORK, fallback
+from compiler.schedules.cpu.defaults import FMA_CHAINS, HALF_WIDENING_NODES, OUTER_TASKS, WIDEN_PANEL_WORK, fallback
 from compiler.schedules.cpu.tiling import (
     divisor_at_most,
     is_ragged,
@@ -223,8 +223,15 @@ def _widen_knob(cfg: ConfigSpace, widened, rows: int, target: Target) -> str | N
     panel_bytes = math.prod(widened.output(0).shape[1:]) * 4
     shared = target.parallel and target.machine.scratch == "static" and panel_bytes > STACK_BUFFER_BYTES
     # the widening's expression nodes (loads, index arithmetic, conversions, shifts, scales) stand for its cost per
-    # element: 5 for a float16 weight, 50 for 4-bit levels in blocks with zero points
-    work = rows * sum(1 for _ in walk(widened.body))
+    # element: 5 for a float16 weight, 50 for 4-bit levels in blocks with zero points; a float16 element costs
+    # HALF_WIDENING_NODES more where the machine has no half conversions (wasm: integer arithmetic)
+    nodes = list(walk(widened.body))
+    halves = (
+        0
+        if target.machine.half_conversions
+        else sum(1 for node in nodes if isinstance(node, TensorLoad) and node.tensor.dtype == "float16")
+    )
+    work = rows * (len(nodes) + HALF_WIDENING_NODES * halves)
     default = "panel" if work >= WIDEN_PANEL_WORK and not shared else "inline"
     cfg.define_knob("widen", ["inline", "panel"], default=default)
     return cfg["widen"].val
