@@ -475,7 +475,10 @@ def _int4(source: Path, block_size: int, symmetric: bool, accuracy_level: int | 
             accuracy_level=accuracy_level,
             op_types_to_quantize=op_types,
         )
-        quantizer.process()
+        # an all-zero block (an embedding's padding row) gets scale 0 and numpy warns of 0 / 0 in its levels, which
+        # the zero scale then erases: nothing for the user to act on
+        with np.errstate(invalid="ignore", divide="ignore"):
+            quantizer.process()
         quantizer.model.topological_sort()
     return quantizer.model.model
 

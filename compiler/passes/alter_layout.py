@@ -224,7 +224,7 @@ def packs_dense(node: Node, narrow: bool = False) -> bool:
 def _dense_weight(graph: Graph, node: Node, producers: dict) -> Value | None:
     """The B of a MatMul or Gemm that pack_dense packs (a float32 param, or a narrow one widened), else None."""
     weight = node.inputs[1] if len(node.inputs) > 1 else None
-    narrow = weight is not None and weight not in graph.params and _narrow_weight(graph, producers.get(weight))
+    narrow = weight is not None and weight not in graph.params and _packable_narrow_weight(graph, producers.get(weight))
     if not packs_dense(node, narrow) or (weight not in graph.params and not narrow):
         return None
     return weight
@@ -236,7 +236,7 @@ def _narrow_conv_weight(graph: Graph, producer: Node | None) -> tuple[np.ndarray
     (float32 weight, None) of any other weight computed from params alone; (None, None) otherwise."""
     if producer is None or not all(value is None or value in graph.params for value in producer.inputs):
         return None, None
-    if producer.op == "DequantizeLinear" and _narrow_weight(graph, producer):
+    if producer.op == "DequantizeLinear" and _packable_narrow_weight(graph, producer):
         levels, scale = (graph.params[value] for value in producer.inputs[:2])
         zero = graph.params[producer.inputs[2]] if len(producer.inputs) > 2 and producer.inputs[2] is not None else None
         granularity, axis, _ = quantization_axis(
@@ -252,7 +252,7 @@ def _narrow_conv_weight(graph: Graph, producer: Node | None) -> tuple[np.ndarray
     return np.asarray(array, dtype=np.float32), None
 
 
-def _narrow_weight(graph: Graph, producer: Node | None) -> bool:
+def _packable_narrow_weight(graph: Graph, producer: Node | None) -> bool:
     """Whether `producer` widens a narrow param that the packed kernel can read: a Cast of float16, or a
     DequantizeLinear of int8/uint8 levels with param scale and zero point."""
     if producer is None or not all(value is None or value in graph.params for value in producer.inputs):

@@ -56,7 +56,8 @@ def _model(rows: int, weight: str):
         (37, "int4", "llvm", True),  # a panel at a time, row tiles of 6 and a shorter last one
         (37, "int4", "wasm", True),  # one thread: the panel is the module's static array
         (37, "int4", "wasm -mattr=+atomics,+bulk-memory", True),  # its 256 x 8 panel fits the stack
-        (37, "float16", "llvm", False),  # a conversion per element: inline up to ~200 rows
+        (37, "float16", "llvm", False),  # a conversion instruction per element: inline up to ~200 rows
+        (45, "float16", "wasm", True),  # no half conversions: bit arithmetic per element, a panel from 41 rows
     ],
 )
 def test_narrow_weights_widened_inline_or_a_panel_at_a_time_match_onnxruntime(rows, weight, target, panel):

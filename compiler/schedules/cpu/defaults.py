@@ -18,7 +18,9 @@ from compiler.target import Target
 # 10: a MatMul's tile_m may be the fallback's balanced tiling with a shorter last tile (77 rows: 6), not only a
 #     divisor
 # 12: a MatMul by a param weight is a MatMulPacked with a template of its own ("dense_packed")
-SPACE_VERSION = 12
+# 13: a MatMulPacked of a narrow weight adds widen (inline or a panel at a time, which fixes the tile order and the
+#     parallel loop); an int8 one may read its weight four levels a word
+SPACE_VERSION = 13
 
 
 # Each template's fallback config, by knob name. A split's value is the inner size its fallback is at most (the

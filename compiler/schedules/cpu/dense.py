@@ -141,7 +141,9 @@ def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, targe
     block reads its panel at unit stride (whatever N is) and A's rows one broadcast element at a time. A last row tile
     shorter than tile_m, and a last panel past N, are pieces of their own (partitioned), so the other tiles test
     nothing. The search may change the rows, the k loop's unrolling, the order of the tile loops and which of them run
-    in parallel; the panel is a layout decision, made by alter_layout."""
+    in parallel, and where a narrow weight is widened (_widen_knob: a panel at a time fixes the order, each task a
+    panel, so the number of tasks is N / panel); the panel is a layout decision, made by alter_layout. A
+    MatMulIntegerPacked (uint8 A by int8 levels four to a word) takes the same template: its k steps a word."""
     values = fallback(tags.DENSE_PACKED, target)
     (k,) = dense.op.reduce_axis
     loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
