@@ -456,18 +456,45 @@ def _gather_block_quantized(b: Builder, inputs, attrs, outputs):
             f"GatherBlockQuantized: scales of shape {list(scales.type.shape)} do not match a table of {list(shape)} in "
             f"blocks of {block} along axis {quantize_axis}"
         )
-    levels = b.const(levels_of(table, shape), data.type.dtype)
+    levels = levels_of(table, shape)
     signed = data.type.dtype == "int8"
     if zeros is not None:
-        zero = b.const(levels_of(b.value(zeros), blocked(shape)), data.type.dtype)
+        zero = levels_of(b.value(zeros), blocked(shape))
     else:
-        zero = None if signed else b.const(np.full(blocked(shape), 1 << (bits - 1)), "uint8")
+        zero = None if signed else np.full(blocked(shape), 1 << (bits - 1), np.uint8)
+    if bits == 4 and rank == 2 and (gather_axis, quantize_axis) == (0, 1):
+        _gather_nibble_rows(b, levels, scales, zero, indices, block, outputs[0])
+        return
     weight = b.op(
         "DequantizeLinear",
-        [levels, scales, *([zero] if zero is not None else [])],
+        [b.const(levels, data.type.dtype), scales, *([b.const(zero, data.type.dtype)] if zero is not None else [])],
         {"axis": quantize_axis, "block_size": block},
     )
     b.op("Gather", [weight, indices], {"axis": gather_axis}, outputs[0])
+
+
+def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, indices: Value, block: int, output: str):
+    """Rows of a (V, W) table of 4-bit levels, kept two a byte: the Gather reads the packed bytes (V, W / 2) and the
+    rows' scales and zero points, the gathered bytes are split into their levels (low nibble first) and dequantized
+    in blocks along the row. Signed levels are stored + 8, their zero point with them. Plain ops every target has;
+    the bundle holds half a byte a level."""
+    offset = 8 if levels.dtype == np.int8 else 0
+    nibbles = (levels.astype(np.int16) + offset).astype(np.uint8)
+    width = nibbles.shape[1]
+    nibbles = np.pad(nibbles, [(0, 0), (0, width % 2)])
+    packed = b.const(nibbles[:, 0::2] | (nibbles[:, 1::2] << 4), "uint8")
+    zero = np.zeros(scales.type.shape, np.int16) if zero is None else zero.astype(np.int16)
+    zero_rows = b.op("Gather", [b.const((zero + offset).astype(np.uint8), "uint8"), indices], {"axis": 0})
+    rows = b.op("Gather", [packed, indices], {"axis": 0})
+    sixteen = b.const(np.array(16, np.uint8), "uint8")
+    halves = [b.op("Unsqueeze", [b.op(op, [rows, sixteen])], {"axes": (-1,)}) for op in ("Mod", "Div")]
+    pairs = b.op("Concat", halves, {"axis": -1})
+    count = len(indices.type.shape)
+    values = b.op("Reshape", [pairs], {"shape": (*indices.type.shape, nibbles.shape[1])})
+    if width % 2:
+        values = b.op("Slice", [values], {"starts": (0,), "ends": (width,), "axes": (count,)})
+    scale_rows = b.op("Gather", [scales, indices], {"axis": 0})
+    b.op("DequantizeLinear", [values, scale_rows, zero_rows], {"axis": count, "block_size": block}, output)
 
 
 @dataclass(frozen=True)
