@@ -476,24 +476,37 @@ def _gather_block_quantized(b: Builder, inputs, attrs, outputs):
 def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, indices: Value, block: int, output: str):
     """Rows of a (V, W) table of 4-bit levels, kept two a byte: the Gather reads the packed bytes (V, W / 2) and the
     rows' scales and zero points, the gathered bytes are split into their levels (low nibble first) and dequantized
-    in blocks along the row. Signed levels are stored + 8, their zero point with them. Plain ops every target has;
+    in blocks along the row: (level - offset - zero) * scale, signed levels stored + 8. Plain ops every target has;
     the bundle holds half a byte a level."""
     offset = 8 if levels.dtype == np.int8 else 0
     nibbles = (levels.astype(np.int16) + offset).astype(np.uint8)
     width = nibbles.shape[1]
     nibbles = np.pad(nibbles, [(0, 0), (0, width % 2)])
     packed = b.const(nibbles[:, 0::2] | (nibbles[:, 1::2] << 4), "uint8")
-    zero = np.zeros(scales.type.shape, np.int16) if zero is None else zero.astype(np.int16)
-    zero_rows = b.op("Gather", [b.const((zero + offset).astype(np.uint8), "uint8"), indices], {"axis": 0})
     rows = b.op("Gather", [packed, indices], {"axis": 0})
     sixteen = b.const(np.array(16, np.uint8), "uint8")
     halves = [b.op("Unsqueeze", [b.op(op, [rows, sixteen])], {"axes": (-1,)}) for op in ("Mod", "Div")]
     pairs = b.op("Concat", halves, {"axis": -1})
-    count = len(indices.type.shape)
-    values = b.op("Reshape", [pairs], {"shape": (*indices.type.shape, nibbles.shape[1])})
+    lead, count = tuple(indices.type.shape), len(indices.type.shape)
+    scale_rows = b.op("Gather", [scales, indices], {"axis": 0})
+    if width % block == 0:
+        # whole blocks: the offset (and zero point) taken off and the scale applied per block, no zero array stored
+        # for a symmetric table
+        blocks = width // block
+        values = b.op("Reshape", [b.float32(pairs)], {"shape": (*lead, blocks, block)})
+        shift = b.const(np.array([offset], np.float32))
+        if zero is not None:
+            zero_rows = b.op("Gather", [b.const(zero, str(zero.dtype)), indices], {"axis": 0})
+            shift = b.op("Add", [b.op("Unsqueeze", [b.float32(zero_rows)], {"axes": (-1,)}), shift])
+        shifted = b.op("Sub", [values, shift])
+        scaled = b.op("Mul", [shifted, b.op("Unsqueeze", [b.float32(scale_rows)], {"axes": (-1,)})])
+        b.op("Reshape", [scaled], {"shape": (*lead, width)}, output)
+        return
+    zero = np.zeros(scales.type.shape, np.int16) if zero is None else zero.astype(np.int16)
+    zero_rows = b.op("Gather", [b.const((zero + offset).astype(np.uint8), "uint8"), indices], {"axis": 0})
+    values = b.op("Reshape", [pairs], {"shape": (*lead, nibbles.shape[1])})
     if width % 2:
         values = b.op("Slice", [values], {"starts": (0,), "ends": (width,), "axes": (count,)})
-    scale_rows = b.op("Gather", [scales, indices], {"axis": 0})
     b.op("DequantizeLinear", [values, scale_rows, zero_rows], {"axis": count, "block_size": block}, output)
 
 
