@@ -479,6 +479,11 @@ def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, ind
     in blocks along the row: (level - offset - zero) * scale, signed levels stored + 8. Plain ops every target has;
     the bundle holds half a byte a level."""
     offset = 8 if levels.dtype == np.int8 else 0
+    if levels.size and not (0 <= int(levels.min()) + offset and int(levels.max()) + offset <= 15):
+        raise ShapeError(
+            f"GatherBlockQuantized with bits=4 holds {levels.dtype} levels from {levels.min()} to {levels.max()}, "
+            "outside 4 bits"
+        )
     nibbles = (levels.astype(np.int16) + offset).astype(np.uint8)
     width = nibbles.shape[1]
     nibbles = np.pad(nibbles, [(0, 0), (0, width % 2)])

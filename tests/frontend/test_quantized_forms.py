@@ -480,3 +480,15 @@ def test_float16_embeddings_stay_float16_for_the_gather():
     assert compile_model(model, target="llvm").manifest["params"]["bytes"] == VOCABULARY * WIDTH * 2
     on_gpu = optimize(load_onnx(model), fuse=False, target=Target.parse("webgpu"))
     assert [node.op for node in on_gpu.nodes] == ["Gather"] and on_gpu.nodes[0].inputs[0].type.dtype == "float32"
+
+
+def test_gather_block_quantized_with_levels_outside_its_bits_is_a_clear_error():
+    """uint8 levels one a byte under bits=4 (not the two-a-byte form) that do not fit 4 bits: refused, never packed
+    into nibbles that would drop their high bits."""
+    model = _gather_block_quantized("uint8")
+    (node,) = model.graph.node
+    kept = [attribute for attribute in node.attribute if attribute.name != "bits"]  # bits then defaults to 4
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    with pytest.raises(ShapeError, match="outside 4 bits"):
+        compile_model(model, target="llvm")
