@@ -455,9 +455,11 @@ def _int4(source: Path, block_size: int, symmetric: bool, accuracy_level: int | 
     # MatMul weights to MatMulNBits and Gather tables (embeddings) to GatherBlockQuantized, in blocks along their rows.
     # Quantizing a Gather sets the model's opset to 21 (int4 tables) without converting its ops: the model is brought
     # to opset 21 first, or, where onnx's converter cannot, its Gathers stay float.
-    op_types = ("MatMul", "Gather")
+    constants = {tensor.name for tensor in model.graph.initializer}
+    tables = any(node.op_type == "Gather" and node.input[0] in constants for node in model.graph.node)
+    op_types = ("MatMul", "Gather") if tables else ("MatMul",)
     opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 21)
-    if opset < 21:
+    if tables and opset < 21:
         try:
             model = onnx.version_converter.convert_version(model, 21)
         except Exception as error:  # noqa: BLE001 - onnx raises several kinds; any means "not convertible"

@@ -458,13 +458,12 @@ def _gather_block_quantized(b: Builder, inputs, attrs, outputs):
         )
     levels = levels_of(table, shape)
     signed = data.type.dtype == "int8"
-    if zeros is not None:
-        zero = levels_of(b.value(zeros), blocked(shape))
-    else:
-        zero = None if signed else np.full(blocked(shape), 1 << (bits - 1), np.uint8)
+    zero = None if zeros is None else levels_of(b.value(zeros), blocked(shape))
     if bits == 4 and rank == 2 and (gather_axis, quantize_axis) == (0, 1):
         _gather_nibble_rows(b, levels, scales, zero, indices, block, outputs[0])
         return
+    if zero is None and not signed:
+        zero = np.full(blocked(shape), 1 << (bits - 1), np.uint8)
     weight = b.op(
         "DequantizeLinear",
         [b.const(levels, data.type.dtype), scales, *([b.const(zero, data.type.dtype)] if zero is not None else [])],
@@ -476,8 +475,9 @@ def _gather_block_quantized(b: Builder, inputs, attrs, outputs):
 def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, indices: Value, block: int, output: str):
     """Rows of a (V, W) table of 4-bit levels, kept two a byte: the Gather reads the packed bytes (V, W / 2) and the
     rows' scales and zero points, the gathered bytes are split into their levels (low nibble first) and dequantized
-    in blocks along the row: (level - offset - zero) * scale, signed levels stored + 8. Plain ops every target has;
-    the bundle holds half a byte a level."""
+    in blocks along the row: (nibble - 8 - zero) * scale for signed levels (stored + 8), (nibble - zero) * scale for
+    unsigned ones, whose zero is 8 when the op has none. Plain ops every target has; the bundle holds half a byte a
+    level."""
     offset = 8 if levels.dtype == np.int8 else 0
     if levels.size and not (0 <= int(levels.min()) + offset and int(levels.max()) + offset <= 15):
         raise ShapeError(
@@ -499,7 +499,8 @@ def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, ind
         # for a symmetric table
         blocks = width // block
         values = b.op("Reshape", [b.float32(pairs)], {"shape": (*lead, blocks, block)})
-        shift = b.const(np.array([offset], np.float32))
+        # the default zero point of unsigned levels, 8, is a constant like the signed levels' offset
+        shift = b.const(np.array([8 if offset or zero is None else 0], np.float32))
         if zero is not None:
             zero_rows = b.op("Gather", [b.const(zero, str(zero.dtype)), indices], {"axis": 0})
             shift = b.op("Add", [b.op("Unsqueeze", [b.float32(zero_rows)], {"axes": (-1,)}), shift])
@@ -507,7 +508,7 @@ def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, ind
         scaled = b.op("Mul", [shifted, b.op("Unsqueeze", [b.float32(scale_rows)], {"axes": (-1,)})])
         b.op("Reshape", [scaled], {"shape": (*lead, width)}, output)
         return
-    zero = np.zeros(scales.type.shape, np.int16) if zero is None else zero.astype(np.int16)
+    zero = np.full(scales.type.shape, 0 if offset else 8, np.int16) if zero is None else zero.astype(np.int16)
     zero_rows = b.op("Gather", [b.const((zero + offset).astype(np.uint8), "uint8"), indices], {"axis": 0})
     values = b.op("Reshape", [pairs], {"shape": (*lead, nibbles.shape[1])})
     if width % 2:

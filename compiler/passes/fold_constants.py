@@ -15,11 +15,9 @@ from compiler.target import Target
 
 __all__ = ["GROWTH_LIMIT_ELEMENTS", "fold_constants", "fold_decompressions"]
 
-# The ops that read a weight as their input 1 and whose CPU templates can read it narrow (passes/alter_layout.py:
-# pack_dense, and the blocked conv's per-filter scale): a decompression feeding only these stays a node until the
-# layout passes have run.
 # The ops that may read a decompressed weight narrow, by the input that holds it: a dense or conv kernel's weight
-# (alter_layout packs it narrow), a Gather's table (on CPU targets its group reads each gathered element narrow).
+# (alter_layout packs it: pack_dense, the blocked conv's per-filter scale), a Gather's table (on CPU targets its group
+# reads each gathered element narrow). A decompression feeding only these stays a node until the layout passes ran.
 NARROW_WEIGHT_READERS = {"MatMul": 1, "Gemm": 1, "Conv": 1, "Gather": 0}
 # those whose narrow weight reaches the kernels as it is, without a layout pass taking it: kept by fold_decompressions
 # on CPU targets

@@ -421,22 +421,22 @@ def test_int4_weights_dequantized_into_a_matmul(elem_type, low, high):
 VOCABULARY, WIDTH, TABLE_BLOCK = 300, 64, 32
 
 
-def _gather_block_quantized(form: str):
-    """com.microsoft.GatherBlockQuantized of a (VOCABULARY, WIDTH) table in blocks of 32 along its rows, ids (2, 5):
+def _gather_block_quantized(form: str, width: int = WIDTH):
+    """com.microsoft.GatherBlockQuantized of a (VOCABULARY, width) table in blocks of 32 along its rows, ids (2, 5):
     int4 levels (signed, no zero point: 0), uint4 levels with zero points, uint8 bytes of two 4-bit levels (no zero
     point: 8), or uint8 8-bit levels (no zero point: 128), opset 21 for the 4-bit types."""
-    shape, blocks = (VOCABULARY, WIDTH), (VOCABULARY, WIDTH // TABLE_BLOCK)
+    shape, blocks = (VOCABULARY, width), (VOCABULARY, -(-width // TABLE_BLOCK))
     scales = numpy_helper.from_array(RNG.uniform(0.01, 0.05, blocks).astype(np.float32), "s")
     inputs, attrs, params = ["q", "ids", "s"], {"block_size": TABLE_BLOCK}, [scales]
     if form in ("int4", "uint4"):
         low, high = (-8, 8) if form == "int4" else (0, 16)
         kind = TensorProto.INT4 if form == "int4" else TensorProto.UINT4
-        params.append(helper.make_tensor("q", kind, shape, RNG.integers(low, high, VOCABULARY * WIDTH).tolist()))
+        params.append(helper.make_tensor("q", kind, shape, RNG.integers(low, high, VOCABULARY * width).tolist()))
         if form == "uint4":
             params.append(helper.make_tensor("z", kind, blocks, RNG.integers(0, 16, blocks[0] * blocks[1]).tolist()))
             inputs.append("z")
     elif form == "packed4":
-        params.append(numpy_helper.from_array(RNG.integers(0, 256, (VOCABULARY, WIDTH // 2)).astype(np.uint8), "q"))
+        params.append(numpy_helper.from_array(RNG.integers(0, 256, (VOCABULARY, width // 2)).astype(np.uint8), "q"))
     else:
         params.append(numpy_helper.from_array(RNG.integers(0, 256, shape).astype(np.uint8), "q"))
         attrs["bits"] = 8
@@ -492,3 +492,11 @@ def test_gather_block_quantized_with_levels_outside_its_bits_is_a_clear_error():
     node.attribute.extend(kept)
     with pytest.raises(ShapeError, match="outside 4 bits"):
         compile_model(model, target="llvm")
+
+
+@pytest.mark.parametrize("form, width", [("int4", 47), ("uint4", 47), ("packed4", 48)])
+def test_gather_block_quantized_rows_of_partial_blocks(form, width):
+    """Rows that are not whole blocks (47 levels, an odd count, in blocks of 32; 48 from 24 bytes): the gathered rows
+    are dequantized by a blocked DequantizeLinear, exact against onnxruntime."""
+    model = _gather_block_quantized(form, width)
+    _compare(model, {"ids": RNG.integers(0, VOCABULARY, (2, 5)).astype(np.int64)}, 1e-6)
