@@ -494,6 +494,13 @@ def test_gather_block_quantized_with_levels_outside_its_bits_is_a_clear_error():
         compile_model(model, target="llvm")
 
 
+@pytest.mark.parametrize("target", ["opencl", "webgpu"])
+def test_gather_block_quantized_on_gpu_targets(target):
+    """The two-levels-a-byte rows are plain ops (Gather, Mod, Div, Reshape, Sub, Mul): GPU targets run them too."""
+    model = _gather_block_quantized("packed4")
+    _compare(model, {"ids": RNG.integers(0, VOCABULARY, (2, 5)).astype(np.int64)}, 1e-6, target=target)
+
+
 @pytest.mark.parametrize("form, width", [("int4", 47), ("uint4", 47), ("packed4", 48)])
 def test_gather_block_quantized_rows_of_partial_blocks(form, width):
     """Rows that are not whole blocks (47 levels, an odd count, in blocks of 32; 48 from 24 bytes): the gathered rows
