@@ -120,11 +120,7 @@ def conv_nchwc(inputs: Inputs, attrs: dict[str, Any], output_types: list[TensorT
     block's weights contiguously and broadcasts one input value (or loads the matching input channels, depthwise)."""
     x, w, bias, scale, column_sums, zero = (list(inputs) + [None] * 5)[:6]
     integer = w.dtype == "int32"  # uint8 input by int8 levels four channels to a word (graph/ops/conv.py)
-    if integer:
-        levels = TensorType((w.shape[0], 4 * w.shape[1], *w.shape[2:]), "int8")
-        plain_x, plain_w = blocked_conv_types(TensorType(x.shape, "float32"), levels, attrs)
-    else:
-        plain_x, plain_w = blocked_conv_types(type_of(x), type_of(w), attrs)
+    plain_x, plain_w = blocked_conv_types(type_of(x), type_of(w), attrs)
     if scale is not None:  # int8/uint8 levels, widened as read (or summed in integers) and scaled once per output
         plain_w = TensorType(plain_w.shape, plain_x.dtype)
     group, window = conv_geometry("ConvNCHWc", plain_x, plain_w, attrs)

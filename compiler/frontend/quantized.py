@@ -31,6 +31,7 @@ from onnx import AttributeProto
 
 from compiler.errors import ModelError, ShapeError, UnsupportedOpError
 from compiler.graph.ir import Value
+from compiler.graph.ops.dense import pack_nibbles
 from compiler.graph.registry import get_op
 
 CONTRIB_DOMAIN = "com.microsoft"
@@ -486,8 +487,8 @@ def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, ind
         )
     nibbles = (levels.astype(np.int16) + offset).astype(np.uint8)
     width = nibbles.shape[1]
-    nibbles = np.pad(nibbles, [(0, 0), (0, width % 2)])
-    packed = b.const(nibbles[:, 0::2] | (nibbles[:, 1::2] << 4), "uint8")
+    stored = pack_nibbles(nibbles)  # (V, ceil(W / 2)) bytes
+    packed = b.const(stored, "uint8")
     rows = b.op("Gather", [packed, indices], {"axis": 0})
     sixteen = b.const(np.array(16, np.uint8), "uint8")
     halves = [b.op("Unsqueeze", [b.op(op, [rows, sixteen])], {"axes": (-1,)}) for op in ("Mod", "Div")]
@@ -510,7 +511,7 @@ def _gather_nibble_rows(b: Builder, levels: np.ndarray, scales: Value, zero, ind
         return
     zero = np.full(scales.type.shape, 0 if offset else 8, np.int16) if zero is None else zero.astype(np.int16)
     zero_rows = b.op("Gather", [b.const((zero + offset).astype(np.uint8), "uint8"), indices], {"axis": 0})
-    values = b.op("Reshape", [pairs], {"shape": (*lead, nibbles.shape[1])})
+    values = b.op("Reshape", [pairs], {"shape": (*lead, 2 * stored.shape[1])})
     if width % 2:
         values = b.op("Slice", [values], {"starts": (0,), "ends": (width,), "axes": (count,)})
     b.op("DequantizeLinear", [values, scale_rows, zero_rows], {"axis": count, "block_size": block}, output)

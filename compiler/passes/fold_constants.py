@@ -39,9 +39,9 @@ def fold_constants(graph: Graph, keep_narrow_weights: bool | tuple[str, ...] = T
     for node in result.nodes:
         for position, value in enumerate(node.inputs):
             readers.setdefault(value, []).append((node.op, position))
+    readable = NARROW_WEIGHT_READERS if keep_narrow_weights is True else keep_narrow_weights or ()
     kept: list[Node] = []
     for node in result.nodes:
-        readable = NARROW_WEIGHT_READERS if keep_narrow_weights is True else keep_narrow_weights or ()
         if readable and _narrow_weight(node, readers, readable):
             kept.append(node)
             continue

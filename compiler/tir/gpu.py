@@ -162,25 +162,20 @@ class _GpuLowering:
             body = For(index, _int(0), _int(self.extents[tag]), ForKind.THREAD_BINDING, body, tag)
         return body
 
+    def one_thread(self, body: Stmt) -> PrimFunc:
+        """The kernel as `body` run by a launch of one thread."""
+        launch = {"grid": [1, 1, 1], "block": [1, 1, 1]}
+        return PrimFunc(self.func.name, self.func.params, body, {**self.func.attrs, "launch": launch})
+
     def run(self) -> PrimFunc:
         loops = _thread_loops(self.func.body)
         if not any(isinstance(stmt, Store) for stmt in walk_stmts(self.func.body)):
             # nothing to compute (the outputs are empty tensors): one thread that does nothing
-            return PrimFunc(
-                self.func.name,
-                self.func.params,
-                Seq(()),
-                {**self.func.attrs, "launch": {"grid": [1, 1, 1], "block": [1, 1, 1]}},
-            )
+            return self.one_thread(Seq(()))
         if not loops and not any(isinstance(stmt, For) for stmt in walk_stmts(self.func.body)):
             # a scalar (a 0-d value computed at run time, such as a dynamic quantization's scale): one thread
             self.check_dtypes()
-            return PrimFunc(
-                self.func.name,
-                self.func.params,
-                self.func.body,
-                {**self.func.attrs, "launch": {"grid": [1, 1, 1], "block": [1, 1, 1]}},
-            )
+            return self.one_thread(self.func.body)
         if not loops:
             self.fail(
                 "it has no thread-bound loop (a CPU schedule); GPU kernels come from compiler/schedules/gpu.py, "

@@ -19,6 +19,18 @@ from compiler.target import Target
 RNG = np.random.default_rng(17)
 
 
+def _model(nodes, name: str, input_shape: list[int], params):
+    """An opset-17 model of `nodes` from the float input x of `input_shape` to y."""
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        params,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def _dynamic(inner: int, columns: int, weight_dtype=np.int8, weight_zero: int | None = None):
     """DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul, as onnxruntime's dynamic quantizer writes a MatMul:
     x of shape (2, 9, inner), a constant weight (inner, columns)."""
@@ -35,14 +47,7 @@ def _dynamic(inner: int, columns: int, weight_dtype=np.int8, weight_zero: int | 
         helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
         helper.make_node("Mul", ["accf", "xs"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "dynamic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 9, inner])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 9, columns])],
-        params,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return _model(nodes, "dynamic", [2, 9, inner], params)
 
 
 def _qdq(inner: int, columns: int):
@@ -63,14 +68,7 @@ def _qdq(inner: int, columns: int):
         helper.make_node("MatMul", ["xd", "wd"], ["product"]),
         helper.make_node("Add", ["product", "bias"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "qdq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 9, inner])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 9, columns])],
-        params,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return _model(nodes, "qdq", [2, 9, inner], params)
 
 
 def _qdq_conv(channels: int, filters: int, kernel: int, stride: int, zero: int):
@@ -93,14 +91,7 @@ def _qdq_conv(channels: int, filters: int, kernel: int, stride: int, zero: int):
         helper.make_node("Conv", ["xd", "wd", "bias"], ["c"], pads=[pad] * 4, strides=[stride] * 2),
         helper.make_node("Relu", ["c"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "qdq_conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, channels, 30, 33])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        params,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return _model(nodes, "qdq_conv", [2, channels, 30, 33], params)
 
 
 def _products(model) -> list[str]:

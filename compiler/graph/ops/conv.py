@@ -178,8 +178,8 @@ def unpack_weight(packed_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> tuple[TensorType, TensorType]:
-    """The NCHW input and OIHW weight types a ConvNCHWc stands for; ShapeError unless it is a 2-D conv with
-    group 1, a depthwise one (group = channels = filters) whose input and filter blocks agree, or one whose groups
+    """The NCHW input and OIHW weight types a ConvNCHWc stands for (float32 ones for int32 weight words: the conv
+    on the levels they hold); ShapeError unless it is a 2-D conv with group 1, a depthwise one (group = channels = filters) whose input and filter blocks agree, or one whose groups
     hold whole blocks of input channels and of filters."""
     if len(x.shape) != 5 or len(w.shape) != 5:
         raise ShapeError(
@@ -188,6 +188,9 @@ def blocked_conv_types(x: TensorType, w: TensorType, attrs: dict[str, Any]) -> t
         )
     plain_x = TensorType((x.shape[0], x.shape[1] * x.shape[-1], *x.shape[2:4]), x.dtype)
     plain_w = TensorType(unpack_weight(w.shape), w.dtype)
+    if w.dtype == "int32":  # int8 levels four input channels to a word (pack_conv_words): a float32 conv on levels
+        plain_x = TensorType(plain_x.shape, "float32")
+        plain_w = TensorType((plain_w.shape[0], 4 * plain_w.shape[1], *plain_w.shape[2:]), "float32")
     group = int(attrs.get("group", 1))
     depthwise = group == plain_x.shape[1] == plain_w.shape[0] and x.shape[-1] == w.shape[-1]
     whole_blocks = x.shape[1] % group == 0 and w.shape[0] % group == 0
@@ -214,8 +217,12 @@ def _infer_conv_nchwc(types, attrs):
                 f"({plain_w.shape[0]}); got {w.dtype} levels and a scale of shape {list(scale.shape)}"
             )
         plain_w = TensorType(plain_w.shape, x.dtype)
+    return _blocked_output(plain_x, plain_w, bias, attrs, w.shape[-1])
+
+
+def _blocked_output(plain_x: TensorType, plain_w: TensorType, bias, attrs, block: int) -> list[TensorType]:
+    """The NCHW[block]c output type of the plain conv a ConvNCHWc stands for."""
     (plain,) = _infer_conv([plain_x, plain_w, bias], attrs)
-    block = w.shape[-1]
     return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
 
 
@@ -223,8 +230,7 @@ def _infer_integer_conv(x, w, bias, scale, column_sums, zero, attrs):
     """A group-1 ConvNCHWc of uint8 activations by int8 levels packed four input channels to an int32 word
     (pack_conv_words), a scale and column sum per filter, A's zero point: float32 output
     ((sum of products - zero * column sum) * scale + bias)."""
-    levels = TensorType((w.shape[0], 4 * w.shape[1], *w.shape[2:]), "int8")
-    plain_x, plain_w = blocked_conv_types(x, levels, attrs)
+    plain_x, plain_w = blocked_conv_types(x, w, attrs)
     filters = (plain_w.shape[0],)
     if x.dtype != "uint8" or int(attrs.get("group", 1)) != 1 or x.shape[-1] % 4:
         raise ShapeError(
@@ -235,10 +241,7 @@ def _infer_integer_conv(x, w, bias, scale, column_sums, zero, attrs):
         raise ShapeError(f"ConvNCHWc with int32 weight words takes a scale and column sums per filter ({filters[0]})")
     if (column_sums is None) != (zero is None) or (zero is not None and (zero.dtype != "uint8" or zero.size != 1)):
         raise ShapeError("ConvNCHWc takes the input's zero point (one uint8) with its weight's int32 column sums")
-    float_x = TensorType(plain_x.shape, "float32")
-    (plain,) = _infer_conv([float_x, TensorType(plain_w.shape, "float32"), bias], attrs)
-    block = w.shape[-1]
-    return [TensorType((plain.shape[0], plain.shape[1] // block, *plain.shape[2:], block), plain.dtype)]
+    return _blocked_output(plain_x, plain_w, bias, attrs, w.shape[-1])
 
 
 def pack_conv_words(packed: np.ndarray) -> np.ndarray:

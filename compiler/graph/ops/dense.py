@@ -89,9 +89,10 @@ def unpack_dense_weight(packed: np.ndarray, columns: int) -> np.ndarray:
 
 
 def pack_nibbles(levels: np.ndarray) -> np.ndarray:
-    """(P, K, panel) levels below 16 -> (P, ceil(K / 2), panel) bytes: level k in the low half of byte k // 2 when k
-    is even, in the high half when odd."""
-    padded = np.pad(levels, [(0, 0), (0, levels.shape[1] % 2), (0, 0)]).astype(np.uint8)
+    """(P, K, ...) levels below 16 -> (P, ceil(K / 2), ...) bytes: level k in the low half of byte k // 2 when k
+    is even, in the high half when odd (a packed weight's (P, K, panel), an embedding table's (V, W))."""
+    pads = [(0, levels.shape[1] % 2 if axis == 1 else 0) for axis in range(levels.ndim)]
+    padded = np.pad(levels, pads).astype(np.uint8)
     return np.ascontiguousarray(padded[:, 0::2] | (padded[:, 1::2] << 4))
 
 

@@ -149,9 +149,8 @@ def schedule_dense_packed(schedule: Schedule, dense: Stage, output: Stage, targe
     loads = [node for node in walk(dense.op.body) if isinstance(node, TensorLoad)]
     # B's panel: the packed weight (and its scales) end in the panel's lane; A (even of rank 3) ends in k (or, read a
     # word's four bytes at a time, in 4k + byte)
-    panel = next(node.tensor for node in loads if len(node.indices) == 3 and not mentions(node.indices[-1], k)).shape[
-        -1
-    ]
+    weight = next(node.tensor for node in loads if len(node.indices) == 3 and not mentions(node.indices[-1], k))
+    panel = weight.shape[-1]
     # the rows are A's last axis before K of more than one element: a sequence-first projection ((tokens, 1, K), as
     # torch's MultiheadAttention exports it) tiles its tokens, not its single-row matrices
     *lead, j = output.op.axis
