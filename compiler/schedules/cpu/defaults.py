@@ -196,10 +196,13 @@ FMA_CHAINS = 8
 
 # a narrow weight is widened a panel at a time into a local buffer, rather than element by element in the product,
 # where the dense's rows (of all its leading axes) times the widening's expression nodes reach this
-# (schedules/cpu/dense.py, _widen_knob). At one thread, 4-bit levels in blocks (50 nodes), 768 x 3072: inline 0.22
-# and 0.42 ms at 4 and 8 rows against 0.42 and 0.52 a panel at a time, 0.81 against 0.74 at 16, 6.7 against 3.4 at
-# 128; float16 (5 nodes), 768 x 768: inline as fast or faster at 8, 16 and 128 rows (1.01 ms against 1.03 at 128)
+# (schedules/cpu/dense.py, _widen_knob). At one thread, back to back (the whole models' effect at the default thread
+# count with pauses is in docs/benchmarks.md, "Quantized models"): 4-bit levels in blocks (50 nodes), 768 x 3072,
+# inline 0.22 and 0.42 ms at 4 and 8 rows against 0.42 and 0.52 a panel at a time, 0.81 against 0.74 at 16, 6.7
+# against 3.4 at 128; float16 (5 nodes), 768 x 768, inline as fast or faster at 8, 16 and 128 rows (1.01 ms against
+# 1.03 at 128)
 WIDEN_PANEL_WORK = 1024
 # a float16 element's widening without half-conversion instructions (wasm: bit arithmetic on the 16-bit pattern,
-# codegen/fast_math.py), in expression nodes: it makes a float16 weight a panel at a time from 41 rows
+# codegen/fast_math.py), in expression nodes: an estimate, not a count, that makes a float16 weight a panel at a time
+# from 41 rows (float16 DistilBERT in wasmtime: 513 ms against 1104 inline)
 HALF_WIDENING_NODES = 20
