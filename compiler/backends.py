@@ -245,6 +245,7 @@ def _wasm_model_runtime(image: ModelImage, target: Target, num_threads: int | No
         image.binding,
         memory.get("wasm_import"),
         num_threads or 1,
+        len(image.manifest.get("sizes", ())),
     )
 
 

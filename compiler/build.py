@@ -24,6 +24,8 @@ from compiler.bundle import (
     RUNTIME_VERSION,
     WASM_FEATURES,
     BundleError,
+    SymbolicSizes,
+    at_largest,
     binding_digest,
     check_manifest,
     check_seal,
@@ -35,13 +37,14 @@ from compiler.bundle import (
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
 from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.graph.ir import Graph, Node
+from compiler.graph.sym import symbols_of, upper
 from compiler.link import WASM_STACK_BYTES
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
 from compiler.passes.half_weights import half_weights
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
 from compiler.target import Target
-from compiler.tir.lower import lower
+from compiler.tir.lower import SIZES_ARGUMENT, lower
 from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
 from compiler.tune.records import load_records
@@ -182,11 +185,11 @@ def _silent(step: str, fraction: float) -> None:
     return None
 
 
-def _model_source(model, input_shapes) -> tuple[Graph, bytes]:
+def _model_source(model, input_shapes, dims=None) -> tuple[Graph, bytes]:
     """The model as a Graph, and the bytes that identify it in the bundle's content hash."""
     if isinstance(model, Graph):
-        if input_shapes:
-            raise ShapeError("input_shapes applies to ONNX models; an imported Graph already has static shapes")
+        if input_shapes or dims:
+            raise ShapeError("input_shapes and dims apply to ONNX models; an imported Graph already has its shapes")
         params = b"".join(array.tobytes() for array in model.params.values())
         return model, str(model).encode() + hashlib.sha256(params).digest()
     if isinstance(model, onnx.ModelProto):
@@ -202,10 +205,10 @@ def _model_source(model, input_shapes) -> tuple[Graph, bytes]:
         for data_file in external_data_files(path):
             with open(data_file, "rb") as file:
                 data += hashlib.file_digest(file, "sha256").digest()
-        return load_onnx(path, input_shapes=input_shapes), data
+        return load_onnx(path, input_shapes=input_shapes, dims=dims), data
     else:
         raise ModelError(f"compile_model takes a path, ONNX bytes, a ModelProto or a Graph, not {type(model).__name__}")
-    return load_onnx(data, input_shapes=input_shapes), data
+    return load_onnx(data, input_shapes=input_shapes, dims=dims), data
 
 
 def group_key(node: Node) -> str:
@@ -228,7 +231,17 @@ def _spec(value) -> ArgSpec:
 
 
 def _spec_json(spec: ArgSpec) -> dict:
-    return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
+    """A tensor's manifest entry; a symbolic dimension is its expression's text ("seq", "4*seq+past")."""
+    return {"name": spec.name, "shape": [d if isinstance(d, int) else str(d) for d in spec.shape], "dtype": spec.dtype}
+
+
+def model_sizes(graph: Graph) -> dict[str, tuple[int, int]]:
+    """The model's symbolic sizes (its inputs' kept dim_params) with their ranges, in the order of the kernels' and
+    the run entry's sizes argument: sorted by name."""
+    found: dict[str, tuple[int, int]] = {}
+    for value in graph.inputs:
+        found.update(symbols_of(value.type.shape))
+    return dict(sorted(found.items()))
 
 
 def _host_json(spec: ArgSpec, model_value) -> dict:
@@ -248,18 +261,22 @@ def compile_model(
     progress: Progress | None = None,
     wasm_variants: tuple[str, ...] = (),
     weights: str = "fp32",
+    dims: dict[str, tuple[int, int]] | None = None,
 ) -> Module:
     """Compile a whole model (a path, ONNX bytes, a ModelProto or a Graph) ahead of time into a Module:
     one kernel per distinct fused group, a static memory plan and one `run` entry calling them in order.
     `wasm_variants` adds code built with more engine features beside the plain wasm (_wasm_variants); `weights`
-    "fp16" stores the dense weights as float16 (stored_weights)."""
+    "fp16" stores the dense weights as float16 (stored_weights). `dims` keeps named symbolic dimensions of the inputs
+    symbolic, each in an inclusive range ({"seq": (1, 2048)}): one bundle then runs every size in the range, its
+    tensors laid out for the largest (docs/architecture.md, "Symbolic sizes")."""
     progress = progress or _silent
     target = Target.parse(target)
     backend = backend_for(target)
     variants = _wasm_variants(target, wasm_variants)
     check_weights(weights, target)
     progress("loading the model", 0.0)
-    graph, model_bytes = _model_source(model, input_shapes)
+    graph, model_bytes = _model_source(model, input_shapes, dims)
+    sizes = model_sizes(graph)
     progress("optimizing the graph", 0.05)
     fused = optimize(stored_weights(graph, target, weights), fuse=True, target=target)
     _check_indexable(fused)
@@ -277,7 +294,7 @@ def compile_model(
             progress(f"lowering {node.name}", 0.1 + 0.5 * step / max(1, len(fused.nodes)))
             name = f"kernel_{len(kernels)}"
             group, schedule, cfg = schedule_node(node, target, records)
-            kernels[key] = lower(schedule, [*group.inputs, *group.outputs], name)
+            kernels[key] = lower(schedule, [*group.inputs, *group.outputs], name, list(sizes))
             ops = [member.op for member in node.attrs["body"].nodes]
             kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": cfg.values or None}
         kernel_of.append(kernels[key].name)
@@ -285,11 +302,14 @@ def compile_model(
 
     places, params, params_layout, plan, output_sources = _lay_out(fused, parts)
     _check_addressable(fused, target, plan.arena_bytes, len(params))
-    run = _run_func(fused, kernel_of, places)
+    sized = {func.name for func in kernels.values() if func.params and func.params[-1].name == SIZES_ARGUMENT}
+    run = _run_func(fused, kernel_of, places, bool(sizes), sized)
     options = {
         "input_shapes": {name: list(shape) for name, shape in sorted((input_shapes or {}).items())},
         "tuning_records": _records_digest(kernel_entries),
     }
+    if sizes:  # absent for static models, so their bundles (and ids) stay as they were
+        options["dims"] = {name: list(bounds) for name, bounds in sizes.items()}
     if variants:
         options["wasm_variants"] = [variant["code"] for variant in variants]
     if weights != "fp32":  # absent by default, so the bundles (and ids) of float32 compiles stay as they were
@@ -312,7 +332,11 @@ def compile_model(
         "target": str(target),
         "triple": target.triple,
         "code": backend.code_file,
-        "entry": {"name": ENTRY, "arguments": ["inputs...", "outputs...", "params", "arena"]},
+        "entry": {
+            "name": ENTRY,
+            "arguments": ["inputs...", "outputs...", "params", "arena", *([SIZES_ARGUMENT] if sizes else [])],
+        },
+        **({"sizes": [{"name": name, "min": low, "max": high} for name, (low, high) in sizes.items()]} if sizes else {}),
         "inputs": [_host_json(spec, value) for spec, value in zip(inputs, graph.inputs)],
         "outputs": [
             {**_host_json(spec, value), "source": source}
@@ -474,13 +498,15 @@ def _lay_out(graph: Graph, parts: dict | None = None):
     return places, b"".join(chunks), layout, plan, output_sources
 
 
-def _run_func(graph: Graph, kernel_of: list[str], places: dict) -> PrimFunc:
-    """The `run` entry: one KernelCall per fused group, in order, over pointers into the regions."""
+def _run_func(graph: Graph, kernel_of: list[str], places: dict, symbolic: bool = False, sized=()) -> PrimFunc:
+    """The `run` entry: one KernelCall per fused group, in order, over pointers into the regions. A model with
+    symbolic sizes takes their values as one more argument (int32, one per size), handed on to the `sized` kernels."""
     inputs = [Buffer(f"input_{position}", (value.type.nbytes,), "uint8") for position, value in enumerate(graph.inputs)]
     outputs = [
         Buffer(f"output_{position}", (value.type.nbytes,), "uint8") for position, value in enumerate(graph.outputs)
     ]
     regions = {"params": Buffer("params", (0,), "uint8"), "arena": Buffer("arena", (0,), "uint8")}
+    size_values = [Buffer(SIZES_ARGUMENT, (0,), "int32")] if symbolic else []
 
     def argument(value) -> tuple[Buffer, int]:
         place = places[value]
@@ -491,10 +517,14 @@ def _run_func(graph: Graph, kernel_of: list[str], places: dict) -> PrimFunc:
         return regions[place.region], place.offset
 
     calls = tuple(
-        KernelCall(name, tuple(argument(value) for value in [*node.inputs, *node.outputs] if value is not None))
+        KernelCall(
+            name,
+            tuple(argument(value) for value in [*node.inputs, *node.outputs] if value is not None)
+            + (((size_values[0], 0),) if name in sized else ()),
+        )
         for name, node in zip(kernel_of, graph.nodes)
     )
-    return PrimFunc(ENTRY, [*inputs, *outputs, regions["params"], regions["arena"]], Seq(calls))
+    return PrimFunc(ENTRY, [*inputs, *outputs, regions["params"], regions["arena"], *size_values], Seq(calls))
 
 
 def _describe_call(call: dict, kernels: list[dict]) -> str:
@@ -529,8 +559,17 @@ class Module:
         self.sources = code.sources if code is not None else None
         self.funcs = funcs or []
         self.target = target
-        self.inputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["inputs"]]
-        self.outputs = [ArgSpec(item["name"], tuple(item["shape"]), item["dtype"]) for item in manifest["outputs"]]
+        # a symbolic model's sizes by name, with their ranges; its inputs' and outputs' dims as ints and Syms, and the
+        # specs the runtimes see: every tensor at its largest shape (the layout its kernels index)
+        self.sizes = SymbolicSizes(manifest)
+        self.inputs = [
+            ArgSpec(item["name"], tuple(map(upper, dims)), item["dtype"])
+            for item, dims in zip(manifest["inputs"], self.sizes.input_dims)
+        ]
+        self.outputs = [
+            ArgSpec(item["name"], tuple(map(upper, dims)), item["dtype"])
+            for item, dims in zip(manifest["outputs"], self.sizes.output_dims)
+        ]
         # what a run checks and fills in, made once: each input's name and dtype, the outputs no kernel writes
         self.input_checks = [(spec, np.dtype(spec.dtype)) for spec in self.inputs]
         self.input_names = {spec.name for spec in self.inputs}
@@ -576,6 +615,9 @@ class Module:
                     f"input {spec.name!r} has dtype {array.dtype}, the model takes {spec.dtype}; "
                     f"convert it with array.astype({spec.dtype!r})"
                 )
+            if self.sizes:
+                arrays.append(array)
+                continue
             if array.shape != spec.shape:
                 raise ShapeError(
                     f"input {spec.name!r} has shape {tuple(array.shape)}, the model takes {spec.shape}; "
@@ -585,14 +627,21 @@ class Module:
         return arrays
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the whole model once through its `run` entry; inputs are checked before any code sees them."""
+        """Run the whole model once through its `run` entry; inputs are checked before any code sees them. A model
+        with symbolic sizes takes every size in its ranges: each input goes into a buffer of its largest shape, and
+        each output comes back cut to the run's shape."""
         arrays = self._check(feeds)
         if self.runtime is None:
             raise TargetError(
                 f"this module was cross-compiled for {self.target.triple} and cannot run on this machine; "
                 "export it and run it on such a device (or under qemu-user)"
             )
-        return self._named_outputs(arrays, self.runtime.run(arrays))
+        if not self.sizes:
+            return self._named_outputs(arrays, self.runtime.run(arrays))
+        values = self.sizes.bind([spec.name for spec in self.inputs], arrays)
+        laid_out = [at_largest(array, spec.shape) for array, spec in zip(arrays, self.inputs)]
+        results = self.runtime.run(laid_out, self.sizes.argument(values))
+        return self._named_outputs(arrays, self.sizes.cut_outputs(results, values))
 
     def _named_outputs(self, arrays: list[np.ndarray], results: list[np.ndarray]) -> dict[str, np.ndarray]:
         """Fill in the outputs no kernel writes (copied on the host) and name every output."""

@@ -14,8 +14,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from compiler.errors import TesselError
+import numpy as np
+
+from compiler.errors import ShapeError, TesselError
 from compiler.graph.ir import ITEMSIZE
+from compiler.graph.sym import Sym, evaluate, parse_size
 
 FORMAT_VERSION = 2
 # The version of the JS runtime (the npm package tessel-runtime, web_runtime/) that bundles are compiled for: written
@@ -500,3 +503,82 @@ def read_bundle(directory: str | Path) -> tuple[dict, dict[str, bytes]]:
             raise BundleError(f"{path} is corrupted: its sha256 does not match the manifest; export the model again")
         files[name] = data
     return manifest, files
+
+
+class SymbolicSizes:
+    """A manifest's symbolic sizes (`sizes`: name, min, max, in the order of the run entry's sizes argument) and its
+    inputs' and outputs' dims as ints and Syms. A run binds each size's value from the inputs' shapes, lays every
+    input out at its largest shape (what the kernels index) and cuts every output to the run's shape."""
+
+    def __init__(self, manifest: dict):
+        self.ranges = {item["name"]: (item["min"], item["max"]) for item in manifest.get("sizes", ())}
+        self.input_dims = [self._dims(item["shape"]) for item in manifest["inputs"]]
+        self.output_dims = [self._dims(item["shape"]) for item in manifest["outputs"]]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def _dims(self, shape: list) -> tuple:
+        return tuple(d if isinstance(d, int) else parse_size(d, self.ranges) for d in shape)
+
+    def bind(self, names: list[str], arrays: list) -> dict[str, int]:
+        """The value of each size in a run of inputs `arrays` (named `names`): every input dimension that is one size
+        alone gives it; every other dimension must then agree, and every size lie in its range (ShapeError naming
+        the input, the axis and the size otherwise)."""
+        values: dict[str, int] = {}
+        where: dict[str, str] = {}
+        for name, dims, array in zip(names, self.input_dims, arrays):
+            if len(array.shape) != len(dims):
+                raise ShapeError(
+                    f"input {name!r} has shape {tuple(array.shape)}, of rank {len(array.shape)}; the model takes rank "
+                    f"{len(dims)} ({_dims_text(dims)})"
+                )
+            for axis, (dim, extent) in enumerate(zip(dims, array.shape)):
+                if isinstance(dim, Sym) and dim.terms == {(dim.names[0],): 1}:
+                    size = dim.names[0]
+                    if size in values and values[size] != extent:
+                        raise ShapeError(
+                            f"input {name!r} has {extent} at axis {axis}, which is the size {size}, but {where[size]} "
+                            f"gives {size} = {values[size]}; give inputs whose {size} agrees"
+                        )
+                    values.setdefault(size, extent)
+                    where.setdefault(size, f"input {name!r} axis {axis}")
+        for size, (low, high) in self.ranges.items():
+            if size not in values:
+                raise ShapeError(f"no input dimension is the size {size} alone, so a run cannot tell its value")
+            if not low <= values[size] <= high:
+                raise ShapeError(
+                    f"{where[size]} gives the size {size} = {values[size]}, outside the range {low}..{high} the model "
+                    f"was compiled for; compile it with a range that holds it (tessel compile --dim {size}=LOW..HIGH)"
+                )
+        for name, dims, array in zip(names, self.input_dims, arrays):
+            expected = tuple(evaluate(dim, values) for dim in dims)
+            if tuple(array.shape) != expected:
+                at = ", ".join(f"{size} = {value}" for size, value in values.items())
+                raise ShapeError(
+                    f"input {name!r} has shape {tuple(array.shape)}, the model takes {expected} ({_dims_text(dims)}) "
+                    f"at {at}"
+                )
+        return values
+
+    def argument(self, values: dict[str, int]) -> np.ndarray:
+        """The run entry's sizes argument: int32, one per size in manifest order."""
+        return np.array([values[name] for name in self.ranges], np.int32)
+
+    def cut_outputs(self, results: list[np.ndarray], values: dict[str, int]) -> list[np.ndarray]:
+        """Each output (laid out at its largest shape) as an array of the run's shape."""
+        shapes = [tuple(evaluate(dim, values) for dim in dims) for dims in self.output_dims]
+        return [result[tuple(map(slice, shape))].copy() for result, shape in zip(results, shapes)]
+
+
+def at_largest(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`array` in the first corner of a zeroed array of `shape` (a symbolic input's layout), or itself at that shape."""
+    if array.shape == shape:
+        return np.ascontiguousarray(array)
+    laid_out = np.zeros(shape, array.dtype)
+    laid_out[tuple(map(slice, array.shape))] = array
+    return laid_out
+
+
+def _dims_text(dims) -> str:
+    return "[" + ", ".join(map(str, dims)) + "]"

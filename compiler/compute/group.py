@@ -13,6 +13,7 @@ from compiler import te
 from compiler.errors import UnsupportedOpError
 from compiler.graph.ir import Node
 from compiler.graph.registry import Pattern, get_op
+from compiler.graph.sym import Sym, set_expr_converter, symbols_of
 from compiler.te.tensor import ComputeOp
 
 
@@ -33,8 +34,44 @@ def _symbol(name: str) -> str:
     return cleaned if cleaned and not cleaned[0].isdigit() else f"v_{cleaned}"
 
 
+_SIZE_VARS: dict[tuple[str, int, int], te.SizeVar] = {}
+
+
+def size_expr(sym: Sym) -> te.Expr:
+    """A Sym as a tensor expression over size vars, one var per size name and range (shared by every kernel: each
+    kernel binds the vars it uses from its sizes argument, tir/lower.py)."""
+    total = None
+    for monomial, coef in sorted(sym.terms.items()):
+        term = None
+        for name in monomial:
+            key = (name, *sym.ranges[name])
+            var = _SIZE_VARS.setdefault(key, te.size_var(*key))
+            term = var if term is None else term * var
+        term = te.const(coef, "int32") if term is None else term if coef == 1 else term * coef
+        total = term if total is None else total + term
+    return total
+
+
+set_expr_converter(size_expr)
+
+
+def group_sizes(node: Node) -> list[str]:
+    """The names of the symbolic sizes a fused node uses, sorted."""
+    names: set[str] = set()
+    for value in [*node.inputs, *node.outputs, *node.attrs["body"].values()]:
+        if value is not None:
+            names.update(symbols_of(value.type.shape))
+    for member in node.attrs["body"].nodes:
+        for attr in member.attrs.values():
+            for item in attr if isinstance(attr, tuple | list) else (attr,):
+                if isinstance(item, Sym):
+                    names.update(item.ranges)
+    return sorted(names)
+
+
 def group_to_te(node: Node) -> GroupTE:
-    """The tensor expressions of a "fused" node; placeholders and outputs follow node.inputs/outputs."""
+    """The tensor expressions of a "fused" node; placeholders and outputs follow node.inputs/outputs. A symbolic
+    dimension stays a Sym in the TE shapes; it becomes size vars where a loop or an index uses it (size_expr)."""
     body = node.attrs["body"]
     pattern = Pattern[node.attrs["pattern"]]
     names: list[str] = []

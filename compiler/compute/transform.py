@@ -134,8 +134,9 @@ def _slice(inputs, attrs, output_types):
 
     def body(*index):
         source = []
-        for position, piece, dim in zip(index, slices, x.shape, strict=True):
-            start, _, step = piece.indices(dim)
+        for position, piece in zip(index, slices, strict=True):
+            # slice_plan's starts are clamped already (and may be symbolic sizes); an axis it leaves whole has none
+            start, step = piece.start or 0, piece.step or 1
             source.append(position * step + start if (start, step) != (0, 1) else position)
         return x[tuple(source)]
 

@@ -14,6 +14,7 @@ import onnx
 from onnx import AttributeProto, TensorProto, defs
 
 from compiler.errors import ModelError, ShapeError
+from compiler.graph.sym import Sym, upper
 
 INT64_MAX = (1 << 63) - 1
 # The most elements a sparse tensor may have once made dense: the most a kernel's 32-bit index reaches (build.py's
@@ -174,12 +175,12 @@ def decode_text(data: bytes, what: str) -> str:
 
 def check_shape(shape: Iterable[int], dtype: str, what: str) -> tuple[int, ...]:
     """The shape as ints, refused when a dim is negative or its element count or byte size overflows int64."""
-    shape = tuple(int(d) for d in shape)
-    if any(d < 0 for d in shape):
+    shape = tuple(d if isinstance(d, Sym) else int(d) for d in shape)
+    if any(upper(d) < 0 for d in shape):
         raise ShapeError(f"{what} has the shape {list(shape)}; dimensions must be >= 0")
     count = 1
     for d in shape:
-        count *= d
+        count *= upper(d)
     if count * np.dtype(dtype).itemsize > INT64_MAX:
         raise ShapeError(
             f"{what} has the shape {list(shape)}: {count:,} elements of {dtype}, more bytes than a 64-bit size can "

@@ -23,7 +23,9 @@ from compiler.frontend.checks import TENSOR_DTYPES, check_shape, dtype_name
 from compiler.frontend.order import node_label, node_order
 from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
+from compiler.graph.ops.transform import shape_range
 from compiler.graph.registry import decompresses, get_op, is_registered, worth_folding
+from compiler.graph.sym import Sym, SymbolicSizeError, array_dtype, size_array
 
 __all__ = [
     "OPSET_RANGE",
@@ -64,16 +66,21 @@ _COERCED_TO_2D = ("Softmax", "LogSoftmax", "Hardmax")
 _GRID_SAMPLE_MODES = {"bilinear": "linear", "bicubic": "cubic"}
 
 
-def load_onnx(model: Any, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:
-    """Import an ONNX model (a path, the serialized bytes, or a ModelProto) as a Graph with static shapes.
+def load_onnx(
+    model: Any,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dims: Mapping[str, tuple[int, int]] | None = None,
+) -> Graph:
+    """Import an ONNX model (a path, the serialized bytes, or a ModelProto) as a Graph.
 
     `input_shapes` gives or overrides the shape of named graph inputs, which is how a model with a
-    symbolic batch dimension is compiled for one concrete size.
+    symbolic batch dimension is compiled for one concrete size. `dims` keeps named symbolic dimensions (the inputs'
+    `dim_param`s) symbolic instead, each within an inclusive range: {"seq": (1, 2048)} (compiler/graph/sym.py).
     """
     proto = _parse(model)
     _check_supported(proto.graph)
     opset = _default_opset(proto)
-    return _Importer(proto.graph, opset, dict(input_shapes or {})).run()
+    return _Importer(proto.graph, opset, dict(input_shapes or {}), dict(dims or {})).run()
 
 
 def model_in_folder(folder: str | os.PathLike) -> Path:
@@ -299,10 +306,17 @@ def as_attribute(array: np.ndarray, op: str) -> Any:
 
 
 class _Importer:
-    def __init__(self, onnx_graph: onnx.GraphProto, opset: int, input_shapes: dict[str, tuple[int, ...]]):
+    def __init__(
+        self,
+        onnx_graph: onnx.GraphProto,
+        opset: int,
+        input_shapes: dict[str, tuple[int, ...]],
+        dims: dict[str, tuple[int, int]],
+    ):
         self.onnx_graph = onnx_graph
         self.opset = opset
         self.input_shapes = input_shapes
+        self.dims = {name: Sym.symbol(name, *bounds) for name, bounds in dims.items()}
         self.graph = Graph(name=onnx_graph.name or "graph")
         self.values: dict[str, Value] = {}
         # every name the ONNX graph uses, so that names made up here never collide with a later one
@@ -338,6 +352,7 @@ class _Importer:
                 raise ModelError(f"graph output {output.name!r} is produced by no node; export the model again")
             checks.check_declared_output(output, self.values[output.name].type.dtype)
             self.graph.outputs.append(self.values[output.name])
+        self._materialize_sizes()
         self._drop_unused_params()
         try:
             self.graph.verify()
@@ -361,7 +376,7 @@ class _Importer:
         self.values[name] = value
 
     def _add_param(self, name: str, array: np.ndarray) -> Value:
-        value = Value(name, TensorType(array.shape, str(array.dtype)))
+        value = Value(name, TensorType(array.shape, array_dtype(array)))
         self.graph.params[value] = array
         self._define(name, value)
         return value
@@ -379,6 +394,19 @@ class _Importer:
             raise ShapeError(
                 f"input_shapes names {', '.join(map(repr, unknown))}, which the model does not take as input; "
                 f"its inputs are {', '.join(map(repr, names)) or 'none'}"
+            )
+        declared = {
+            d.dim_param
+            for info in inputs
+            if info.type.HasField("tensor_type") and info.name not in self.input_shapes
+            for d in info.type.tensor_type.shape.dim
+            if d.HasField("dim_param")
+        }
+        unused = sorted(set(self.dims) - declared)
+        if unused:
+            raise ShapeError(
+                f"dims names {', '.join(map(repr, unused))}, which no input's shape uses; the symbolic dimensions of "
+                f"the inputs are {', '.join(map(repr, sorted(declared))) or 'none'}"
             )
         for info in inputs:
             dtype, shape = self._input_type(info)
@@ -404,6 +432,9 @@ class _Importer:
                     f"but the model declares rank {len(dims)}; give {len(dims)} dimensions"
                 )
             return dtype, shape
+        if dims is not None and all(d.HasField("dim_value") or d.dim_param in self.dims for d in dims):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else self.dims[d.dim_param] for d in dims)
+            return dtype, check_shape(shape, dtype, f"input {name!r}")
         if dims is None or any(not d.HasField("dim_value") for d in dims):
             if dims is None:
                 described, example = "has no declared shape", (1, 3, 224, 224)
@@ -413,9 +444,12 @@ class _Importer:
                 ]
                 described = f"has symbolic or unknown dimension(s) {', '.join(unknown)}"
                 example = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
+            named = [d.dim_param for d in dims or () if d.dim_param]
+            keep = f"; or keep {named[0]!r} symbolic within a range: dims={{{named[0]!r}: (1, 2048)}} (CLI: --dim " \
+                f"{named[0]}=1..2048)" if named else ""
             raise ShapeError(
-                f"input {name!r} {described}; Tessel compiles static shapes: pass input_shapes={{{name!r}: {example}}} "
-                f"(CLI: --input-shape {name}={','.join(map(str, example))})"
+                f"input {name!r} {described}; give it a fixed shape: input_shapes={{{name!r}: {example}}} "
+                f"(CLI: --input-shape {name}={','.join(map(str, example))}){keep}"
             )
         return dtype, check_shape((d.dim_value for d in dims), dtype, f"input {name!r}")
 
@@ -520,7 +554,7 @@ class _Importer:
         names += [self._fresh(f"{label}_out{position}") for position in range(len(names), len(types))]
         if folded is not None:
             for name, expected, array in zip(names, types, folded, strict=True):
-                if expected != TensorType(array.shape, str(array.dtype)):
+                if expected != TensorType(array.shape, array_dtype(array)):
                     raise AssertionError(
                         f"node {label} ({op}) folds to {array.dtype}{list(array.shape)}, typed {expected}"
                     )
@@ -536,18 +570,41 @@ class _Importer:
         self, op: str, op_def, inputs: list[Value | None], attrs: dict[str, Any], types: list[TensorType]
     ) -> list[np.ndarray] | None:
         if op in ("Shape", "Size"):
-            # every shape is static, so these are constants whatever their input holds
+            # constants whatever their input holds: arrays of Syms where the shape is symbolic (size_array)
             shape = inputs[0].type.shape
             if op == "Size":
-                return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
-            return [np.array(shape[attrs.get("start", 0) : attrs.get("end", len(shape))], dtype=np.int64)]
+                return [size_array(math.prod(shape))]
+            return [size_array(shape[shape_range(len(shape), **attrs)])]
         if any(v is not None and v not in self.graph.params for v in inputs):
+            return None
+        if not all(t.static for t in types):
             return None
         input_types = [v.type for v in inputs if v is not None]
         if not worth_folding(input_types, types) or decompresses(op, input_types, types):
             return None
         arrays = [self.graph.params[v] if v is not None else None for v in inputs]
+        if any(array is not None and array.dtype == object for array in arrays):
+            # shape arithmetic over symbolic sizes: numpy evaluates it on the Syms; an op that needs the sizes'
+            # values (a Range over them) stays a node, and its size inputs become SizeValues (_materialize_sizes)
+            try:
+                results = [np.asarray(result) for result in op_def.run_reference(arrays, attrs)]
+            except (SymbolicSizeError, TypeError, ValueError):
+                return None
+            return [size_array(result) if result.dtype == object else result for result in results]
         return [np.asarray(result) for result in op_def.run_reference(arrays, attrs)]
+
+    def _materialize_sizes(self) -> None:
+        """Arrays of symbolic sizes that a node reads at run time (not as a shape-deciding attribute) become
+        SizeValues nodes, which compute them from the sizes a run is given."""
+        read = {value for node in self.graph.nodes for value in node.inputs if value is not None}
+        read.update(self.graph.outputs)
+        made = []
+        for value, array in list(self.graph.params.items()):
+            if array.dtype == object and value in read:
+                del self.graph.params[value]
+                made.append(Node("SizeValues", [], [value], {"values": tuple(array.reshape(-1).tolist()),
+                                                              "shape": array.shape}, f"{value.name}_sizes"))
+        self.graph.nodes[:0] = made
 
     def _drop_unused_params(self) -> None:
         used = {v for node in self.graph.nodes for v in node.inputs if v is not None}

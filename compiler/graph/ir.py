@@ -15,6 +15,7 @@ import numpy as np
 
 from compiler.graph.printer import format_graph
 from compiler.graph.registry import get_op
+from compiler.graph.sym import Sym, upper
 
 INT64_MAX = (1 << 63) - 1
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
@@ -28,25 +29,36 @@ class GraphError(ValueError):
 
 @dataclass(frozen=True)
 class TensorType:
-    shape: tuple[int, ...]
+    """A shape's entries are ints or Syms (sizes known at run time, compiler/graph/sym.py). A symbolic tensor is
+    stored at `max_shape`, so `nbytes` is what that takes; `size` is the element count, symbolic too."""
+
+    shape: tuple[int | Sym, ...]
     dtype: str
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(d if isinstance(d, Sym) else int(d) for d in self.shape))
         if self.dtype not in DTYPES:
             raise GraphError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
-        if any(d < 0 for d in self.shape):
+        if any(d.bounds()[0] < 0 if isinstance(d, Sym) else d < 0 for d in self.shape):
             raise GraphError(f"negative dimension in shape {self.shape}")
         if self.nbytes > INT64_MAX:
             raise GraphError(f"shape {list(self.shape)} of {self.dtype} has more bytes than a 64-bit size can count")
 
     @property
-    def size(self) -> int:
+    def size(self) -> int | Sym:
         return math.prod(self.shape)
 
     @property
+    def static(self) -> bool:
+        return not any(isinstance(d, Sym) for d in self.shape)
+
+    @property
+    def max_shape(self) -> tuple[int, ...]:
+        return tuple(map(upper, self.shape))
+
+    @property
     def nbytes(self) -> int:
-        return self.size * ITEMSIZE[self.dtype]
+        return math.prod(self.max_shape) * ITEMSIZE[self.dtype]
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(map(str, self.shape))}]"

@@ -82,7 +82,7 @@ DECOMPRESS_MIN_ELEMENTS = 4096
 def decompresses(op: str, inputs: list[TensorType], outputs: list[TensorType]) -> bool:
     """Whether the node widens a narrow weight: a DequantizeLinear, or a Cast from float16 to float32, of at least
     DECOMPRESS_MIN_ELEMENTS elements."""
-    if not inputs or not outputs or inputs[0].size < DECOMPRESS_MIN_ELEMENTS:
+    if not inputs or not outputs or not inputs[0].static or inputs[0].size < DECOMPRESS_MIN_ELEMENTS:
         return False
     if op == "DequantizeLinear":
         return True

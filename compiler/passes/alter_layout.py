@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
+from compiler.graph.sym import Sym
 from compiler.graph.ops.conv import block_channels, pack_transposed_weight
 from compiler.graph.ops.dense import pack_dense_weight, pack_nibbles
 from compiler.graph.ops.quantize import quantization_axis
@@ -210,7 +211,9 @@ def packs_dense(node: Node, narrow: bool = False) -> bool:
     a, weight = node.inputs[:2]
     if a is None or weight is None or a.type.dtype != "float32" or weight.type.dtype != "float32":
         return False
-    if len(weight.type.shape) != 2 or len(a.type.shape) < 2 or (math.prod(a.type.shape[:-1]) < 2 and not narrow):
+    if len(weight.type.shape) != 2 or len(a.type.shape) < 2 or not a.type.static:
+        return False  # (the packed dense template has no symbolic rows yet: such a MatMul keeps the generic one)
+    if math.prod(a.type.shape[:-1]) < 2 and not narrow:
         return False
     if node.op == "Gemm":
         attrs = node.attrs
@@ -362,7 +365,9 @@ class _Rewriter:
     def _block_for(self, channels: int) -> int:
         """The x for a tensor of `channels`: the target's block, also when padding the last block wastes at most
         1 / PADDED_WASTE of it (1000 classes in 63 blocks of 16), else half of it (mobilenet's 24 channels with
-        16), else 0 (stays NCHW)."""
+        16), else 0 (stays NCHW, as a symbolic number of channels does)."""
+        if isinstance(channels, Sym):
+            return 0
         if channels > self.block and (-channels % self.block) * PADDED_WASTE <= channels:
             return self.block
         for block in (self.block, self.block // 2):

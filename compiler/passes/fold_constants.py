@@ -75,10 +75,13 @@ def _narrow_weight(node: Node, readers: dict, readable) -> bool:
 def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
     """The node's output arrays if it can be folded, else None."""
     if node.op in ("Shape", "Size"):
-        return [_static_shape(node)]
+        shape = _static_shape(node)
+        return None if shape is None else [shape]
     tensors = [value for value in node.inputs if value is not None]
     if node.op in NONDETERMINISTIC_OPS or any(value not in graph.params for value in tensors):
         return None
+    if node.op == "SizeValues" or not all(value.type.static for value in node.outputs):
+        return None  # known only once a run gives the symbolic sizes
     if not worth_folding([value.type for value in tensors], [value.type for value in node.outputs]):
         return None
     arrays = [None if value is None else graph.params[value] for value in node.inputs]
@@ -87,6 +90,8 @@ def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
 
 def _static_shape(node: Node) -> np.ndarray:
     shape = node.inputs[0].type.shape
+    if not node.inputs[0].type.static:
+        return None  # the frontend made these SizeValues; a pass that makes one of a symbolic shape keeps it
     if node.op == "Size":
         return np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
     # ONNX clamps start and end after adding the rank to negatives, exactly as Python slicing does

@@ -160,14 +160,16 @@ class NativeModel:
     def num_threads(self, count: int) -> None:
         self.library.num_threads = count
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], sizes: np.ndarray | None = None) -> list[np.ndarray]:
+        """`sizes`: the int32 values of a symbolic model's sizes, the entry's last argument."""
         outputs = [np.empty(shape, dtype) for shape, dtype in self.output_types]
-        arity = len(inputs) + len(outputs) + 2
+        extra = [] if sizes is None else [_address(sizes)]
+        arity = len(inputs) + len(outputs) + 2 + len(extra)
         if self.arity != arity:
             self.entry.argtypes = [ctypes.c_void_p] * arity
             self.arity = arity
         status = self.entry(
-            *[_address(array) for array in inputs], *[_address(array) for array in outputs], *self.state
+            *[_address(array) for array in inputs], *[_address(array) for array in outputs], *self.state, *extra
         )
         if status:
             check_status(status, self.calls)

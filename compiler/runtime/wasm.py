@@ -140,6 +140,7 @@ class WasmModel:
         binding: str | None = None,
         memory_limits: dict | None = None,
         threads: int = 1,
+        size_count: int = 0,
     ):
         try:
             self.instance = WasmInstance(wasm)
@@ -147,7 +148,7 @@ class WasmModel:
             reason = str(error).strip().splitlines()[0]
             raise BundleError(f"model.wasm is not a valid wasm module ({reason}); export the model again") from None
         if binding is not None:
-            self._check_binding(binding, entry, len(inputs) + len(outputs) + 2, memory_limits)
+            self._check_binding(binding, entry, len(inputs) + len(outputs) + 2 + bool(size_count), memory_limits)
         self.calls = calls or []
         workers = threads - 1 if self.instance.memory_limits.get("shared") else 0
         sizes = [
@@ -155,8 +156,11 @@ class WasmModel:
             arena_bytes,
             *(_nbytes(spec) for spec in [*inputs, *outputs]),
             *[WASM_STACK_BYTES] * workers,
+            *([4 * size_count] if size_count else []),
         ]
         self.params_offset, self.arena_offset, *slots = self.instance.reserve(sizes)
+        # a symbolic model's size values: the entry's last argument
+        self.sizes_offset = slots.pop() if size_count else None
         self.input_offsets = slots[: len(inputs)]
         self.output_offsets = slots[len(inputs) : len(inputs) + len(outputs)]
         stacks = slots[len(inputs) + len(outputs) :]
@@ -210,14 +214,24 @@ class WasmModel:
     def _base(self) -> int:
         return ctypes.addressof(self.instance.memory.data_ptr(self.instance.store).contents)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], sizes: np.ndarray | None = None) -> list[np.ndarray]:
+        """`sizes`: the int32 values of a symbolic model's sizes, the entry's last argument."""
         base = self._base()
         for offset, array in zip(self.input_offsets, inputs):
             ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
+        extra = []
+        if sizes is not None:
+            ctypes.memmove(base + self.sizes_offset, sizes.ctypes.data, sizes.nbytes)
+            extra = [self.sizes_offset]
         if self.wake_pool is not None:
             self.wake_pool(self.instance.store)
         status = self.entry(
-            self.instance.store, *self.input_offsets, *self.output_offsets, self.params_offset, self.arena_offset
+            self.instance.store,
+            *self.input_offsets,
+            *self.output_offsets,
+            self.params_offset,
+            self.arena_offset,
+            *extra,
         )
         check_status(status, self.calls)
         base = self._base()

@@ -15,6 +15,7 @@ from compiler.te.expr import (
     Let,
     Logical,
     Select,
+    SizeVar,
     TEError,
     Var,
     as_expr,
@@ -48,6 +49,11 @@ min = reduce_min
 
 def var(name: str = "v", dtype: str = "int32") -> Var:
     return Var(name, dtype)
+
+
+def size_var(name: str, low: int, high: int) -> SizeVar:
+    """A size known at run time, in [low, high], read from the kernel's sizes argument (lower's `sizes` order)."""
+    return SizeVar(name, "int32", low=low, high=high)
 
 
 def _pair(a, b) -> tuple[Expr, Expr]:
@@ -188,6 +194,7 @@ __all__ = [
     "Let",
     "Logical",
     "Select",
+    "SizeVar",
     "IterVar",
     "Operation",
     "PlaceholderOp",
@@ -224,6 +231,7 @@ __all__ = [
     "select",
     "equal",
     "sigmoid",
+    "size_var",
     "sqrt",
     "sum",
     "tanh",

@@ -51,6 +51,9 @@ def as_expr(value, like: str | None = None) -> Expr:
         return Const(value, like if like is not None and like != "bool" else "int32")
     if isinstance(value, float):
         return Const(value, like if like is not None and is_float(like) else "float32")
+    convert = getattr(value, "__tensor_expr__", None)  # a size known at run time (graph/sym.py's Sym)
+    if convert is not None:
+        return convert()
     raise TEError(f"cannot use {value!r} ({type(value).__name__}) in a tensor expression")
 
 
@@ -143,6 +146,15 @@ class Var(Expr):
     name: str
     dtype: str = "int32"
     uid: int = field(default_factory=lambda: next(_var_ids), repr=False)
+
+
+@dataclass(eq=False)
+class SizeVar(Var):
+    """A size known only at run time (a model's symbolic dimension), in [low, high]: a kernel reads it from its sizes
+    argument (tir/lower.py binds it by name), and buffers are laid out for `high`."""
+
+    low: int = 0
+    high: int = 0
 
 
 @dataclass(eq=False)

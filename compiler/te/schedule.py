@@ -57,6 +57,7 @@ class PrefetchHint:
 def _ceil_div(extent, divisor: int):
     if isinstance(extent, int):
         return -(-extent // divisor)
+    extent = as_expr(extent, "int32")
     return Binary("floordiv", Binary("add", extent, Const(divisor - 1, "int32")), Const(divisor, "int32"))
 
 

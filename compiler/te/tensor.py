@@ -170,10 +170,16 @@ def _check_dtype(dtype: str) -> str:
 
 
 def _extent(value, what: str):
+    if hasattr(value, "__tensor_expr__"):
+        # a size known at run time (graph/sym.py's Sym) stays itself, so a compute's shape arithmetic keeps working on
+        # it; it becomes an expression of size vars where loops and indices need one (as_expr)
+        if value.__tensor_expr__().dtype != "int32":
+            raise TEError(f"{what} must be an int32 size, got {value!r}")
+        return value
     if isinstance(value, Const):
         value = value.value
-    if isinstance(value, bool) or not isinstance(value, int | Var):
-        raise TEError(f"{what} must be an int or an int32 var, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | Expr) or (isinstance(value, Expr) and value.dtype != "int32"):
+        raise TEError(f"{what} must be an int or an int32 expression of size vars, got {value!r}")
     if isinstance(value, int) and value < 0:
         raise TEError(f"{what} must not be negative, got {value}")
     return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiler.te.expr import Binary, Compare, Const, Expr, IfThenElse, Logical, Select, TEError, Var
+from compiler.te.expr import Binary, Compare, Const, Expr, IfThenElse, Logical, Select, SizeVar, TEError, Var, as_expr
 from compiler.te.schedule import INLINE, ROOT, SCOPE, Schedule, Split, Stage
 from compiler.te.tensor import (
     REDUCE,
@@ -43,11 +43,42 @@ from compiler.tir.partition import partition_loops
 from compiler.tir.simplify import Linear, bounds, loop_bounds, simplify, substitute_stmt
 from compiler.tir.visitor import ScopedMutator, StmtMutator, structural_key
 
+# The argument of a kernel that uses size vars (and of the run entry of a model with symbolic sizes): int32 values,
+# one slot per size of the model
+SIZES_ARGUMENT = "sizes"
+
 _KINDS = {"parallel": ForKind.PARALLEL, "vectorized": ForKind.VECTORIZED, "unrolled": ForKind.UNROLLED}
 
 
 def _int(value: int) -> Const:
     return Const(value, "int32")
+
+
+def _extent(value) -> Expr:
+    """A loop's or region's extent as an expression: a constant, or one of the kernel's size vars."""
+    return _int(value) if isinstance(value, int) else as_expr(value, "int32")
+
+
+def _upper(value) -> int:
+    """The largest value of an extent: itself, or the bound of a symbolic one (whose buffers are laid out for it)."""
+    if isinstance(value, Const):
+        return int(value.value)
+    if isinstance(value, int):
+        return value
+    high = bounds(_extent(value), {})[1]
+    if high is None:
+        raise TEError(f"the extent {value} has no upper bound; a symbolic size needs a range")
+    return high
+
+
+def _ceil_div(extent, divisor):
+    if isinstance(extent, int) and isinstance(divisor, int):
+        return -(-extent // divisor)
+    return Binary("floordiv", _extent(extent) + _extent(divisor) - _int(1), _extent(divisor))
+
+
+def _product(a, b):
+    return a * b if isinstance(a, int) and isinstance(b, int) else _extent(a) * _extent(b)
 
 
 @dataclass
@@ -65,9 +96,10 @@ class _Geometry:
 
 
 class _Lowering:
-    def __init__(self, schedule: Schedule, args: list[Tensor], name: str):
+    def __init__(self, schedule: Schedule, args: list[Tensor], name: str, sizes=()):
         self.schedule = schedule
         self.name = name
+        self.sizes = list(sizes)
         self.geometries: dict[Stage, _Geometry] = {}
         self.bodies: dict[Stage, Expr] = {}
         self.buffers: dict[Stage, Buffer] = {}
@@ -110,18 +142,28 @@ class _Lowering:
         return self.schedule[tensor]
 
     def _static_shape(self, op) -> tuple[int, ...]:
+        """The shape a tensor's buffer is laid out for: a symbolic dimension at its largest (the size vars' ranges)."""
         shape = []
         for extent in op.shape:
             if isinstance(extent, Const):
                 extent = extent.value
             if not isinstance(extent, int):
-                name = extent.name if isinstance(extent, Var) else extent
-                raise TEError(
-                    f"lower {self.name}: tensor {op.name} has the symbolic dimension {name}; kernels are built for "
-                    "static shapes, so give an int"
-                )
+                extent = _extent(extent)
+                if not all(isinstance(node, SizeVar) for node in walk(extent) if isinstance(node, Var)):
+                    described = extent.name if isinstance(extent, Var) else "(an expression)"
+                    raise TEError(
+                        f"lower {self.name}: tensor {op.name} has the symbolic dimension {described}, which is not a "
+                        "function of the kernel's size vars (te.size_var); kernels are built for those or for ints"
+                    )
+                extent = _upper(extent)
             shape.append(extent)
         return tuple(shape)
+
+    @staticmethod
+    def _extents(op) -> list:
+        """The tensor's dimensions as loops run them: ints, or expressions of size vars."""
+        return [extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
+                for extent in op.shape]
 
     def body(self, stage: Stage) -> Expr:
         """The stage's compute body with every inlined producer substituted."""
@@ -160,39 +202,40 @@ class _Lowering:
         if stage.attach_type == SCOPE:
             mins, extents, clamp = self.infer_region(stage, shape)
         else:
-            mins, extents, clamp = [_int(0)] * len(shape), list(shape), [False] * len(shape)
-        iter_extents: dict[IterVar, int] = dict(zip(op.axis, extents))
+            mins, extents, clamp = [_int(0)] * len(shape), self._extents(op), [False] * len(shape)
+        # an extent is an int, or an expression of size vars (a symbolic dimension): its splits are always guarded
+        iter_extents: dict[IterVar, int | Expr] = dict(zip(op.axis, extents))
         for iv in op.reduce_axis:
             low, extent = iv.dom
-            if not isinstance(low, int) or not isinstance(extent, int):
-                raise TEError(f"lower {self.name}: reduce axis {iv.name} of stage {stage.name} has a symbolic range")
-            iter_extents[iv] = extent
+            if not isinstance(low, int):
+                raise TEError(f"lower {self.name}: reduce axis {iv.name} of stage {stage.name} has a symbolic start")
+            iter_extents[iv] = extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
         geometry = _Geometry(mins, extents, iter_extents, {})
         divides: dict[IterVar, bool] = {}
         for relation in stage.relations:
             if isinstance(relation, Split):
                 extent = iter_extents[relation.parent]
                 if relation.factor is not None:
-                    inner, outer = relation.factor, -(-extent // relation.factor)
+                    inner, outer = relation.factor, _ceil_div(extent, relation.factor)
                 else:
-                    outer, inner = relation.nparts, -(-extent // relation.nparts)
+                    outer, inner = relation.nparts, _ceil_div(extent, relation.nparts)
                 iter_extents[relation.outer], iter_extents[relation.inner] = outer, inner
-                divides[relation.parent] = outer * inner == extent
+                divides[relation.parent] = isinstance(extent, int) and outer * inner == extent
             else:
-                iter_extents[relation.fused] = iter_extents[relation.outer] * iter_extents[relation.inner]
+                iter_extents[relation.fused] = _product(iter_extents[relation.outer], iter_extents[relation.inner])
         values: dict[IterVar, Expr] = {iv: self.loop_var(iv) for iv in stage.leaf_iter_vars}
         for relation in reversed(stage.relations):
             if isinstance(relation, Split):
-                inner_extent = _int(iter_extents[relation.inner])
+                inner_extent = _extent(iter_extents[relation.inner])
                 values[relation.parent] = values[relation.outer] * inner_extent + values[relation.inner]
             else:
-                inner_extent = _int(iter_extents[relation.inner])
+                inner_extent = _extent(iter_extents[relation.inner])
                 values[relation.outer] = Binary("floordiv", values[relation.fused], inner_extent)
                 values[relation.inner] = Binary("floormod", values[relation.fused], inner_extent)
         geometry.values = values
         for parent, exact in divides.items():
             if not exact:
-                condition = Compare("lt", values[parent], _int(iter_extents[parent]))
+                condition = Compare("lt", values[parent], _extent(iter_extents[parent]))
                 target = geometry.reduce_conditions if parent.kind == REDUCE else geometry.data_conditions
                 target.append(condition)
         for axis, low, needs_clamp, extent in zip(op.axis, mins, clamp, shape):
@@ -215,7 +258,7 @@ class _Lowering:
         for stage in stages:
             geometry = self.geometry(stage)
             for iv in stage.leaf_iter_vars:
-                env[self.loop_var(iv)] = (0, geometry.iter_extents[iv] - 1)
+                env[self.loop_var(iv)] = (0, _upper(geometry.iter_extents[iv]) - 1)
         return env
 
     def infer_region(self, stage: Stage, shape: tuple[int, ...]):
@@ -283,7 +326,8 @@ class _Lowering:
         fixed = Linear(linear.dtype)
         low = high = linear.const
         for key, (atom, coef) in linear.terms.items():
-            if all(id(node) in outer_ids for node in walk(atom) if isinstance(node, Var)):
+            # a term of the outer loops' vars and the sizes (a run's constants) is fixed inside the attach loop
+            if all(id(node) in outer_ids or isinstance(node, SizeVar) for node in walk(atom) if isinstance(node, Var)):
                 fixed.terms[key] = [atom, coef]
                 continue
             atom_low, atom_high = bounds(atom, env)
@@ -357,7 +401,8 @@ class _Lowering:
         if stage in self.buffers:
             return
         geometry = self.geometry(stage)
-        self.buffers[stage] = Buffer(stage.name, tuple(geometry.extents), stage.op.dtype, stage.scope)
+        extents = tuple(_upper(extent) for extent in geometry.extents)  # a symbolic region at its largest
+        self.buffers[stage] = Buffer(stage.name, extents, stage.op.dtype, stage.scope)
         self.origins[stage] = geometry.mins
         self.allocated.append(stage)
 
@@ -412,7 +457,7 @@ class _Lowering:
             kind, tag = self.loop_kind(stage, iv)
             var = self.loop_var(iv)
             var = rename[var] if rename is not None else var
-            body = For(var, _int(0), _int(geometry.iter_extents[iv]), kind, body, tag)
+            body = For(var, _int(0), _extent(geometry.iter_extents[iv]), kind, body, tag)
         return body
 
     def emit(self, stage: Stage) -> Stmt:
@@ -441,12 +486,31 @@ class _Lowering:
         nest = Seq((init, self.loops(stage, leaves[first:], update)))
         return self.loops(stage, leaves[:first], nest)
 
+    def bind_sizes(self, body: Stmt) -> tuple[Stmt, list[Buffer]]:
+        """A kernel that uses size vars takes one more argument, `sizes` (int32, a slot per size of the model), and
+        reads each var from its slot before anything else; a static kernel's arguments and body stay as they were."""
+        found: dict[str, SizeVar] = {}
+        for stmt in walk_stmts(body):
+            for node in _stmt_exprs(stmt):
+                if isinstance(node, SizeVar) and found.setdefault(node.name, node) is not node:
+                    raise TEError(f"lower {self.name}: two size vars are named {node.name}")
+        if not found:
+            return body, self.params
+        missing = sorted(set(found) - set(self.sizes))
+        if missing:
+            raise TEError(f"lower {self.name}: the kernel uses the sizes {missing}, which lower's sizes do not list")
+        sizes = Buffer(SIZES_ARGUMENT, (len(self.sizes),), "int32", "global")
+        for name, var in sorted(found.items(), key=lambda item: -self.sizes.index(item[0])):
+            body = LetStmt(var, Load(sizes, _int(self.sizes.index(name))), body)
+        return body, [*self.params, sizes]
+
     def run(self) -> PrimFunc:
         for stage in self.computes:
             self.allocate(stage)
         roots = [stage for stage in self.computes if stage.attach_type == ROOT]
         body = self.with_children(roots, Seq(()))
-        func = simplify(PrimFunc(self.name, self.params, body))
+        body, params = self.bind_sizes(body)
+        func = simplify(PrimFunc(self.name, params, body))
         partitioned = {self.loop_var(iv) for stage in self.computes for iv in stage.partitions}
         if partitioned:
             func = simplify(partition_loops(func, partitioned))
@@ -456,6 +520,14 @@ class _Lowering:
                 if not isinstance(stmt.extent, Const):
                     raise TEError(f"lower {self.name}: loop {stmt.var.name} is {stmt.kind.value} but not constant")
         return func
+
+
+def _stmt_exprs(stmt: Stmt):
+    """Every expression node directly in `stmt` (a loop's bounds, a store's index and value, a condition)."""
+    for name in ("min", "extent", "index", "value", "condition"):
+        expr = getattr(stmt, name, None)
+        if isinstance(expr, Expr):
+            yield from walk(expr)
 
 
 def _guard(conditions: list[Expr], stmt: Stmt) -> Stmt:
@@ -504,6 +576,7 @@ class _SelectsToIfs(StmtMutator):
         return Select(cond, true_value, false_value) if safe else IfThenElse(cond, true_value, false_value)
 
 
-def lower(schedule: Schedule, args: list[Tensor], name: str) -> PrimFunc:
-    """The loop IR of `schedule`, with one global buffer parameter per tensor of `args`, in order."""
-    return _Lowering(schedule, list(args), name).run()
+def lower(schedule: Schedule, args: list[Tensor], name: str, sizes=()) -> PrimFunc:
+    """The loop IR of `schedule`, with one global buffer parameter per tensor of `args`, in order. A schedule over
+    symbolic sizes (te.SizeVar) takes one more, SIZES_ARGUMENT: an int32 value per name of `sizes`, in order."""
+    return _Lowering(schedule, list(args), name, sizes).run()

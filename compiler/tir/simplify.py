@@ -9,7 +9,21 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from compiler.te.expr import Binary, Call, Cast, Compare, Const, Expr, IfThenElse, Let, Logical, Select, Var, is_int
+from compiler.te.expr import (
+    Binary,
+    Call,
+    Cast,
+    Compare,
+    Const,
+    Expr,
+    IfThenElse,
+    Let,
+    Logical,
+    Select,
+    SizeVar,
+    Var,
+    is_int,
+)
 from compiler.te.tensor import substitute, walk
 from compiler.tir.nodes import (
     Allocate,
@@ -54,6 +68,8 @@ def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
     """Inclusive integer bounds of `expr` given bounds of the vars in `env`; None where unknown."""
     if isinstance(expr, Const):
         return (int(expr.value), int(expr.value)) if not isinstance(expr.value, float) else UNKNOWN
+    if isinstance(expr, SizeVar):
+        return env.get(expr, (expr.low, expr.high))
     if isinstance(expr, Var):
         return env.get(expr, UNKNOWN)
     if isinstance(expr, Compare | Logical):

@@ -17,6 +17,7 @@ from compiler.errors import TesselError
 from compiler.frontend.onnx import load_onnx
 from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.graph.registry import Pattern, get_op
+from compiler.graph.sym import Sym
 from compiler.passes.pipeline import optimize
 from compiler.schedules import space_version, templates
 from compiler.schedules.space import ConfigSpace, run_template
@@ -41,7 +42,14 @@ def _attr_json(value):
         return [_attr_json(item) for item in value]
     if value is None or isinstance(value, bool | int | float | str):
         return value
+    if isinstance(value, Sym):
+        return _dim_json(value)
     return repr(value)
+
+
+def _dim_json(dim):
+    """A dimension as JSON: an int, or a symbolic size's expression with its sizes' ranges."""
+    return dim if isinstance(dim, int) else {"size": str(dim), "ranges": {k: list(v) for k, v in dim.ranges.items()}}
 
 
 def _attr_value(value):
@@ -73,11 +81,11 @@ def workload(node: Node) -> dict:
                 "op": member.op,
                 "attrs": _attr_json(member.attrs),
                 "inputs": [None if value is None else position[value] for value in member.inputs],
-                "outputs": [[list(value.type.shape), value.type.dtype] for value in member.outputs],
+                "outputs": [[list(map(_dim_json, value.type.shape)), value.type.dtype] for value in member.outputs],
             }
         )
     return {
-        "inputs": [[list(value.type.shape), value.type.dtype] for value in body.inputs],
+        "inputs": [[list(map(_dim_json, value.type.shape)), value.type.dtype] for value in body.inputs],
         "ops": members,
         "outputs": [position[value] for value in body.outputs],
     }

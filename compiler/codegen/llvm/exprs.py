@@ -45,7 +45,9 @@ class ExprEmitter:
     """Expressions for FunctionEmitter (a mixin: its state is the emitter's)."""
 
     def expr(self, node: Expr) -> ir.Value:
-        method = getattr(self, f"expr_{type(node).__name__.lower()}", None)
+        # the class's method, or its nearest base's (a SizeVar is a Var)
+        names = (f"expr_{base.__name__.lower()}" for base in type(node).__mro__)
+        method = next((getattr(self, name) for name in names if hasattr(self, name)), None)
         if method is None:
             raise TypeError(f"codegen cannot handle expression {type(node).__name__}")
         return method(node)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from compiler.errors import ShapeError
+from compiler.graph.sym import Sym
 
 
 def broadcast_shapes(*shapes: Iterable[int]) -> tuple[int, ...]:
     """The multidirectional (numpy) broadcast of `shapes`; ShapeError when two dimensions disagree."""
-    shapes = [tuple(int(d) for d in shape) for shape in shapes]
+    shapes = [tuple(d if isinstance(d, Sym) else int(d) for d in shape) for shape in shapes]
     rank = max((len(shape) for shape in shapes), default=0)
     result = []
     for position in range(rank):

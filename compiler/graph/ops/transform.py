@@ -7,12 +7,15 @@ shape here is known statically; the fusion pass fuses these ops with their neigh
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from compiler.errors import ModelError, RunError, ShapeError, UnsupportedOpError
 from compiler.graph.ir import DTYPES, TensorType
 from compiler.graph.ops.common import broadcast_shapes, normalize_axes, normalize_axis
 from compiler.graph.registry import Pattern, register_op
+from compiler.graph.sym import Sym, SymbolicSizeError
 
 
 def _ints(values, what: str) -> tuple[int, ...]:
@@ -20,8 +23,13 @@ def _ints(values, what: str) -> tuple[int, ...]:
     if values is None:
         raise ModelError(f"{what} is missing; give it as a constant input or attribute")
     if np.ndim(values) == 0:
-        return (int(values),)
-    return tuple(int(value) for value in np.asarray(values).reshape(-1))
+        return (_int(values),)
+    return tuple(_int(value) for value in np.asarray(values, dtype=object).reshape(-1))
+
+
+def _int(value):
+    """An int, or the Sym of a size known at run time (compiler/graph/sym.py)."""
+    return value if isinstance(value, Sym) else int(value)
 
 
 def _register(name: str, infer, reference, const_inputs=()) -> None:
@@ -52,7 +60,7 @@ def _register_same_dtype(name: str, shape_of, reference=None, const_inputs=()) -
 def _flatten_shape(shape, axis=1, **_):
     # axis may equal the rank (everything in the first dimension), so only negatives are shifted
     axis = normalize_axis(axis, len(shape) + 1, "Flatten axis") if axis >= 0 else normalize_axis(axis, len(shape))
-    return (int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64)))
+    return (math.prod(shape[:axis]), math.prod(shape[axis:]))
 
 
 _register_same_dtype("Flatten", _flatten_shape)
@@ -67,9 +75,9 @@ def _reshape_shape(input_shape, shape=None, allowzero=0, **_):
                     f"Reshape shape {target} copies dimension {position} that the input {list(input_shape)} lacks"
                 )
             target[position] = input_shape[position]
-    size = int(np.prod(input_shape, dtype=np.int64))
+    size = math.prod(input_shape)
     unknown = [position for position, dim in enumerate(target) if dim == -1]
-    known = int(np.prod([dim for dim in target if dim != -1], dtype=np.int64))
+    known = math.prod(dim for dim in target if dim != -1)
     if len(unknown) > 1 or any(dim < -1 for dim in target):
         raise ShapeError(f"Reshape shape {target} may hold one -1 and no other negative dimension")
     if unknown:
@@ -552,6 +560,15 @@ _register(
     lambda types, **attrs: [TensorType((len(types[0].shape[shape_range(len(types[0].shape), **attrs)]),), "int64")],
     lambda x, **attrs: np.array(x.shape[shape_range(x.ndim, **attrs)], dtype=np.int64),
 )
+def _size_values(values, shape):
+    if any(isinstance(value, Sym) for value in values):
+        raise SymbolicSizeError(f"the sizes {list(values)} are known only when the model runs; give their values")
+    return np.array(values, dtype=np.int64).reshape(shape)
+
+
+# Sizes a run is given, as an int64 tensor: shape arithmetic over symbolic sizes that a node reads at run time (the
+# frontend makes these; its kernel computes each element from the sizes)
+_register("SizeValues", lambda types, values, shape: [TensorType(shape, "int64")], _size_values)
 _register(
     "Size",
     lambda types, **_: [TensorType((), "int64")],
@@ -613,14 +630,19 @@ def _range_dtype(*bounds) -> np.dtype:
     """The dtype of Range's bounds: numpy scalars keep theirs; plain Python numbers (how the frontend
     hands over 0-d constants) read as int64 or float32, the dtypes exporters emit for Range."""
     for bound in bounds:
-        if isinstance(bound, np.generic | np.ndarray):
+        if isinstance(bound, np.generic | np.ndarray) and np.asarray(bound).dtype != object:
             return np.asarray(bound).dtype
     return np.dtype(np.float32 if any(isinstance(bound, float) for bound in bounds) else np.int64)
 
 
-def _range_length(start, limit, delta) -> int:
+def _range_length(start, limit, delta):
     if delta == 0:
         raise ShapeError("Range delta is 0; use a non-zero step")
+    if any(isinstance(bound, Sym) for bound in (start, limit, delta)):
+        # a symbolic bound: the length is a polynomial in the sizes when the step is 1 or -1
+        if isinstance(delta, Sym) or int(delta) not in (1, -1):
+            raise SymbolicSizeError(f"a Range from {start} to {limit} by {delta} has no whole-polynomial length")
+        return max((limit - start) * int(delta), 0)
     return max(int(np.ceil((limit - start) / delta)), 0)
 
 

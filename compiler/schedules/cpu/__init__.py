@@ -25,7 +25,8 @@ from compiler.schedules.cpu.generic import schedule_rest, schedule_rows
 from compiler.schedules.cpu.pool import schedule_pool
 from compiler.schedules.cpu.tiling import divisor_at_most, lanes, tile_or_tail, vector_factor, vector_registers
 from compiler.schedules.cpu.winograd import schedule_winograd
-from compiler.schedules.dispatch import Templates, inline_injective, padding_stage, schedule_with
+from compiler.schedules.cpu.symbolic import is_symbolic, schedule_symbolic
+from compiler.schedules.dispatch import Templates, add_unread_inputs, inline_injective, padding_stage, schedule_with
 from compiler.schedules.space import ConfigSpace, run_template
 from compiler.target import Target
 from compiler.te.schedule import Schedule
@@ -78,13 +79,24 @@ CPU_TEMPLATES = Templates(
 )
 
 
+def _schedule(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
+    """The dispatch's templates, or for a group with symbolic sizes the symbolic template."""
+    if not is_symbolic(group):
+        return schedule_with(CPU_TEMPLATES, group, target, cfg)
+    outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, te.ComputeOp)]
+    schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
+    add_unread_inputs(schedule, group.inputs)
+    schedule_symbolic(schedule, target, cfg)
+    return schedule
+
+
 def schedule_group(group, target: Target, config: ConfigSpace | Mapping | None = None) -> te.Schedule:
     """A schedule of `group` (a GroupTE) for a CPU target. `config`: a cfg for the template to declare its knobs on
     (afterwards it holds the space), or a record's knob values (name -> JSON value: values that do not fit the
     template warn, and the fallback is built), or None for the fallback."""
     if isinstance(config, ConfigSpace):
-        return schedule_with(CPU_TEMPLATES, group, target, config)
-    return run_template(partial(schedule_with, CPU_TEMPLATES, group, target), config)[0]
+        return _schedule(group, target, config)
+    return run_template(partial(_schedule, group, target), config)[0]
 
 
 __all__ = [
