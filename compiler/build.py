@@ -277,6 +277,11 @@ def compile_model(
     progress("loading the model", 0.0)
     graph, model_bytes = _model_source(model, input_shapes, dims)
     sizes = model_sizes(graph)
+    if sizes and target.family != "cpu":
+        raise TargetError(
+            f"the model keeps the symbolic sizes {', '.join(sizes)}, which compile for CPU targets (llvm, wasm) so far; "
+            f"fix them for {target.kind} with input_shapes (--input-shape)"
+        )
     progress("optimizing the graph", 0.05)
     fused = optimize(stored_weights(graph, target, weights), fuse=True, target=target)
     _check_indexable(fused)

@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler.errors import ShapeError, TesselError
 from compiler.graph.ir import ITEMSIZE
-from compiler.graph.sym import Sym, evaluate, parse_size
+from compiler.graph.sym import Sym, evaluate, parse_size, upper
 
 FORMAT_VERSION = 2
 # The version of the JS runtime (the npm package tessel-runtime, web_runtime/) that bundles are compiled for: written
@@ -189,9 +189,18 @@ def _dict_of_text(where, value):
         _text(f"{where}.{key}", item)
 
 
+def _dim(where, value):
+    """A dimension: a whole number, or a symbolic size's expression ("seq", "4*seq+past"; check_sizes parses it)."""
+    if isinstance(value, str):
+        if not re.fullmatch(r"[A-Za-z0-9_.*+-]{1,256}", value):
+            _fail(where, "a size expression", value)
+        return
+    _count(where, value, MAX_BYTES)
+
+
 _TENSOR = {
     "name": _text,
-    "shape": _list_of(lambda where, value: _count(where, value, MAX_BYTES)),
+    "shape": _list_of(_dim),
     "dtype": _one_of(*ITEMSIZE),
     "device_dtype?": _one_of("int32"),
 }
@@ -210,6 +219,8 @@ MANIFEST_SCHEMA = {
     "triple": _text,
     "code": _text,
     "entry": {"name": _text, "arguments": _list_of(_text)},
+    # a model's symbolic sizes, in the order of the run entry's sizes argument
+    "sizes?": _list_of({"name": _text, "min": _count, "max": _count}),
     "inputs": _list_of(_TENSOR),
     "outputs": _list_of({**_TENSOR, "source": _optional({"region": _one_of("input", "output", "params")})}),
     "kernels": _list_of({"name": _text, "ops": _list_of(_text), "groups": _list_of(_text), "config?": _any}),
@@ -297,11 +308,31 @@ MANIFEST_SCHEMA = {
 }
 
 
-def tensor_bytes(spec: dict) -> int:
-    """Bytes of a manifest tensor (name, shape, dtype), refused above MAX_BYTES."""
+def size_ranges(manifest: dict) -> dict[str, tuple[int, int]]:
+    """The manifest's symbolic sizes by name, with their ranges; BundleError on a repeated name or an empty range."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for item in manifest.get("sizes", ()):
+        if item["name"] in ranges or item["min"] > item["max"] or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", item["name"]):
+            raise BundleError(f"{MANIFEST_FILE}: the size {item['name']!r} is repeated, misnamed or has an empty range")
+        ranges[item["name"]] = (item["min"], item["max"])
+    return ranges
+
+
+def _largest(dim, ranges: dict) -> int:
+    if isinstance(dim, int):
+        return dim
+    try:
+        return upper(parse_size(dim, ranges))
+    except ShapeError as error:
+        raise BundleError(f"{MANIFEST_FILE}: {error}; export the model again") from None
+
+
+def tensor_bytes(spec: dict, ranges: dict | None = None) -> int:
+    """Bytes of a manifest tensor (name, shape, dtype), a symbolic one at its largest (`ranges`: size_ranges), refused
+    above MAX_BYTES."""
     count = 1
     for dim in spec["shape"]:
-        count *= dim
+        count *= _largest(dim, ranges or {})
         if count > MAX_BYTES:
             break
     nbytes = count * ITEMSIZE[spec["dtype"]]
@@ -322,7 +353,10 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
         _fail("manifest.target", f"a target of kind {', '.join(code_files)}", manifest["target"])
     if manifest["code"] != code_files[kind]:
         _fail("manifest.code", f"{code_files[kind]!r} for target {kind}", manifest["code"])
-    for spec in [*manifest["inputs"], *manifest["outputs"], *manifest["params"]["layout"]]:
+    ranges = size_ranges(manifest)
+    for spec in [*manifest["inputs"], *manifest["outputs"]]:
+        tensor_bytes(spec, ranges)
+    for spec in manifest["params"]["layout"]:
         tensor_bytes(spec)
     code, params = manifest["code"], manifest["params"]
     if code not in files or PARAMS_FILE not in files:
@@ -357,7 +391,7 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
         if source["region"] == "params":
             _count(f"manifest.outputs[{position}].source.offset", source.get("offset"))
             stored = {**spec, "dtype": spec.get("device_dtype", spec["dtype"])}
-            if source["offset"] + tensor_bytes(stored) > params["bytes"]:
+            if source["offset"] + tensor_bytes(stored, ranges) > params["bytes"]:
                 raise BundleError(
                     f"{MANIFEST_FILE}: output {spec['name']!r} does not fit {PARAMS_FILE}; export the model again"
                 )
@@ -375,7 +409,7 @@ def _check_dispatches(manifest: dict) -> None:
     split_launches; a call may run another call's launch where their code is the same, share_launches)."""
     sizes = {("params", 0): manifest["params"]["bytes"], ("arena", 0): manifest["memory"]["arena_bytes"]}
     for kind, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
-        sizes.update({(kind, index): tensor_bytes(spec) for index, spec in enumerate(specs)})
+        sizes.update({(kind, index): tensor_bytes(spec, size_ranges(manifest)) for index, spec in enumerate(specs)})
     calls = manifest["calls"]
     kernels = {call["kernel"] for call in calls}
     for position, dispatch in enumerate(manifest.get("dispatches", [])):

@@ -22,6 +22,7 @@ from compiler.build import EVERY_WASM_VARIANT, WEIGHT_FORMATS, compile_model, lo
 from compiler.data.train_digits import held_out_split
 from compiler.errors import ModelError, ShapeError, TesselError
 from compiler.frontend.onnx import load_onnx
+from compiler.frontend.onnx import parse_dims
 from compiler.frontend.onnx import parse_input_shapes as parse
 from compiler.passes.fuse_ops import group_summary
 from compiler.passes.pipeline import optimize
@@ -122,6 +123,16 @@ def _add_input_shape(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME=D1,D2,...",
         help="fix the shape of an input, e.g. input=1,3,224,224 (repeat for several inputs)",
+    )
+
+
+def _add_dims(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dim",
+        action="append",
+        metavar="NAME=LOW..HIGH",
+        help="keep an input's symbolic dimension NAME symbolic, every size in LOW..HIGH run by one bundle, "
+        "e.g. seq=1..2048 (repeat for several; CPU targets)",
     )
 
 
@@ -295,6 +306,7 @@ def _configure_compile(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-o", "--output", type=Path, help="the bundle directory to write (default MODEL.bundle)")
     _add_input_shape(parser)
+    _add_dims(parser)
     parser.add_argument(
         "--records", "--tuning-records", type=Path, help="a tuning log (tessel tune) whose best configs to apply"
     )
@@ -343,6 +355,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         progress=progress,
         wasm_variants=_wasm_variants(args, target),
         weights=args.weights,
+        dims=parse_dims(args.dim or ()),
     )
     output = args.output or args.model.with_suffix(".bundle")
     path = module.export(output)

@@ -640,3 +640,26 @@ def parse_input_shapes(specs) -> dict[str, tuple[int, ...]]:
             raise ShapeError(f"input shapes give input {name!r} twice; give each input once")
         shapes[name] = shape
     return shapes
+
+
+def parse_dims(specs) -> dict[str, tuple[int, int]]:
+    """`["seq=1..2048", ...]` as {name: (low, high)} for `load_onnx(dims=...)`: symbolic dimensions kept symbolic within
+    an inclusive range; a ShapeError saying the expected form on anything else (the CLI's --dim)."""
+    dims: dict[str, tuple[int, int]] = {}
+    for spec in specs:
+        name, equals, bounds = spec.partition("=")
+        low, dots, high = bounds.partition("..")
+        name = name.strip()
+        try:
+            if not equals or not name or not dots:
+                raise ValueError
+            low, high = int(low), int(high)
+        except ValueError:
+            raise ShapeError(f"dim {spec!r} is not of the form NAME=LOW..HIGH; for example seq=1..2048") from None
+        if not 0 <= low <= high or high > checks.INT64_MAX:
+            raise ShapeError(f"dim {spec!r} has an empty or negative range; give 0 <= LOW <= HIGH")
+        if name in dims:
+            raise ShapeError(f"dims give {name!r} twice; give each name once")
+        Sym.symbol(name, low, high)  # the name's own check
+        dims[name] = (low, high)
+    return dims

@@ -147,14 +147,17 @@ ceil = _float_call("ceil")
 round = _float_call("round")  # noqa: A001
 
 
-def index_check(index, extent: int) -> Expr:
+def index_check(index, extent) -> Expr:
     """A data-dependent index that must lie in [0, extent): where it does not, the read takes index 0
     (never outside the buffer) and the model's run entry returns the failing call, which the runtimes
-    raise as a RunError."""
+    raise as a RunError. `extent` is an int, or a size known at run time."""
     index = as_expr(index)
     if not is_int(index.dtype):
         raise TEError(f"te.index_check needs an integer index, got {index.dtype}")
-    return Call("index_check", (index, Const(int(extent), index.dtype)), index.dtype)
+    if isinstance(extent, int):
+        return Call("index_check", (index, Const(int(extent), index.dtype)), index.dtype)
+    extent = as_expr(extent, index.dtype)
+    return Call("index_check", (index, extent if extent.dtype == index.dtype else Cast(index.dtype, extent)), index.dtype)
 
 
 def dot_bytes(activations, word) -> Expr:

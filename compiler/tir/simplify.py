@@ -84,7 +84,8 @@ def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
     if isinstance(expr, Let):
         return bounds(expr.body, {**env, expr.var: bounds(expr.value, env)})
     if isinstance(expr, Call) and expr.name == "index_check":
-        return (0, int(expr.args[1].value) - 1)
+        high = bounds(expr.args[1], env)[1]
+        return (0, None if high is None else high - 1)
     if not isinstance(expr, Binary):
         return UNKNOWN
     a, b = bounds(expr.a, env), bounds(expr.b, env)

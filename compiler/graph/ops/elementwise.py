@@ -18,8 +18,12 @@ from compiler.graph.registry import Pattern, register_op
 
 
 def _result(array, dtype) -> np.ndarray:
-    """`array` as an ndarray of `dtype`: numpy turns 0-d results into scalars and may widen dtypes."""
-    return np.asarray(array).astype(dtype, copy=False)
+    """`array` as an ndarray of `dtype`: numpy turns 0-d results into scalars and may widen dtypes. Integer arithmetic
+    over symbolic sizes (an object array of Syms, folded at import) stays an object array."""
+    array = np.asarray(array)
+    if array.dtype == object and np.dtype(dtype).kind in "iu":
+        return array
+    return array.astype(dtype, copy=False)
 
 
 def _quiet(function):
