@@ -368,8 +368,8 @@ def _text(tokens: dict[str, int], vocabulary: dict[str, int], pad_token: int = 0
     """Inputs of a text model: encoders get a quarter of their tokens as padding (masked out); decoders run one
     whole prompt, unpadded."""
 
-    def inputs(size):
-        count = tokens[size]
+    def inputs(size, count=None):
+        count = tokens[size] if count is None else count
         return _tokens(count, vocabulary[size], padded=0 if decoder else count // 4, pad_token=pad_token)
 
     return inputs
@@ -595,10 +595,16 @@ def names(family: str | None = None) -> list[str]:
     return [name for name, entry in MODELS.items() if family in (None, entry.family)]
 
 
-def sample_inputs(name: str, size: str = "full") -> dict[str, np.ndarray]:
+def sample_inputs(name: str, size: str = "full", tokens: int | None = None) -> dict[str, np.ndarray]:
     """The inputs `name` is exported with at `size`, by ONNX input name: token ids and masks as int64, images and
-    log-mel frames as float32 from a standard normal. The same arrays on every call."""
-    return _model(name, size).inputs(size)
+    log-mel frames as float32 from a standard normal. The same arrays on every call. `tokens`: a text model's inputs
+    with that many tokens instead (for an export with a symbolic sequence: export's `tokens`)."""
+    entry = _model(name, size)
+    if tokens is None:
+        return entry.inputs(size)
+    if entry.family != "text":
+        raise TesselError(f"{name} is not a text model; only those take a number of tokens")
+    return entry.inputs(size, tokens)
 
 
 def build(name: str, size: str = "full"):
@@ -610,21 +616,32 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tessel" / "real"
 
 
-def _cache_key(name: str, size: str) -> str:
+def _cache_key(name: str, size: str, tokens: tuple[int, int] | None = None) -> str:
     """This file and the libraries' versions decide the export: a change to either gives a new key."""
     libraries = _libraries()
     versions = " ".join(f"{key}={module.__version__}" for key, module in sorted(libraries.items()))
     digest = hashlib.sha256(Path(__file__).read_bytes() + versions.encode()).hexdigest()[:16]
-    return f"{name}-{size}-{digest}"
+    symbolic = f"-seq{tokens[0]}-{tokens[1]}" if tokens else ""
+    return f"{name}-{size}{symbolic}-{digest}"
 
 
-def export(name: str, size: str = "full", cache_dir: str | Path | None = None) -> Path:
+# The name of the symbolic sequence axis of a text model exported with `tokens` (what `--dim` then names)
+SEQUENCE = "seq"
+
+
+def export(
+    name: str, size: str = "full", cache_dir: str | Path | None = None, tokens: tuple[int, int] | None = None
+) -> Path:
     """Export `name` at `size` with `torch.onnx.export(model, (), path, kwargs=inputs)` and its defaults, into
     `cache_dir` (default_cache_dir() when None), and return the .onnx path; its weights lie beside it in
-    `model.onnx.data`. An export already in the cache for the same code and library versions is reused."""
+    `model.onnx.data`. An export already in the cache for the same code and library versions is reused. `tokens`
+    (low, high), for a text model: its inputs' sequence axis exported symbolic, named SEQUENCE, in that range (torch's
+    dynamic_shapes), as a model for generation or varying prompts is."""
     entry = _model(name, size)
+    if tokens is not None and entry.family != "text":
+        raise TesselError(f"{name} is not a text model; only those export a symbolic sequence")
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = folder / _cache_key(name, size)
+    final = folder / _cache_key(name, size, tokens)
     path = final / "model.onnx"
     if path.is_file():
         return path
@@ -635,8 +652,12 @@ def export(name: str, size: str = "full", cache_dir: str | Path | None = None) -
     # exported into a fresh folder and renamed into place, so a concurrent or interrupted export leaves no half file
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder))
     try:
+        dynamic = None
+        if tokens is not None:
+            sequence = torch.export.Dim(SEQUENCE, min=tokens[0], max=tokens[1])
+            dynamic = {key: {1: sequence} for key in arguments}
         with torch.no_grad():
-            torch.onnx.export(module, (), str(staging / "model.onnx"), kwargs=arguments)
+            torch.onnx.export(module, (), str(staging / "model.onnx"), kwargs=arguments, dynamic_shapes=dynamic)
         try:
             staging.rename(final)
         except OSError:

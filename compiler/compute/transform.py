@@ -136,7 +136,8 @@ def _slice(inputs, attrs, output_types):
         source = []
         for position, piece in zip(index, slices, strict=True):
             # slice_plan's starts are clamped already (and may be symbolic sizes); an axis it leaves whole has none
-            start, step = piece.start or 0, piece.step or 1
+            start = 0 if piece.start is None else piece.start
+            step = 1 if piece.step is None else piece.step
             source.append(position * step + start if (start, step) != (0, 1) else position)
         return x[tuple(source)]
 
