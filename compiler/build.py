@@ -704,7 +704,13 @@ class Module:
         calls = self.manifest["calls"]
         if any("args" not in call for call in calls):
             raise BundleError("this bundle's manifest has no kernel call arguments; export it again to profile it")
-        replayer = self.runtime.replay(arrays)
+        values = None
+        if self.sizes:
+            values = self.sizes.bind([spec.name for spec in self.inputs], arrays)
+            laid_out = [at_largest(array, spec.shape) for array, spec in zip(arrays, self.inputs)]
+            replayer = self.runtime.replay(laid_out, self.sizes.argument(values))
+        else:
+            replayer = self.runtime.replay(arrays)
         times = []
         for call in calls:
             kernel = replayer.kernel(call["kernel"], call["args"])
@@ -714,7 +720,10 @@ class Module:
                 kernel()
                 samples.append((time.perf_counter() - started) * 1000)
             times.append(samples)
-        return self._named_outputs(arrays, replayer.outputs()), times
+        results = replayer.outputs()
+        if values is not None:
+            results = self.sizes.cut_outputs(results, values)
+        return self._named_outputs(arrays, results), times
 
     def profile(self, repeat: int = 10, feeds: dict[str, np.ndarray] | None = None) -> list[dict]:
         """Milliseconds per fused group, in graph order: each group's kernel called on its own, from the

@@ -22,6 +22,10 @@ class ShapeError(TesselError):
     """A symbolic or wrong input shape, or shapes that do not agree."""
 
 
+class SymbolicSizeError(ShapeError):
+    """An operation needs a size fixed at compile time, but the size is symbolic (compiler/graph/sym.py)."""
+
+
 class TargetError(TesselError):
     """An unknown target string or a missing toolchain."""
 

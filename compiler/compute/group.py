@@ -13,7 +13,7 @@ from compiler import te
 from compiler.errors import UnsupportedOpError
 from compiler.graph.ir import Node
 from compiler.graph.registry import Pattern, get_op
-from compiler.graph.sym import Sym, set_expr_converter, symbols_of
+from compiler.graph.sym import Sym, planning, set_expr_converter, symbols_of
 from compiler.te.tensor import ComputeOp
 
 
@@ -53,6 +53,9 @@ def size_expr(sym: Sym) -> te.Expr:
 
 
 set_expr_converter(size_expr)
+
+# for the schedules (which see TE, not the graph): symbolic extents answered at their largest while a template chooses
+planning_sizes = planning
 
 
 def group_sizes(node: Node) -> list[str]:

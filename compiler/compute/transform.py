@@ -39,8 +39,48 @@ def _strides(shape) -> list[int]:
     return list(reversed(strides))
 
 
+def _reshape_groups(source, target) -> list[tuple[int, int, int, int]] | None:
+    """A reshape as independent merges and splits: runs (source start, end, target start, end) of equal products,
+    each as short as can be, or None where none tile both shapes (never for a valid reshape)."""
+    groups, i, j = [], 0, 0
+    while i < len(source) or j < len(target):
+        start_i, start_j = i, j
+        left = source[i] if i < len(source) else 1
+        right = target[j] if j < len(target) else 1
+        i, j = min(i + 1, len(source)), min(j + 1, len(target))
+        while left != right:
+            if not (isinstance(left, int) and isinstance(right, int)):
+                # a symbolic product is matched by growing the side whose last dim is the smaller static one
+                grow_left = j >= len(target) or (i < len(source) and isinstance(source[i], int))
+            else:
+                grow_left = left < right
+            if grow_left and i < len(source):
+                left, i = left * source[i], i + 1
+            elif j < len(target):
+                right, j = right * target[j], j + 1
+            else:
+                return None
+        groups.append((start_i, i, start_j, j))
+    return groups
+
+
 def _reshaped(x: te.Tensor, shape, name: str) -> te.Tensor:
-    """`x` read in row-major order into `shape`: the output position's flat offset, unravelled."""
+    """`x` read in row-major order into `shape`: the output position's flat offset, unravelled. A reshape of a
+    symbolic shape does that per group of dims that it merges or splits (_reshape_groups): a dim kept as it is (the
+    sequence of a head split) then reads straight through, where a whole-tensor offset divided by a run's size."""
+    groups = None
+    if not all(isinstance(d, int) for d in (*x.shape, *shape)):
+        groups = _reshape_groups(tuple(x.shape), tuple(shape))
+    if groups is not None:
+
+        def grouped(*index):
+            source = []
+            for start_i, end_i, start_j, end_j in groups:
+                part = _reshaped_index(index[start_j:end_j], shape[start_j:end_j], x.shape[start_i:end_i])
+                source.extend(part)
+            return x[tuple(source)]
+
+        return te.compute(shape, grouped, name=name, tag=tags.INJECTIVE)
 
     def body(*index):
         flat = _int(0)
@@ -53,6 +93,20 @@ def _reshaped(x: te.Tensor, shape, name: str) -> te.Tensor:
         return x[tuple(source)]
 
     return te.compute(shape, body, name=name, tag=tags.INJECTIVE)
+
+
+def _reshaped_index(index, shape, source_shape) -> list:
+    """The indices into `source_shape` of the element at `index` of `shape`, two shapes of one size (a group)."""
+    if tuple(shape) == tuple(source_shape):
+        return list(index)
+    flat = _int(0)
+    for position, stride in zip(index, _strides(shape), strict=True):
+        flat = flat + position * stride if stride != 1 else flat + position
+    source = []
+    for dim, stride in zip(source_shape, _strides(source_shape), strict=True):
+        part = flat // stride if stride != 1 else flat
+        source.append(part % dim if dim != 1 else _int(0))
+    return source
 
 
 def _reshape_like(name: str):

@@ -12,17 +12,17 @@ and only the box of its actual sizes is read and written: see docs/architecture.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import re
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from compiler.errors import ShapeError
+from compiler.errors import ShapeError, SymbolicSizeError
 
-
-class SymbolicSizeError(ShapeError):
-    """An operation needs a size fixed at compile time, but the size is symbolic."""
+__all__ = ["Sym", "SymbolicSizeError", "array_dtype", "evaluate", "parse_size", "size_array", "symbols_of", "upper"]
 
 
 Monomial = tuple[str, ...]  # the names multiplied, sorted, with repeats; () is the constant term
@@ -123,6 +123,8 @@ class Sym:
         if Sym._of(other) is None:
             return NotImplemented
         quotient = self._divided(other)
+        if quotient is None and _PLANNING.get():
+            return self.upper // (other.upper if isinstance(other, Sym) else int(other))
         if quotient is None:
             raise SymbolicSizeError(
                 f"{self} // {other} is not a whole polynomial in the sizes; Tessel divides a symbolic size only "
@@ -139,6 +141,8 @@ class Sym:
     def __mod__(self, other):
         if Sym._of(other) is None:
             return NotImplemented
+        if self._divided(other) is None and _PLANNING.get():
+            return self.upper % (other.upper if isinstance(other, Sym) else int(other))
         if self._divided(other) is None:
             raise SymbolicSizeError(f"{self} % {other} depends on the size's value; give it a multiple or a fixed size")
         return 0
@@ -173,6 +177,10 @@ class Sym:
         return low, high
 
     def _decide(self, other, op: str) -> bool:
+        if _PLANNING.get():
+            value = self.upper
+            other = other.upper if isinstance(other, Sym) else int(other)
+            return {"lt": value < other, "le": value <= other, "gt": value > other, "ge": value >= other}[op]
         difference = self - other
         if not isinstance(difference, Sym):
             return {"lt": difference < 0, "le": difference <= 0, "gt": difference > 0, "ge": difference >= 0}[op]
@@ -214,6 +222,8 @@ class Sym:
     # -- what needs a number
 
     def __int__(self):
+        if _PLANNING.get():
+            return self.upper
         raise SymbolicSizeError(
             f"a fixed number is needed where the model has the symbolic size {self} ({self.describe_ranges()}); "
             "compile with a fixed size for it (--input-shape) instead of a range"
@@ -222,6 +232,8 @@ class Sym:
     __index__ = __int__
 
     def __bool__(self):
+        if _PLANNING.get():
+            return self.upper != 0
         low, high = self.bounds()
         if low > 0 or high < 0:
             return True
@@ -267,6 +279,19 @@ class Sym:
 
 
 _TO_EXPR: Callable | None = None
+_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("sym_planning", default=False)
+
+
+@contextlib.contextmanager
+def planning():
+    """Within the block, a Sym answers what needs a number (int(), an order, an inexact // or %) as its largest value
+    would: for schedule templates choosing tiles. That is safe there because they only choose: the loops run to the
+    run's sizes (as expressions of size vars), and lowering guards every split of a symbolic extent."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
 
 
 def set_expr_converter(convert: Callable) -> None:

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
-from compiler.graph.sym import Sym
+from compiler.graph.sym import Sym, upper
 from compiler.graph.ops.conv import block_channels, pack_transposed_weight
 from compiler.graph.ops.dense import pack_dense_weight, pack_nibbles
 from compiler.graph.ops.quantize import quantization_axis
@@ -211,9 +211,9 @@ def packs_dense(node: Node, narrow: bool = False) -> bool:
     a, weight = node.inputs[:2]
     if a is None or weight is None or a.type.dtype != "float32" or weight.type.dtype != "float32":
         return False
-    if len(weight.type.shape) != 2 or len(a.type.shape) < 2 or not a.type.static:
-        return False  # (the packed dense template has no symbolic rows yet: such a MatMul keeps the generic one)
-    if math.prod(a.type.shape[:-1]) < 2 and not narrow:
+    if len(weight.type.shape) != 2 or len(a.type.shape) < 2:
+        return False
+    if upper(math.prod(a.type.shape[:-1])) < 2 and not narrow:  # (symbolic rows: packed when they may be several)
         return False
     if node.op == "Gemm":
         attrs = node.attrs

@@ -175,17 +175,20 @@ class NativeModel:
             check_status(status, self.calls)
         return outputs
 
-    def replay(self, inputs: list[np.ndarray]) -> NativeReplay:
-        return NativeReplay(self, inputs)
+    def replay(self, inputs: list[np.ndarray], sizes: np.ndarray | None = None) -> NativeReplay:
+        return NativeReplay(self, inputs, sizes)
 
 
 class NativeReplay:
     """Kernel calls against a NativeModel's params and arena, the caller's inputs and fresh outputs (Module.replay)."""
 
-    def __init__(self, runtime: NativeModel, inputs: list[np.ndarray]):
+    def __init__(self, runtime: NativeModel, inputs: list[np.ndarray], sizes: np.ndarray | None = None):
         self.runtime = runtime
         self.results = [np.empty(spec.shape, spec.dtype) for spec in runtime.outputs]
         self.bases = {"params": runtime.params.ctypes.data, "arena": runtime.arena.ctypes.data}
+        self.sizes = sizes  # held while the kernels read it
+        if sizes is not None:
+            self.bases["sizes"] = sizes.ctypes.data
         self.bases.update({f"input_{position}": array.ctypes.data for position, array in enumerate(inputs)})
         self.bases.update({f"output_{position}": array.ctypes.data for position, array in enumerate(self.results)})
 

@@ -242,19 +242,22 @@ class WasmModel:
             outputs.append(array)
         return outputs
 
-    def replay(self, inputs: list[np.ndarray]) -> WasmReplay:
-        return WasmReplay(self, inputs)
+    def replay(self, inputs: list[np.ndarray], sizes: np.ndarray | None = None) -> WasmReplay:
+        return WasmReplay(self, inputs, sizes)
 
 
 class WasmReplay:
     """Kernel calls on offsets into a WasmModel's linear memory: the inputs are copied in first (Module.replay)."""
 
-    def __init__(self, runtime: WasmModel, inputs: list[np.ndarray]):
+    def __init__(self, runtime: WasmModel, inputs: list[np.ndarray], sizes: np.ndarray | None = None):
         self.runtime = runtime
         base = runtime._base()
         for offset, array in zip(runtime.input_offsets, inputs):
             ctypes.memmove(base + offset, array.ctypes.data, array.nbytes)
         self.bases = {"params": runtime.params_offset, "arena": runtime.arena_offset}
+        if sizes is not None:
+            ctypes.memmove(base + runtime.sizes_offset, sizes.ctypes.data, sizes.nbytes)
+            self.bases["sizes"] = runtime.sizes_offset
         self.bases.update({f"input_{position}": offset for position, offset in enumerate(runtime.input_offsets)})
         self.bases.update({f"output_{position}": offset for position, offset in enumerate(runtime.output_offsets)})
 

@@ -266,3 +266,22 @@ class Let(Expr):
     @property
     def dtype(self) -> str:
         return self.body.dtype
+
+
+def largest(extent) -> int:
+    """An extent's largest value: an int itself; a size known at run time (a Sym, or an expression of size vars and
+    constants, as a split of one makes) with every size var at its `high`. Schedules plan tiles with it."""
+    if isinstance(extent, int):
+        return extent
+    if hasattr(extent, "__tensor_expr__"):
+        extent = extent.__tensor_expr__()
+    if isinstance(extent, Const):
+        return int(extent.value)
+    if isinstance(extent, SizeVar):
+        return extent.high
+    if isinstance(extent, Cast):
+        return largest(extent.value)
+    if isinstance(extent, Binary) and extent.op in ("add", "mul", "floordiv"):
+        a, b = largest(extent.a), largest(extent.b)
+        return {"add": a + b, "mul": a * b, "floordiv": a // max(b, 1)}[extent.op]
+    raise TEError(f"the extent {extent!r} has no largest value a schedule can plan with")

@@ -235,7 +235,10 @@ class Stage:
 
     def _annotate(self, axis: IterVar, annotation: str, primitive: str) -> None:
         iv = self._leaf(axis, primitive)
-        if annotation in ("vectorized", "unrolled") and not isinstance(iv.extent, int):
+        # a symbolic size (a Sym) may be annotated: an attached stage's region of it is a constant tile, which
+        # lowering checks (a vectorized or unrolled loop must be constant there)
+        fixed = isinstance(iv.extent, int) or hasattr(iv.extent, "__tensor_expr__")
+        if annotation in ("vectorized", "unrolled") and not fixed:
             raise TEError(
                 f"cannot {primitive} axis {iv.name} of {self._where()}: its extent {_describe(iv.extent)} is not a "
                 "constant; "
@@ -505,6 +508,8 @@ class Schedule:
             raise TEError(f"rfactor of {tensor.name}: the factor must be a positive int, got {factor!r}")
         body = op.body
         extents = [iv.extent for iv in body.axis]
+        if len(extents) == 1 and hasattr(extents[0], "__tensor_expr__"):
+            return self._rfactor_symbolic(stage, factor)
         if not all(isinstance(extent, int) for extent in extents):
             raise TEError(f"rfactor of {tensor.name}: its reduce axes need constant extents")
         total = 1
@@ -526,6 +531,28 @@ class Schedule:
         source = substitute(body.source, mapping)
         if total % factor:
             source = Select(flat < Const(total, "int32"), source, body.identity)
+        return self._factored(stage, factor, lane, step, source, axis)
+
+    def _rfactor_symbolic(self, stage: Stage, factor: int) -> Tensor:
+        """rfactor of a reduction over one axis of a symbolic size: lane t takes the elements t, t + factor, ... below
+        the run's size (each read past it is the identity)."""
+        op = stage.op
+        body = op.body
+        (iv,) = body.axis
+        lane = IterVar(f"{op.name}.lane", dom=(0, factor))
+        step = IterVar(f"{op.name}.step", dom=(0, _ceil_div(iv.extent, factor)), kind=REDUCE)
+        flat = step * Const(factor, "int32") + lane
+        axis = tuple(IterVar(f"{axis.name}.rf", dom=axis.dom) for axis in op.axis)
+        mapping: dict[Var, Expr] = {iv: flat + Const(iv.dom[0], "int32") if iv.dom[0] else flat}
+        mapping.update(zip(op.axis, axis))
+        source = Select(flat < as_expr(iv.extent, "int32"), substitute(body.source, mapping), body.identity)
+        return self._factored(stage, factor, lane, step, source, axis)
+
+    def _factored(self, stage: Stage, factor: int, lane, step, source, axis) -> Tensor:
+        """The partial stage of an rfactor (lanes of `source` over `axis`, reduced over `step`) and the stage that
+        combines them."""
+        op = stage.op
+        body = op.body
         partial_op = ComputeOp(
             f"{op.name}.rf", "", (lane, *axis), Reduce(body.combiner, source, (step,), body.identity)
         )

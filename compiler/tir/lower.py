@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiler.te.expr import Binary, Compare, Const, Expr, IfThenElse, Logical, Select, SizeVar, TEError, Var, as_expr
+from compiler.te.expr import Binary, Call, Compare, Const, Expr, IfThenElse, Logical, Select, SizeVar, TEError, Var, as_expr
 from compiler.te.schedule import INLINE, ROOT, SCOPE, Schedule, Split, Stage
 from compiler.te.tensor import (
     REDUCE,
@@ -233,9 +233,16 @@ class _Lowering:
                 values[relation.outer] = Binary("floordiv", values[relation.fused], inner_extent)
                 values[relation.inner] = Binary("floormod", values[relation.fused], inner_extent)
         geometry.values = values
+        padding_safe = self._padding_safe(stage)
         for parent, exact in divides.items():
             if not exact:
-                condition = Compare("lt", values[parent], _extent(iter_extents[parent]))
+                bound = iter_extents[parent]
+                if padding_safe and parent in op.axis and not isinstance(bound, int):
+                    # a tensor is laid out at its largest shape, and every reader stops at the run's sizes: a tile
+                    # of a symbolic axis only has to stay inside the layout, a test that a tile dividing the largest
+                    # size drops (the run's size in a vector loop's test scalarized it)
+                    bound = _upper(bound)
+                condition = Compare("lt", values[parent], _extent(bound))
                 target = geometry.reduce_conditions if parent.kind == REDUCE else geometry.data_conditions
                 target.append(condition)
         for axis, low, needs_clamp, extent in zip(op.axis, mins, clamp, shape):
@@ -244,6 +251,14 @@ class _Lowering:
                 geometry.data_conditions += [Compare("ge", index, _int(0)), Compare("lt", index, _int(extent))]
         self.geometries[stage] = geometry
         return geometry
+
+    def _padding_safe(self, stage: Stage) -> bool:
+        """Whether a stage may compute elements past the run's sizes (inside its buffer's largest layout), where its
+        inputs hold whatever the padding holds: a float stage with no data-dependent index (an index check would
+        fail on a padding's index) and so no integer division by a padding's zero."""
+        if stage.op.dtype not in ("float32", "float16", "float64"):
+            return False
+        return not any(isinstance(node, Call) and node.name == "index_check" for node in walk(self.body(stage)))
 
     def root_index(self, stage: Stage, geometry: _Geometry) -> dict[Var, Expr]:
         mapping: dict[Var, Expr] = {
@@ -306,8 +321,11 @@ class _Lowering:
                     expr = simplify(substitute(index, mapping), own)
                     boxes[dim].append(self._interval(expr, outer_ids, env))
         mins, extents, clamp = [], [], []
-        for dim, extent in enumerate(shape):
+        for dim, (extent, run_extent) in enumerate(zip(shape, self._extents(stage.op))):
             low_expr, size, needs_clamp = self._merge(boxes[dim], extent, self.var_extents(self._attach_chain(stage)))
+            if size == extent and not isinstance(run_extent, int) and isinstance(low_expr, Const) and not needs_clamp:
+                # the whole of a symbolic axis: computed to the run's size (its readers stop there), not the largest
+                size = run_extent
             mins.append(low_expr)
             extents.append(size)
             clamp.append(needs_clamp)

@@ -69,7 +69,9 @@ def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
     if isinstance(expr, Const):
         return (int(expr.value), int(expr.value)) if not isinstance(expr.value, float) else UNKNOWN
     if isinstance(expr, SizeVar):
-        return env.get(expr, (expr.low, expr.high))
+        # a run's size lies in its range, whatever a let binding it (from the sizes argument) says it is
+        known = env.get(expr)
+        return known if known is not None and None not in known else (expr.low, expr.high)
     if isinstance(expr, Var):
         return env.get(expr, UNKNOWN)
     if isinstance(expr, Compare | Logical):
@@ -109,6 +111,13 @@ def bounds(expr: Expr, env: dict[Var, Bounds]) -> Bounds:
     if op == "max":
         return (_known(max, a[0], b[0]), _opt(a[1], b[1], max))
     divisor = b[0] if b[0] is not None and b[0] == b[1] else None
+    if divisor is None and b[0] is not None and b[0] > 0 and b[1] is not None and a[0] is not None and a[0] >= 0:
+        # a positive divisor known only by its range (a symbolic size's): a non-negative quotient lies between the
+        # dividend's ends over the divisor's, a remainder below the divisor's largest value
+        if op in ("floordiv", "div"):
+            return (a[0] // b[1], None if a[1] is None else a[1] // b[0])
+        if op == "floormod":
+            return (0, b[1] - 1 if a[1] is None else min(a[1], b[1] - 1))
     if divisor is None or divisor <= 0:
         return UNKNOWN
     if op == "floordiv" or (op == "div" and a[0] is not None and a[0] >= 0):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from functools import partial
 
 import compiler.te as te
-from compiler.compute import tags
+from compiler.compute import planning_sizes, tags
 from compiler.schedules.cpu.attention import schedule_attention
 from compiler.schedules.cpu.blocked_conv import schedule_blocked_conv, schedule_transposed_conv
 from compiler.schedules.cpu.conv import schedule_conv1d, schedule_conv2d
@@ -28,6 +28,7 @@ from compiler.schedules.cpu.winograd import schedule_winograd
 from compiler.schedules.cpu.symbolic import is_symbolic, schedule_symbolic
 from compiler.schedules.dispatch import Templates, add_unread_inputs, inline_injective, padding_stage, schedule_with
 from compiler.schedules.space import ConfigSpace, run_template
+from compiler.errors import SymbolicSizeError
 from compiler.target import Target
 from compiler.te.schedule import Schedule
 
@@ -80,9 +81,17 @@ CPU_TEMPLATES = Templates(
 
 
 def _schedule(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
-    """The dispatch's templates, or for a group with symbolic sizes the symbolic template."""
+    """The dispatch's templates. A group with symbolic sizes takes them too, its templates choosing tiles for the
+    sizes' largest values (planning_sizes); where one cannot (it needs a fixed extent), the symbolic template."""
     if not is_symbolic(group):
         return schedule_with(CPU_TEMPLATES, group, target, cfg)
+    try:
+        with planning_sizes():
+            return schedule_with(CPU_TEMPLATES, group, target, cfg)
+    except (SymbolicSizeError, te.TEError, TypeError, AttributeError, ValueError):
+        # a template that needs a fixed extent somewhere (a constant reduce for its factoring, an int's method): the
+        # symbolic template, which is correct for every size, on a fresh cfg
+        cfg.__init__(cfg.values)
     outputs = [tensor for tensor in group.outputs if isinstance(tensor.op, te.ComputeOp)]
     schedule = te.create_schedule(list(dict.fromkeys(tensor.op for tensor in outputs)))
     add_unread_inputs(schedule, group.inputs)

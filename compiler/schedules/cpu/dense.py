@@ -20,6 +20,7 @@ from compiler.schedules.cpu.tiling import (
 )
 from compiler.schedules.space import ConfigSpace, divisors
 from compiler.target import STACK_BUFFER_BYTES, Target
+from compiler.te.expr import largest
 from compiler.te.schedule import Schedule, Stage
 from compiler.te.tensor import TensorLoad, walk
 
@@ -76,7 +77,7 @@ def schedule_dense(schedule: Schedule, dense: Stage, output: Stage, target: Targ
     parallel = default_parallel = "tiles"
     if partial is None:
         # "outer" makes the outer tile loop the tasks: a fallback takes it only with tasks enough for the threads
-        outer_tasks = math.prod(axis.extent for axis in batch) * tiles[0].extent
+        outer_tasks = math.prod(largest(axis.extent) for axis in batch) * largest(tiles[0].extent)
         if outer_tasks >= OUTER_TASKS:
             default_parallel = values["parallel"]
         cfg.define_knob("parallel", ["tiles", "outer"], default=default_parallel)

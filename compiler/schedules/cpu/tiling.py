@@ -133,6 +133,7 @@ def partition_tail(stage: Stage, outer, extent: int, tile: int) -> None:
 def ragged_tiles(extent: int, width: int) -> list[int]:
     """A ragged row's column tiles: powers of two and the first multiples of the vector width (3 vectors of 16 take
     48 of 200 columns, 4 tiles and a tail of 8), each with a guarded last tile."""
+    extent = int(extent)  # (a symbolic size at its largest, while a template plans)
     powers = {1 << shift for shift in range(extent.bit_length()) if 1 << shift <= extent}
     return sorted(powers | {width * count for count in range(1, 5) if width * count <= extent})
 
