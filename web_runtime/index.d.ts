@@ -38,21 +38,35 @@ export interface InputArrayOf extends Omit<TypedArrayOf, "float16" | "uint8"> {
 
 export type InputData = InputArrayOf[Dtype];
 
+/** A dim of an input's or output's shape: a whole number, or for a model compiled with symbolic sizes a size
+ * expression over them ("seq", "4*seq", "past+seq", "seq*seq-1"). */
+export type Dim = number | string;
+
+/** A symbolic size of a model (compiled with `dims` / `tessel compile --dim seq=1..256`): a run takes any value in
+ * min..max, read from the inputs' dims. */
+export interface SizeSpec {
+  name: string;
+  min: number;
+  max: number;
+}
+
 /** A model input or output as the manifest describes it. */
 export interface TensorSpec {
   name: string;
-  shape: number[];
+  shape: Dim[];
   dtype: Dtype;
 }
 
-/** A result of `run`: fresh arrays, which later runs do not overwrite. */
+/** A result of `run`: fresh arrays, which later runs do not overwrite; `dims` is the run's shape (a symbolic
+ * output's at the run's sizes). */
 export interface Tensor<D extends Dtype = Dtype> {
   data: TypedArrayOf[D];
   dims: number[];
   dtype: D;
 }
 
-/** An input: a typed array its dtype takes, or with dims, which must equal the model's shape when given. */
+/** An input: a typed array its dtype takes, or with dims, which must equal the model's shape when given. An input
+ * whose shape names a symbolic size needs its dims: they give the sizes' values for the run. */
 export type TensorInput = InputData | { data: InputData; dims?: readonly number[] };
 
 export type Feeds = Record<string, TensorInput>;
@@ -105,9 +119,11 @@ export interface Manifest {
   compiler_version: string;
   target: string;
   code: string;
+  /** A symbolic model's sizes, in the order of the run entry's last argument; absent for a static model. */
+  sizes?: SizeSpec[];
   inputs: Array<TensorSpec & { device_dtype?: "int32" }>;
   outputs: Array<TensorSpec & { device_dtype?: "int32"; source: null | { region: "input" | "output" | "params"; index?: number; offset?: number } }>;
-  params: { file: "params.bin"; bytes: number; layout: Array<TensorSpec & { offset: number; nbytes: number }> };
+  params: { file: "params.bin"; bytes: number; layout: Array<TensorSpec & { shape: number[]; offset: number; nbytes: number }> };
   memory: { arena_bytes: number; intermediate_bytes: number; alignment: number; wasm_import?: WasmImport };
   variants?: Array<{ code: string; features: Array<"threads" | "relaxed-simd">; wasm_import: WasmImport; stack_bytes?: number }>;
   files: Record<string, string>;
@@ -131,11 +147,15 @@ export class Model {
   readonly backendReason: string;
   /** wasm: the code file, its features and threads; null on other backends. */
   readonly variant: WasmVariant | null;
+  /** Each input's and output's name, shape and dtype; a symbolic dim is its size expression ("seq"). */
   readonly inputs: TensorSpec[];
   readonly outputs: TensorSpec[];
+  /** The symbolic sizes the shapes name, with their ranges; [] for a static model. */
+  readonly sizes: SizeSpec[];
   readonly inputNames: string[];
   readonly outputNames: string[];
-  /** Run once. Rejects with a TesselError (code "input") naming a wrong, missing or unknown input. */
+  /** Run once. Rejects with a TesselError (code "input") naming a wrong, missing or unknown input, or for a symbolic
+   * model an input whose dims put a size outside its range, have the wrong rank or disagree on a size. */
   run(feeds: Feeds): Promise<Record<string, Tensor>>;
   /** Make the backend's device state again, e.g. after a lost WebGPU device. */
   reload(): Promise<void>;
@@ -186,9 +206,10 @@ export interface BundleSource {
   checked?(name: string, matched: boolean): Promise<boolean>;
 }
 
-/** What a backend's create() gives: runs already-checked inputs, in manifest order. */
+/** What a backend's create() gives: runs already-checked inputs, in manifest order; for a symbolic model also the
+ * sizes' values, in manifest.sizes order (inputs and results are then compact arrays of the run's shapes). */
 export interface Executor {
-  run(inputs: TensorData[]): Promise<TensorData[]>;
+  run(inputs: TensorData[], sizes?: number[]): Promise<TensorData[]>;
   dispose(): void;
   reload?(): Promise<void>;
   variant?: WasmVariant;

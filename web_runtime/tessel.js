@@ -619,6 +619,7 @@ export async function bindingDigest(text) {
 const MAX_BYTES = 2 ** 40;
 const MAX_ITEMS = 2 ** 20;
 const MAX_PAGES = 65536;
+const INT32_MAX = 2 ** 31 - 1; // a size's value goes to the run entry as an int32
 const DTYPES = ["float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"];
 const CODE_FILES = { wasm: "model.wasm", llvm: "model.so", opencl: "kernels.cl", cuda: "kernels.cu", webgpu: "kernels.wgsl" };
 const WASM_FEATURES = ["threads", "relaxed-simd"];
@@ -662,6 +663,12 @@ function checkSchema(schema, where, value) {
 }
 
 const TENSOR = { name: text, shape: listOf(count()), dtype: oneOf(...DTYPES), "device_dtype?": oneOf("int32") };
+// an input's or output's dim: a whole number or a size expression (checkSizes parses it against manifest.sizes)
+const DIM = (where, value) =>
+  typeof value === "string"
+    ? /^[\w.*+-]{1,256}$/.test(value) || invalid(where, "a size expression", value)
+    : count()(where, value);
+const SIZED = { ...TENSOR, shape: listOf(DIM) };
 const WASM_IMPORT = { initial_pages: count(MAX_PAGES), maximum_pages: optional(count(MAX_PAGES)), "shared?": oneOf(true, false) };
 const DIGEST = (where, value) => /^[0-9a-f]{64}$/.test(value) || invalid(where, "a sha256 in hex", value);
 const MANIFEST_SCHEMA = {
@@ -673,8 +680,9 @@ const MANIFEST_SCHEMA = {
   triple: text,
   code: text,
   entry: { name: text, arguments: listOf(text) },
-  inputs: listOf(TENSOR),
-  outputs: listOf({ ...TENSOR, source: optional({ region: oneOf("input", "output", "params") }) }),
+  "sizes?": listOf({ name: text, min: count(INT32_MAX), max: count(INT32_MAX) }),
+  inputs: listOf(SIZED),
+  outputs: listOf({ ...SIZED, source: optional({ region: oneOf("input", "output", "params") }) }),
   kernels: listOf({ name: text, ops: listOf(text), groups: listOf(text), "config?": anything }),
   calls: listOf({ kernel: text, group: text, pattern: text, args: listOf(listOf(anything)) }),
   memory: { arena_bytes: count(), intermediate_bytes: count(), alignment: count(), "wasm_import?": WASM_IMPORT },
@@ -698,6 +706,196 @@ function tensorBytes(spec, where, dtype = spec.dtype) {
   }
   return bytes;
 }
+
+// ---- symbolic sizes ------------------------------------------------------------------------------------
+//
+// A model compiled with symbolic sizes (compile_model(..., dims={"seq": (1, 256)}), tessel compile --dim seq=1..256)
+// lists them in manifest.sizes ({name, min, max}, in the order of the run entry's last argument), and a dim of its
+// inputs and outputs is a whole number or a size expression: terms joined by + or -, each a product of whole numbers
+// and size names ("seq", "4*seq", "past+seq", "seq*seq-1"), as compiler/graph/sym.py's parse_size reads it. Every
+// input and output lives in memory at its largest shape (each size at its max), with that shape's strides; a run
+// binds the sizes from the inputs' dims (compiler/bundle.py, SymbolicSizes), writes each input into the first corner
+// of its slot, passes the sizes' values and reads each output's box back out. A static bundle has no plan (null).
+
+// A size expression as [coefficient, ...size positions] terms, equal products combined and zero terms dropped, as a
+// Sym holds it; a constant is a number. `positions` maps each size's name to its place in manifest.sizes.
+function parseSize(text, positions) {
+  const terms = new Map();
+  const term = /([+-]?)([^+-]+)/y;
+  while (term.lastIndex < text.length) {
+    const match = term.exec(text);
+    if (!match) return null;
+    let coefficient = match[1] === "-" ? -1 : 1;
+    const names = [];
+    for (const factor of match[2].split("*")) {
+      if (/^\d+$/.test(factor)) coefficient *= Number(factor);
+      else if (positions.has(factor)) names.push(positions.get(factor));
+      else return null;
+    }
+    names.sort((left, right) => left - right);
+    const key = names.join("*");
+    const sum = (terms.has(key) ? terms.get(key)[0] : 0) + coefficient;
+    if (!Number.isSafeInteger(sum)) return null;
+    terms.set(key, [sum, ...names]);
+  }
+  const kept = [...terms.values()].filter(([coefficient]) => coefficient !== 0);
+  if (kept.length === 0) return 0;
+  if (kept.length === 1 && kept[0].length === 1) return kept[0][0];
+  const [first] = kept;
+  // the size this dim is alone ("seq", not "2*seq" nor "seq+1"): an input's dim that gives the size's value
+  return { terms: kept, alone: kept.length === 1 && first.length === 2 && first[0] === 1 ? first[1] : -1 };
+}
+
+/** A dim's value at the run's sizes (`values`, in manifest.sizes order). */
+function dimValue(dim, values) {
+  if (typeof dim === "number") return dim;
+  let sum = 0;
+  for (const [coefficient, ...names] of dim.terms) sum += names.reduce((product, at) => product * values[at], coefficient);
+  return sum;
+}
+
+// A dim's largest value over the sizes' ranges, by interval arithmetic term by term as Sym.bounds computes it (exact
+// for the sums of products with positive coefficients that shapes are), so a slot has the size Python gives it.
+function largestDim(dim, sizes) {
+  if (typeof dim === "number") return dim;
+  let high = 0;
+  for (const [coefficient, ...names] of dim.terms) {
+    let [low, up] = [coefficient, coefficient];
+    for (const at of names) {
+      const { min, max } = sizes[at];
+      const products = [low * min, low * max, up * min, up * max];
+      [low, up] = [Math.min(...products), Math.max(...products)];
+    }
+    high += up;
+  }
+  return Number.isSafeInteger(high) ? high : -1;
+}
+
+/** The plan of a symbolic manifest, after checking its sizes and every dim against them; null for a static one. */
+function checkSizes(manifest) {
+  const sizes = manifest.sizes || [];
+  const positions = new Map();
+  sizes.forEach(({ name, min, max }, position) => {
+    const where = `sizes[${position}]`;
+    if (!/^[A-Za-z_][\w.]*$/.test(name)) invalid(`${where}.name`, "a name of letters, digits, _ and . (no digit first)", name);
+    if (positions.has(name)) invalid(`${where}.name`, "a name no other size has", name);
+    if (min > max) invalid(`${where}.max`, `at least its min (${min})`, max);
+    positions.set(name, position);
+  });
+  const names = sizes.length ? `the sizes ${[...positions.keys()].join(", ")}` : "no sizes (the manifest has none)";
+  const tensors = (key) =>
+    manifest[key].map((spec, position) => {
+      const dims = spec.shape.map((dim, axis) => {
+        if (typeof dim === "number") return dim;
+        const parsed = parseSize(dim, positions);
+        if (parsed === null || largestDim(parsed, sizes) < 0) {
+          invalid(`${key}[${position}].shape[${axis}]`, `a size expression over ${names}`, dim);
+        }
+        return parsed;
+      });
+      const largest = dims.map((dim) => largestDim(dim, sizes));
+      return { dims, largest, bytes: tensorBytes({ ...spec, shape: largest }, `${key}[${position}]`) };
+    });
+  const plan = { sizes, inputs: tensors("inputs"), outputs: tensors("outputs") };
+  sizes.forEach(({ name }, position) => {
+    if (!plan.inputs.some((tensor) => tensor.dims.some((dim) => dim.alone === position))) {
+      fail(
+        "manifest",
+        `sizes[${position}]`,
+        `manifest.json: no input dimension is the size ${name} alone, so a run cannot tell its value; export the model again`,
+      );
+    }
+  });
+  return sizes.length ? plan : null;
+}
+
+// each checked manifest's plan of sizes (null: static)
+const plans = new WeakMap();
+
+function planOf(manifest) {
+  if (!plans.has(manifest)) plans.set(manifest, checkSizes(manifest));
+  return plans.get(manifest);
+}
+
+/** Each size's value (manifest.sizes order) in a run of inputs of `shapes`, as SymbolicSizes.bind finds them: an input
+ * dim that is one size alone gives it, every other dim must then agree and every size lie in its range. */
+function bindSizes(plan, inputs, shapes) {
+  const values = [];
+  const from = [];
+  inputs.forEach(({ name }, position) => {
+    const { dims } = plan.inputs[position];
+    const shape = shapes[position];
+    if (shape.length !== dims.length) {
+      const takes = `rank ${dims.length} (${shapeText(inputs[position].shape)})`;
+      fail("input", name, `input "${name}" has dims ${shapeText(shape)}, of rank ${shape.length}; the model takes ${takes}`);
+    }
+    dims.forEach((dim, axis) => {
+      const at = dim.alone;
+      if (!(at >= 0)) return;
+      const size = plan.sizes[at].name;
+      if (values[at] === undefined) {
+        values[at] = shape[axis];
+        from[at] = [name, `input "${name}" axis ${axis}`];
+      } else if (values[at] !== shape[axis]) {
+        fail(
+          "input",
+          name,
+          `input "${name}" has ${shape[axis]} at axis ${axis}, which is the size ${size}, but ${from[at][1]} gives ` +
+            `${size} = ${values[at]}; give inputs whose ${size} agrees`,
+        );
+      }
+    });
+  });
+  plan.sizes.forEach(({ name, min, max }, at) => {
+    if (values[at] < min || values[at] > max) {
+      fail(
+        "input",
+        from[at][0],
+        `${from[at][1]} gives the size ${name} = ${values[at]}, outside the range ${min}..${max} the model was ` +
+          `compiled for; compile it with a range that holds it (tessel compile --dim ${name}=LOW..HIGH)`,
+      );
+    }
+  });
+  inputs.forEach(({ name, shape: dims }, position) => {
+    const wanted = plan.inputs[position].dims.map((dim) => dimValue(dim, values));
+    if (wanted.some((size, axis) => size !== shapes[position][axis])) {
+      const at = plan.sizes.map((size, index) => `${size.name} = ${values[index]}`).join(", ");
+      const takes = `${shapeText(wanted)} (${shapeText(dims)}) at ${at}`;
+      fail("input", name, `input "${name}" has dims ${shapeText(shapes[position])}, the model takes ${takes}`);
+    }
+  });
+  return values;
+}
+
+/** Copies the box `shape` between `compact` (bytes, row-major) and the first corner of the slot at `offset` laid out at
+ * `largest` (that shape's strides): into the slot for an input (`inward`; the rest zeroed, so no run sees the last
+ * one's leftovers), out of it for an output. Trailing axes the box spans whole are copied as one run. */
+function moveBox(buffer, offset, largest, shape, itemBytes, compact, inward) {
+  const slot = new Uint8Array(buffer, offset, elementCount(largest) * itemBytes);
+  let axis = shape.length - 1;
+  let run = itemBytes;
+  while (axis >= 0 && shape[axis] === largest[axis]) run *= largest[axis--];
+  if (axis < 0) return inward ? slot.set(compact) : compact.set(slot);
+  if (inward) slot.fill(0);
+  const step = run * largest[axis]; // the bytes between two of the box's runs along axis - 1
+  run *= shape[axis];
+  const rows = elementCount(shape.slice(0, axis));
+  const strides = [];
+  for (let at = axis - 1, stride = step; at >= 0; stride *= largest[at--]) strides[at] = stride;
+  const index = new Array(axis).fill(0);
+  for (let row = 0, place = 0; row < rows && run > 0; row++) {
+    if (inward) slot.set(compact.subarray(row * run, (row + 1) * run), place);
+    else compact.set(slot.subarray(place, place + run), row * run);
+    for (let at = axis - 1; at >= 0; at--) {
+      place += strides[at];
+      if (++index[at] < shape[at]) break;
+      place -= strides[at] * shape[at];
+      index[at] = 0;
+    }
+  }
+}
+
+const bytesOf = (array) => new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
 
 // each loaded manifest's binding digest, computed from its text
 const bindings = new WeakMap();
@@ -769,8 +967,11 @@ function checkManifest(manifest) {
   for (const name of Object.keys(manifest.chunked_files ? manifest.chunked_files.sha256 : {})) listed("chunked_files.sha256", name);
   if (manifest.chunked_files && manifest.chunked_files.chunk_bytes === 0) invalid("chunked_files.chunk_bytes", "positive", 0);
   const params = manifest.params;
+  // a symbolic manifest's inputs and outputs are sized at their largest shapes by checkSizes
+  const plan = checkSizes(manifest);
+  plans.set(manifest, plan);
   for (const [key, specs] of [["inputs", manifest.inputs], ["outputs", manifest.outputs], ["params.layout", params.layout]]) {
-    specs.forEach((spec, position) => tensorBytes(spec, `${key}[${position}]`));
+    if (!plan || key === "params.layout") specs.forEach((spec, position) => tensorBytes(spec, `${key}[${position}]`));
   }
   params.layout.forEach((entry, position) => {
     if (entry.nbytes !== tensorBytes(entry, "") || entry.offset + entry.nbytes > params.bytes) {
@@ -796,6 +997,9 @@ function checkManifest(manifest) {
     const where = `outputs[${position}].source`;
     if (source === null) return;
     if (source.region === "params") {
+      if (spec.shape.some((dim) => typeof dim === "string")) {
+        invalid(`outputs[${position}].shape`, "a fixed shape for a copied weight", spec.shape);
+      }
       count()(`${where}.offset`, source.offset);
       if (source.offset + tensorBytes(spec, where, spec.device_dtype || spec.dtype) > params.bytes) {
         invalid(`${where}.offset`, `inside params.bin's ${params.bytes} bytes`, source.offset);
@@ -829,8 +1033,9 @@ const inputHint = (dtype) => {
   return INPUT_HINTS[dtype] || [`${/^[AEIOU]/.test(name) ? "an" : "a"} ${name}`, `${name}.from(values)`];
 };
 
-/** The feeds as one typed array per manifest input, in manifest order, after checking names, dtypes and sizes. */
-function checkFeeds(feeds, inputs) {
+/** The feeds as one typed array per manifest input, in manifest order, after checking names, dtypes and sizes; for a
+ * symbolic model (`plan`) {arrays, sizes}, the sizes' values bound from the inputs' dims. */
+function checkFeeds(feeds, inputs, plan = null) {
   if (feeds === null || typeof feeds !== "object" || ArrayBuffer.isView(feeds)) {
     fail("input", null, "run takes an object of input name -> typed array or {data, dims}");
   }
@@ -840,7 +1045,8 @@ function checkFeeds(feeds, inputs) {
       fail("input", name, `unknown input "${name}"; the model's inputs are ${names.join(", ")}`);
     }
   }
-  return inputs.map((spec) => {
+  const shapes = [];
+  const arrays = inputs.map((spec) => {
     if (!(spec.name in feeds)) {
       fail("input", spec.name, `missing input "${spec.name}"; the model's inputs are ${names.join(", ")}`);
     }
@@ -857,7 +1063,9 @@ function checkFeeds(feeds, inputs) {
           `convert it, e.g. ${inputHint(spec.dtype)[1]}`,
       );
     }
-    if (!ArrayBuffer.isView(feed) && feed.dims != null) {
+    if (plan) {
+      shapes.push(givenShape(spec, feed, given));
+    } else if (!ArrayBuffer.isView(feed) && feed.dims != null) {
       const dims = Array.from(feed.dims, Number);
       if (dims.length !== spec.shape.length || dims.some((size, axis) => size !== spec.shape[axis])) {
         fail(
@@ -868,7 +1076,7 @@ function checkFeeds(feeds, inputs) {
         );
       }
     }
-    const count = elementCount(spec.shape);
+    const count = plan ? given.length : elementCount(spec.shape);
     if (given.length !== count) {
       fail(
         "input",
@@ -886,6 +1094,26 @@ function checkFeeds(feeds, inputs) {
     const Stored = TYPED_ARRAYS[spec.dtype];
     return Given === Stored ? given : new Stored(given.buffer, given.byteOffset, given.length);
   });
+  return plan ? { arrays, sizes: bindSizes(plan, inputs, shapes) } : arrays;
+}
+
+/** The dims of an input of a symbolic model: its {dims}, or its fixed shape; whole numbers that hold its elements. */
+function givenShape(spec, feed, given) {
+  const { name } = spec;
+  const dims = ArrayBuffer.isView(feed) || feed.dims == null ? null : Array.from(feed.dims, Number);
+  if (!dims && spec.shape.some((dim) => typeof dim === "string")) {
+    const shape = shapeText(spec.shape);
+    fail("input", name, `input "${name}" has the symbolic shape ${shape}: give it as {data, dims} so that the run knows its sizes`);
+  }
+  const shape = dims || spec.shape;
+  if (!shape.every((size) => isCount(size, MAX_BYTES))) {
+    fail("input", name, `input "${name}" has dims ${shapeText(shape)}; each must be a whole number`);
+  }
+  const count = elementCount(shape);
+  if (given.length !== count) {
+    fail("input", name, `input "${name}" has ${given.length} elements, its dims ${shapeText(shape)} hold ${count}`);
+  }
+  return shape;
 }
 
 // ---- backends ----------------------------------------------------------------------------------------
@@ -922,8 +1150,9 @@ function copyOut(memory, start, length) {
 
 class WasmExecutor {
   // Linear memory from __heap_base: params (copied in once), the arena, then one 64-byte-aligned slot per
-  // input and output, then one stack per pool worker (threaded variants), the layout compiler/runtime/wasm.py uses,
-  // so `run(inputs…, outputs…, params, arena)` sees the same offsets in every runtime.
+  // input and output (a symbolic model's at their largest shapes), then one stack per pool worker (threaded
+  // variants), then a symbolic model's int32 sizes, the layout compiler/runtime/wasm.py uses, so
+  // `run(inputs…, outputs…, params, arena[, sizes])` sees the same offsets in every runtime.
   constructor(manifest, instance, memory, workers = 0, stackBytes = 0) {
     this.manifest = manifest;
     this.memory = memory;
@@ -942,10 +1171,13 @@ class WasmExecutor {
     this.paramsOffset = reserve(manifest.params.bytes);
     this.paramsEpoch = 0; // how often params.bin was read again (a damaged cache entry) since the first copy
     this.arenaOffset = reserve(manifest.memory.arena_bytes);
-    this.inputOffsets = manifest.inputs.map((spec) => reserve(byteSize(spec)));
-    this.outputOffsets = manifest.outputs.map((spec) => reserve(byteSize(spec)));
+    const plan = (this.plan = planOf(manifest));
+    const slot = (tensors) => (spec, position) => reserve(plan ? plan[tensors][position].bytes : byteSize(spec));
+    this.inputOffsets = manifest.inputs.map(slot("inputs"));
+    this.outputOffsets = manifest.outputs.map(slot("outputs"));
     // a stack grows down from the end of its region
     this.stackTops = Array.from({ length: workers }, () => reserve(stackBytes) + stackBytes);
+    if (plan) this.sizesOffset = reserve(4 * plan.sizes.length);
     const missing = end - memory.buffer.byteLength;
     if (missing > 0) {
       try {
@@ -991,17 +1223,18 @@ class WasmExecutor {
     }
   }
 
-  /** A run's outputs, returned only once params.bin has been checked against the manifest's digest. */
-  async run(arrays) {
+  /** A run's outputs, returned only once params.bin has been checked against the manifest's digest; `sizes`: a
+   * symbolic model's values (bindSizes). */
+  async run(arrays, sizes) {
     const epoch = this.paramsEpoch;
     let results, failure;
     try {
-      results = this.runNow(arrays);
+      results = this.plan ? this.runSized(arrays, sizes) : this.runNow(arrays);
     } catch (error) {
       failure = error;
     }
     await this.paramsChecked; // damaged params explain a failed run first
-    if (epoch !== this.paramsEpoch) return this.run(arrays); // params.bin was read again meanwhile
+    if (epoch !== this.paramsEpoch) return this.run(arrays, sizes); // params.bin was read again meanwhile
     if (failure) throw failure;
     return results;
   }
@@ -1026,6 +1259,44 @@ class WasmExecutor {
       if (!from) return;
       const Type = RESULT_ARRAYS[spec.dtype];
       if (from.region === "params") results[position] = new Type(copyOut(this.memory, this.paramsOffset + from.offset, byteSize(spec)));
+      else results[position] = copyAs(Type, (from.region === "input" ? arrays : results)[from.index]);
+    });
+    return results;
+  }
+
+  /** A symbolic model's run: each input into the first corner of its largest-shape slot, the sizes' values as the
+   * entry's last argument, each output's box read back as a compact array. */
+  runSized(arrays, sizes) {
+    const { plan, manifest } = this;
+    const { buffer } = this.memory;
+    arrays.forEach((array, position) => {
+      const { dims, largest } = plan.inputs[position];
+      const shape = dims.map((dim) => dimValue(dim, sizes));
+      moveBox(buffer, this.inputOffsets[position], largest, shape, array.BYTES_PER_ELEMENT, bytesOf(array), true);
+    });
+    new Int32Array(buffer, this.sizesOffset, sizes.length).set(sizes);
+    if (this.workers.length > 0 && this.wakePool) this.wakePool();
+    const { inputOffsets, outputOffsets, paramsOffset, arenaOffset, sizesOffset } = this;
+    const failed = this.entry(...inputOffsets, ...outputOffsets, paramsOffset, arenaOffset, sizesOffset);
+    if (failed) fail("run", manifest.calls[failed - 1]?.group ?? null, describeFailure(manifest, failed));
+    const results = manifest.outputs.map((spec, position) => {
+      const { dims, largest } = plan.outputs[position];
+      const shape = dims.map((dim) => dimValue(dim, sizes));
+      const Type = RESULT_ARRAYS[spec.dtype];
+      if (shape.some((size, axis) => !(size >= 0 && size <= largest[axis]))) {
+        const where = `${shapeText(shape)} at these sizes, outside its slot ${shapeText(largest)}`;
+        fail("run", spec.name, `output "${spec.name}" is ${where}; export the model again`);
+      }
+      const result = new Uint8Array(elementCount(shape) * Type.BYTES_PER_ELEMENT);
+      if (!spec.source) moveBox(buffer, outputOffsets[position], largest, shape, Type.BYTES_PER_ELEMENT, result, false);
+      return new Type(result.buffer);
+    });
+    // Outputs no kernel writes, as in runNow (a weight's shape is fixed: checkManifest).
+    manifest.outputs.forEach((spec, position) => {
+      const from = spec.source;
+      if (!from) return;
+      const Type = RESULT_ARRAYS[spec.dtype];
+      if (from.region === "params") results[position] = new Type(copyOut(this.memory, paramsOffset + from.offset, byteSize(spec)));
       else results[position] = copyAs(Type, (from.region === "input" ? arrays : results)[from.index]);
     });
     return results;
@@ -1210,7 +1481,7 @@ const wasmBackend = {
     mark("code-compiled");
     checkBinding(manifest, variant.code, instance.exports.tessel_manifest_digest, memory);
     const entry = instance.exports[manifest.entry && manifest.entry.name];
-    const expected = manifest.inputs.length + manifest.outputs.length + 2;
+    const expected = manifest.inputs.length + manifest.outputs.length + 2 + (planOf(manifest) ? 1 : 0);
     if (typeof entry !== "function" || entry.length !== expected) {
       fail("code", variant.code, `${variant.code} has no entry taking the manifest's ${expected} arguments; export it again`);
     }
@@ -1248,6 +1519,7 @@ function webgpuShortfall(adapter, manifest) {
 const webgpuBackend = {
   name: "webgpu",
   describe(manifest) {
+    if (planOf(manifest)) return "the bundle has symbolic sizes, which run on wasm so far";
     if (Array.isArray(manifest.dispatches) && manifest.webgpu) return null;
     return "the bundle has no WebGPU code (its manifest lists no dispatches)";
   },
@@ -1508,6 +1780,8 @@ export class Model {
     this.variant = executor.variant || null;
     this.inputs = manifest.inputs.map(describeSpec);
     this.outputs = manifest.outputs.map(describeSpec);
+    // a symbolic model's sizes (manifest.sizes): the inputs' and outputs' shapes name them; [] for a static model
+    this.sizes = (manifest.sizes || []).map(({ name, min, max }) => ({ name, min, max }));
   }
 
   get inputNames() {
@@ -1521,6 +1795,17 @@ export class Model {
   /** Run once: feeds map each input name to a typed array or {data, dims}; returns {name: {data, dims, dtype}}. */
   async run(feeds) {
     if (!this.executor) fail("disposed", null, "this model was disposed; load the bundle again");
+    const plan = planOf(this.manifest);
+    if (plan) {
+      const { arrays, sizes } = checkFeeds(feeds, this.manifest.inputs, plan);
+      const results = await this.executor.run(arrays, sizes);
+      return Object.fromEntries(
+        this.outputs.map(({ name, dtype }, position) => {
+          const dims = plan.outputs[position].dims.map((dim) => dimValue(dim, sizes));
+          return [name, { data: results[position], dims, dtype }];
+        }),
+      );
+    }
     const arrays = checkFeeds(feeds, this.manifest.inputs);
     const results = await this.executor.run(arrays);
     return Object.fromEntries(
@@ -1656,7 +1941,7 @@ function serveInWorker() {
         const { manifest, backend, backendReason, variant } = model;
         postMessage({ id, result: { manifest, backend, backendReason, variant } });
       } else if (op === "run") {
-        const results = await model.executor.run(data.arrays);
+        const results = await model.executor.run(data.arrays, data.sizes);
         postMessage({ id, result: results }, [...new Set(results.map((array) => array.buffer))]);
       } else {
         postMessage({ id, result: await model.reload() });
@@ -1717,7 +2002,7 @@ async function loadInWorker(bundle, options) {
   }
   const executor = {
     variant: info.variant,
-    run: (arrays) => call("run", { arrays }),
+    run: (arrays, sizes) => call("run", { arrays, sizes }),
     reload: () => call("reload", {}),
     dispose() {
       worker.terminate();
