@@ -341,7 +341,9 @@ def compile_model(
             "name": ENTRY,
             "arguments": ["inputs...", "outputs...", "params", "arena", *([SIZES_ARGUMENT] if sizes else [])],
         },
-        **({"sizes": [{"name": name, "min": low, "max": high} for name, (low, high) in sizes.items()]} if sizes else {}),
+        **(
+            {"sizes": [{"name": name, "min": low, "max": high} for name, (low, high) in sizes.items()]} if sizes else {}
+        ),
         "inputs": [_host_json(spec, value) for spec, value in zip(inputs, graph.inputs)],
         "outputs": [
             {**_host_json(spec, value), "source": source}

@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler.errors import ShapeError, TesselError
 from compiler.graph.ir import ITEMSIZE
-from compiler.graph.sym import Sym, evaluate, parse_size, upper
+from compiler.graph.sym import SIZE_LIMIT, Sym, evaluate, parse_size, upper
 
 FORMAT_VERSION = 2
 # The version of the JS runtime (the npm package tessel-runtime, web_runtime/) that bundles are compiled for: written
@@ -312,19 +312,40 @@ def size_ranges(manifest: dict) -> dict[str, tuple[int, int]]:
     """The manifest's symbolic sizes by name, with their ranges; BundleError on a repeated name or an empty range."""
     ranges: dict[str, tuple[int, int]] = {}
     for item in manifest.get("sizes", ()):
-        if item["name"] in ranges or item["min"] > item["max"] or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", item["name"]):
-            raise BundleError(f"{MANIFEST_FILE}: the size {item['name']!r} is repeated, misnamed or has an empty range")
+        valid = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", item["name"]) and item["min"] <= item["max"] <= SIZE_LIMIT
+        if item["name"] in ranges or not valid:
+            raise BundleError(
+                f"{MANIFEST_FILE}: the size {item['name']!r} is repeated, misnamed or has a range outside "
+                f"0..{SIZE_LIMIT}; export the model again"
+            )
         ranges[item["name"]] = (item["min"], item["max"])
     return ranges
 
 
 def _largest(dim, ranges: dict) -> int:
+    """A manifest dim's largest value: itself, or a size expression's over the sizes' ranges (at least 0)."""
     if isinstance(dim, int):
         return dim
     try:
-        return upper(parse_size(dim, ranges))
+        size = parse_size(dim, ranges)
     except ShapeError as error:
         raise BundleError(f"{MANIFEST_FILE}: {error}; export the model again") from None
+    if not isinstance(size, Sym) or size.bounds()[0] < 0:
+        raise BundleError(
+            f"{MANIFEST_FILE}: the dim {dim!r} is not a size expression that stays at least 0; export the model again"
+        )
+    return upper(size)
+
+
+def _check_sizes_bound(manifest: dict, ranges: dict) -> None:
+    """Every size is some input's dim alone, so that a run can tell its value from the inputs' shapes."""
+    alone = {dim for spec in manifest["inputs"] for dim in spec["shape"] if isinstance(dim, str)}
+    for name in ranges:
+        if name not in alone:
+            raise BundleError(
+                f"{MANIFEST_FILE}: no input's shape has the size {name} as a dim of its own, so no run could tell its "
+                "value; export the model again"
+            )
 
 
 def tensor_bytes(spec: dict, ranges: dict | None = None) -> int:
@@ -356,6 +377,7 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
     ranges = size_ranges(manifest)
     for spec in [*manifest["inputs"], *manifest["outputs"]]:
         tensor_bytes(spec, ranges)
+    _check_sizes_bound(manifest, ranges)
     for spec in manifest["params"]["layout"]:
         tensor_bytes(spec)
     code, params = manifest["code"], manifest["params"]

@@ -21,8 +21,7 @@ from compiler.backends import BACKENDS
 from compiler.build import EVERY_WASM_VARIANT, WEIGHT_FORMATS, compile_model, load_module, stored_weights
 from compiler.data.train_digits import held_out_split
 from compiler.errors import ModelError, ShapeError, TesselError
-from compiler.frontend.onnx import load_onnx
-from compiler.frontend.onnx import parse_dims
+from compiler.frontend.onnx import load_onnx, parse_dims
 from compiler.frontend.onnx import parse_input_shapes as parse
 from compiler.passes.fuse_ops import group_summary
 from compiler.passes.pipeline import optimize

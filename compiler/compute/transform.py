@@ -140,7 +140,8 @@ def _concat(inputs, attrs, output_types):
     parts = [tensor for tensor in inputs if tensor is not None]
     axis = normalize_axis(attrs["axis"], len(parts[0].shape), "Concat axis")
     offsets = np.cumsum([0] + [part.shape[axis] for part in parts]).tolist()
-    present = [k for k, part in enumerate(parts) if part.shape[axis] > 0]
+    # a part of a symbolic size (a cache that may be empty) stays: at a run where it is empty, no index selects it
+    present = [k for k, part in enumerate(parts) if not (isinstance(part.shape[axis], int) and part.shape[axis] == 0)]
 
     def body(*index):
         def read(k):

@@ -445,8 +445,12 @@ class _Importer:
                 described = f"has symbolic or unknown dimension(s) {', '.join(unknown)}"
                 example = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in dims)
             named = [d.dim_param for d in dims or () if d.dim_param]
-            keep = f"; or keep {named[0]!r} symbolic within a range: dims={{{named[0]!r}: (1, 2048)}} (CLI: --dim " \
-                f"{named[0]}=1..2048)" if named else ""
+            keep = (
+                f"; or keep {named[0]!r} symbolic within a range: dims={{{named[0]!r}: (1, 2048)}} (CLI: --dim "
+                f"{named[0]}=1..2048)"
+                if named
+                else ""
+            )
             raise ShapeError(
                 f"input {name!r} {described}; give it a fixed shape: input_shapes={{{name!r}: {example}}} "
                 f"(CLI: --input-shape {name}={','.join(map(str, example))}){keep}"
@@ -602,8 +606,15 @@ class _Importer:
         for value, array in list(self.graph.params.items()):
             if array.dtype == object and value in read:
                 del self.graph.params[value]
-                made.append(Node("SizeValues", [], [value], {"values": tuple(array.reshape(-1).tolist()),
-                                                              "shape": array.shape}, f"{value.name}_sizes"))
+                made.append(
+                    Node(
+                        "SizeValues",
+                        [],
+                        [value],
+                        {"values": tuple(array.reshape(-1).tolist()), "shape": array.shape},
+                        f"{value.name}_sizes",
+                    )
+                )
         self.graph.nodes[:0] = made
 
     def _drop_unused_params(self) -> None:

@@ -25,6 +25,9 @@ from compiler.errors import ShapeError, SymbolicSizeError
 __all__ = ["Sym", "SymbolicSizeError", "array_dtype", "evaluate", "parse_size", "size_array", "symbols_of", "upper"]
 
 
+# the largest value a size may take: kernels read sizes as int32
+SIZE_LIMIT = (1 << 31) - 1
+
 Monomial = tuple[str, ...]  # the names multiplied, sorted, with repeats; () is the constant term
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
@@ -41,8 +44,11 @@ class Sym:
     def symbol(name: str, low: int, high: int) -> Sym:
         if not _NAME.match(name):
             raise ShapeError(f"the size name {name!r} is not a name: use letters, digits and _, as in seq or past")
-        if not 0 <= low <= high:
-            raise ShapeError(f"the size {name} has the range {low}..{high}; give 0 <= low <= high")
+        if not 0 <= low <= high <= SIZE_LIMIT:
+            raise ShapeError(
+                f"the size {name} has the range {low}..{high}; give 0 <= low <= high <= {SIZE_LIMIT} (kernels take "
+                "sizes as 32-bit integers)"
+            )
         return Sym({(name,): 1}, {name: (low, high)})
 
     # -- arithmetic

@@ -22,13 +22,13 @@ import math
 import numpy as np
 
 from compiler.graph.ir import Graph, Node, TensorType, Value
-from compiler.graph.sym import Sym, upper
 from compiler.graph.ops.conv import block_channels, pack_transposed_weight
 from compiler.graph.ops.dense import pack_dense_weight, pack_nibbles
 from compiler.graph.ops.quantize import quantization_axis
 from compiler.graph.ops.resize import ASPECT_POLICIES, attr_string, resize_plan
 from compiler.graph.ops.transform import pad_widths, slice_plan
 from compiler.graph.registry import get_op
+from compiler.graph.sym import Sym, upper
 from compiler.target import Target
 
 # channels per block, by the target's vector width in bytes (measured on mobilenet_v2 and resnet18, 1 thread): one

@@ -157,7 +157,9 @@ def index_check(index, extent) -> Expr:
     if isinstance(extent, int):
         return Call("index_check", (index, Const(int(extent), index.dtype)), index.dtype)
     extent = as_expr(extent, index.dtype)
-    return Call("index_check", (index, extent if extent.dtype == index.dtype else Cast(index.dtype, extent)), index.dtype)
+    return Call(
+        "index_check", (index, extent if extent.dtype == index.dtype else Cast(index.dtype, extent)), index.dtype
+    )
 
 
 def dot_bytes(activations, word) -> Expr:

@@ -178,7 +178,11 @@ def _extent(value, what: str):
         return value
     if isinstance(value, Const):
         value = value.value
-    if isinstance(value, bool) or not isinstance(value, int | Expr) or (isinstance(value, Expr) and value.dtype != "int32"):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | Expr)
+        or (isinstance(value, Expr) and value.dtype != "int32")
+    ):
         raise TEError(f"{what} must be an int or an int32 expression of size vars, got {value!r}")
     if isinstance(value, int) and value < 0:
         raise TEError(f"{what} must not be negative, got {value}")

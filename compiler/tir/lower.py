@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiler.te.expr import Binary, Call, Compare, Const, Expr, IfThenElse, Logical, Select, SizeVar, TEError, Var, as_expr
+from compiler.te.expr import (
+    Binary,
+    Call,
+    Compare,
+    Const,
+    Expr,
+    IfThenElse,
+    Logical,
+    Select,
+    SizeVar,
+    TEError,
+    Var,
+    as_expr,
+)
 from compiler.te.schedule import INLINE, ROOT, SCOPE, Schedule, Split, Stage
 from compiler.te.tensor import (
     REDUCE,
@@ -162,8 +175,10 @@ class _Lowering:
     @staticmethod
     def _extents(op) -> list:
         """The tensor's dimensions as loops run them: ints, or expressions of size vars."""
-        return [extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
-                for extent in op.shape]
+        return [
+            extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
+            for extent in op.shape
+        ]
 
     def body(self, stage: Stage) -> Expr:
         """The stage's compute body with every inlined producer substituted."""
@@ -209,7 +224,9 @@ class _Lowering:
             low, extent = iv.dom
             if not isinstance(low, int):
                 raise TEError(f"lower {self.name}: reduce axis {iv.name} of stage {stage.name} has a symbolic start")
-            iter_extents[iv] = extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
+            iter_extents[iv] = (
+                extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
+            )
         geometry = _Geometry(mins, extents, iter_extents, {})
         divides: dict[IterVar, bool] = {}
         for relation in stage.relations:

@@ -3,7 +3,6 @@ prompts is), compiled once with that size kept symbolic, and run at the range's 
 onnxruntime on the same file: BERT with its padding mask, GPT-2's causal mask and position ids, Llama's RoPE,
 RMSNorm and grouped-query attention (issue 40 §1)."""
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 

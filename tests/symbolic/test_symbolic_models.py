@@ -4,16 +4,18 @@ Concat into a Reshape's shape, a Slice from a computed start, a Concat along the
 onnxruntime on the same file at the range's ends and odd sizes between, natively and in wasm; the bundle keeps the
 sizes; a size outside the range, a wrong rank and disagreeing sizes are refused by name."""
 
+import hashlib
+import json
 import subprocess
 import sys
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model, load_module
+from compiler.bundle import BundleError
 from compiler.errors import RunError, ShapeError, TargetError
 from compiler.frontend.onnx import load_onnx
 
@@ -182,3 +184,63 @@ def test_the_cli_compiles_with_dim(tmp_path):
         [sys.executable, "-m", "compiler", "compile", str(path), "--dim", "seq=1..x"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "NAME=LOW..HIGH" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _edited(bundle, change) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    change(manifest)
+    manifest["files"] = {name: hashlib.sha256((bundle / name).read_bytes()).hexdigest() for name in manifest["files"]}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _sizes(manifest, **range_):
+    manifest["sizes"][0].update(range_)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m: _sizes(m, max=1 << 31), "range outside 0..2147483647"),
+        (lambda m: _sizes(m, name="9seq"), "misnamed"),
+        (lambda m: m["sizes"].append({"name": "seq", "min": 1, "max": 2}), "repeated"),
+        (lambda m: m["inputs"][0]["shape"].__setitem__(1, "-seq"), "stays at least 0"),
+        (lambda m: m["inputs"][0]["shape"].__setitem__(1, "3"), "not a size expression"),
+        (lambda m: m["inputs"][0]["shape"].__setitem__(1, "past"), "names 'past'"),
+        (lambda m: [spec["shape"].__setitem__(1, "2*seq") for spec in m["inputs"]], "as a dim of its own"),
+    ],
+)
+def test_a_bundle_with_bad_sizes_is_refused_on_load(tmp_path, change, message):
+    bundle = compile_model(MODEL, target="llvm", dims=DIMS).export(tmp_path / "bundle")
+    _edited(bundle, change)
+    with pytest.raises(BundleError, match=message):
+        load_module(bundle)
+
+
+def test_sizes_past_32_bits_are_refused_at_compile_time():
+    with pytest.raises(ShapeError, match="32-bit"):
+        load_onnx(MODEL, dims={"seq": (1, 1 << 31)})
+
+
+def test_a_size_may_be_zero():
+    """A cache that starts empty: a Concat along a size whose range holds 0 (past in 0..9), run at past = 0 too."""
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["past_rows", "rows"], ["all_rows"], axis=1)],
+        "cache",
+        [
+            helper.make_tensor_value_info("past_rows", TensorProto.FLOAT, [1, "past", 8]),
+            helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, "seq", 8]),
+        ],
+        [helper.make_tensor_value_info("all_rows", TensorProto.FLOAT, [1, "past+seq", 8])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    for target in ("llvm", "wasm"):
+        module = compile_model(model, target=target, dims={"past": (0, 9), "seq": (1, 4)})
+        assert module.manifest["outputs"][0]["shape"] == [1, "past+seq", 8]
+        for past, seq in ((0, 1), (0, 4), (3, 2), (9, 4)):
+            rng = np.random.default_rng(past * 10 + seq)
+            feeds = {
+                "past_rows": rng.standard_normal((1, past, 8), np.float32),
+                "rows": rng.standard_normal((1, seq, 8), np.float32),
+            }
+            got = module.run(feeds)["all_rows"]
+            np.testing.assert_array_equal(got, np.concatenate([feeds["past_rows"], feeds["rows"]], axis=1))

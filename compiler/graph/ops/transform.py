@@ -560,6 +560,8 @@ _register(
     lambda types, **attrs: [TensorType((len(types[0].shape[shape_range(len(types[0].shape), **attrs)]),), "int64")],
     lambda x, **attrs: np.array(x.shape[shape_range(x.ndim, **attrs)], dtype=np.int64),
 )
+
+
 def _size_values(values, shape):
     if any(isinstance(value, Sym) for value in values):
         raise SymbolicSizeError(f"the sizes {list(values)} are known only when the model runs; give their values")

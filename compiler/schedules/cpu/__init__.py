@@ -15,6 +15,7 @@ from functools import partial
 
 import compiler.te as te
 from compiler.compute import planning_sizes, tags
+from compiler.errors import SymbolicSizeError
 from compiler.schedules.cpu.attention import schedule_attention
 from compiler.schedules.cpu.blocked_conv import schedule_blocked_conv, schedule_transposed_conv
 from compiler.schedules.cpu.conv import schedule_conv1d, schedule_conv2d
@@ -23,12 +24,11 @@ from compiler.schedules.cpu.dense import schedule_dense, schedule_dense_packed
 from compiler.schedules.cpu.depthwise import schedule_depthwise
 from compiler.schedules.cpu.generic import schedule_rest, schedule_rows
 from compiler.schedules.cpu.pool import schedule_pool
+from compiler.schedules.cpu.symbolic import is_symbolic, schedule_symbolic
 from compiler.schedules.cpu.tiling import divisor_at_most, lanes, tile_or_tail, vector_factor, vector_registers
 from compiler.schedules.cpu.winograd import schedule_winograd
-from compiler.schedules.cpu.symbolic import is_symbolic, schedule_symbolic
 from compiler.schedules.dispatch import Templates, add_unread_inputs, inline_injective, padding_stage, schedule_with
 from compiler.schedules.space import ConfigSpace, run_template
-from compiler.errors import SymbolicSizeError
 from compiler.target import Target
 from compiler.te.schedule import Schedule
 
