@@ -442,6 +442,8 @@ def _concatenated_in_place(graph: Graph) -> dict:
         unique = len(set(sources)) == len(sources)
         if not unique or math.prod(output.type.shape[:axis]) != 1 or output in outputs or output in parts:
             continue
+        if not output.type.static:
+            continue  # parts of symbolic sizes lie at their largest shapes' offsets, not end to end
         if all(value in made and value not in outputs and value not in parts for value in sources):
             parts.update(dict.fromkeys(sources, output))
     # a Concat whose output is a part of another keeps its kernel (it writes into the outer one's buffer)

@@ -244,3 +244,28 @@ def test_a_size_may_be_zero():
             }
             got = module.run(feeds)["all_rows"]
             np.testing.assert_array_equal(got, np.concatenate([feeds["past_rows"], feeds["rows"]], axis=1))
+
+
+def test_a_concat_of_symbolic_parts_is_made_by_a_kernel():
+    """Concat parts of a batch of 1 are usually written in place, end to end; parts of symbolic sizes lie at their
+    largest shapes' offsets instead, so their Concat keeps its kernel."""
+    weight = numpy_helper.from_array(np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["a"]),
+            helper.make_node("Softmax", ["x"], ["b"], axis=-1),
+            helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+            helper.make_node("MatMul", ["c", "w"], ["y"]),
+        ],
+        "parts",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    module = compile_model(model, target="llvm", dims={"seq": (1, 12)})
+    x = np.random.default_rng(2).standard_normal((1, 5, 8)).astype(np.float32)
+    softmax = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+    w = numpy_helper.to_array(weight)
+    want = np.concatenate([x @ w, softmax], axis=1) @ w
+    np.testing.assert_allclose(module.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
