@@ -36,14 +36,15 @@ from compiler.bundle import (
 )
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
 from compiler.frontend.onnx import external_data_files, load_onnx
+from compiler.generate import generate as generate_tokens
 from compiler.graph.ir import Graph, Node
-from compiler.graph.sym import symbols_of, upper
+from compiler.graph.sym import symbols_of
 from compiler.link import WASM_STACK_BYTES
 from compiler.memory_plan import ALIGNMENT, Lifetime, align, plan_memory
 from compiler.passes.half_weights import half_weights
 from compiler.passes.pipeline import optimize
 from compiler.runtime import ArgSpec
-from compiler.target import Target
+from compiler.target import SIZE_LAYOUT_MULTIPLE, Target
 from compiler.tir.lower import SIZES_ARGUMENT, lower
 from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
@@ -342,7 +343,13 @@ def compile_model(
             "arguments": ["inputs...", "outputs...", "params", "arena", *([SIZES_ARGUMENT] if sizes else [])],
         },
         **(
-            {"sizes": [{"name": name, "min": low, "max": high} for name, (low, high) in sizes.items()]} if sizes else {}
+            {
+                "sizes": [{"name": name, "min": low, "max": high} for name, (low, high) in sizes.items()],
+                # a symbolic dim is laid out for its largest value rounded up to this (target.size_capacity)
+                "size_alignment": SIZE_LAYOUT_MULTIPLE,
+            }
+            if sizes
+            else {}
         ),
         "inputs": [_host_json(spec, value) for spec, value in zip(inputs, graph.inputs)],
         "outputs": [
@@ -572,11 +579,11 @@ class Module:
         # specs the runtimes see: every tensor at its largest shape (the layout its kernels index)
         self.sizes = SymbolicSizes(manifest)
         self.inputs = [
-            ArgSpec(item["name"], tuple(map(upper, dims)), item["dtype"])
+            ArgSpec(item["name"], self.sizes.layout(dims), item["dtype"])
             for item, dims in zip(manifest["inputs"], self.sizes.input_dims)
         ]
         self.outputs = [
-            ArgSpec(item["name"], tuple(map(upper, dims)), item["dtype"])
+            ArgSpec(item["name"], self.sizes.layout(dims), item["dtype"])
             for item, dims in zip(manifest["outputs"], self.sizes.output_dims)
         ]
         # what a run checks and fills in, made once: each input's name and dtype, the outputs no kernel writes
@@ -666,6 +673,12 @@ class Module:
                 array = np.frombuffer(data, stored, int(np.prod(spec.shape))).reshape(spec.shape)
                 results[position] = array.astype(spec.dtype)
         return dict(zip(self.output_names, results))
+
+    def generate(self, input_ids, max_new_tokens: int, **options) -> np.ndarray:
+        """The tokens a decoder with a KV cache generates after `input_ids`, at most `max_new_tokens`; `options`:
+        temperature (0, greedy, by default), top_k, top_p, stop_token, seed, on_token (compiler/generate.py)."""
+        inputs = {spec.name: (spec.shape, spec.dtype) for spec in self.inputs}
+        return generate_tokens(self.run, inputs, self.output_names, input_ids, max_new_tokens, **options)
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs of the right names, shapes and dtypes: standard normal floats, small integers, random bools."""

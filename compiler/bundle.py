@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler.errors import ShapeError, TesselError
 from compiler.graph.ir import ITEMSIZE
-from compiler.graph.sym import SIZE_LIMIT, Sym, evaluate, parse_size, upper
+from compiler.graph.sym import SIZE_LIMIT, Sym, evaluate, parse_size
 
 FORMAT_VERSION = 2
 # The version of the JS runtime (the npm package tessel-runtime, web_runtime/) that bundles are compiled for: written
@@ -221,6 +221,10 @@ MANIFEST_SCHEMA = {
     "entry": {"name": _text, "arguments": _list_of(_text)},
     # a model's symbolic sizes, in the order of the run entry's sizes argument
     "sizes?": _list_of({"name": _text, "min": _count, "max": _count}),
+    # a symbolic dim is laid out for its largest value rounded up to a multiple of this
+    "size_alignment?": lambda where, value: (
+        _count(where, value, 1 << 16) if value != 0 else _fail(where, "1 or more", 0)
+    ),
     "inputs": _list_of(_TENSOR),
     "outputs": _list_of({**_TENSOR, "source": _optional({"region": _one_of("input", "output", "params")})}),
     "kernels": _list_of({"name": _text, "ops": _list_of(_text), "groups": _list_of(_text), "config?": _any}),
@@ -322,8 +326,13 @@ def size_ranges(manifest: dict) -> dict[str, tuple[int, int]]:
     return ranges
 
 
-def _largest(dim, ranges: dict) -> int:
-    """A manifest dim's largest value: itself, or a size expression's over the sizes' ranges (at least 0)."""
+def _aligned(largest: int, alignment: int) -> int:
+    return -(-largest // alignment) * alignment
+
+
+def _largest(dim, ranges: dict, alignment: int = 1) -> int:
+    """A manifest dim's layout extent: itself, or a size expression's largest value over the sizes' ranges (at least 0),
+    rounded up to the manifest's size_alignment, as every symbolic dim is laid out."""
     if isinstance(dim, int):
         return dim
     try:
@@ -334,7 +343,7 @@ def _largest(dim, ranges: dict) -> int:
         raise BundleError(
             f"{MANIFEST_FILE}: the dim {dim!r} is not a size expression that stays at least 0; export the model again"
         )
-    return upper(size)
+    return _aligned(size.upper, alignment)
 
 
 def _check_sizes_bound(manifest: dict, ranges: dict) -> None:
@@ -348,12 +357,12 @@ def _check_sizes_bound(manifest: dict, ranges: dict) -> None:
             )
 
 
-def tensor_bytes(spec: dict, ranges: dict | None = None) -> int:
-    """Bytes of a manifest tensor (name, shape, dtype), a symbolic one at its largest (`ranges`: size_ranges), refused
-    above MAX_BYTES."""
+def tensor_bytes(spec: dict, ranges: dict | None = None, alignment: int = 1) -> int:
+    """Bytes of a manifest tensor (name, shape, dtype), a symbolic one as it is laid out (`ranges`: size_ranges,
+    `alignment`: the manifest's size_alignment), refused above MAX_BYTES."""
     count = 1
     for dim in spec["shape"]:
-        count *= _largest(dim, ranges or {})
+        count *= _largest(dim, ranges or {}, alignment)
         if count > MAX_BYTES:
             break
     nbytes = count * ITEMSIZE[spec["dtype"]]
@@ -375,8 +384,9 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
     if manifest["code"] != code_files[kind]:
         _fail("manifest.code", f"{code_files[kind]!r} for target {kind}", manifest["code"])
     ranges = size_ranges(manifest)
+    alignment = manifest.get("size_alignment", 1)
     for spec in [*manifest["inputs"], *manifest["outputs"]]:
-        tensor_bytes(spec, ranges)
+        tensor_bytes(spec, ranges, alignment)
     _check_sizes_bound(manifest, ranges)
     for spec in manifest["params"]["layout"]:
         tensor_bytes(spec)
@@ -413,7 +423,7 @@ def check_manifest(manifest: dict, files: dict[str, bytes], code_files: dict[str
         if source["region"] == "params":
             _count(f"manifest.outputs[{position}].source.offset", source.get("offset"))
             stored = {**spec, "dtype": spec.get("device_dtype", spec["dtype"])}
-            if source["offset"] + tensor_bytes(stored, ranges) > params["bytes"]:
+            if source["offset"] + tensor_bytes(stored, ranges, alignment) > params["bytes"]:
                 raise BundleError(
                     f"{MANIFEST_FILE}: output {spec['name']!r} does not fit {PARAMS_FILE}; export the model again"
                 )
@@ -431,7 +441,9 @@ def _check_dispatches(manifest: dict) -> None:
     split_launches; a call may run another call's launch where their code is the same, share_launches)."""
     sizes = {("params", 0): manifest["params"]["bytes"], ("arena", 0): manifest["memory"]["arena_bytes"]}
     for kind, specs in (("input", manifest["inputs"]), ("output", manifest["outputs"])):
-        sizes.update({(kind, index): tensor_bytes(spec, size_ranges(manifest)) for index, spec in enumerate(specs)})
+        alignment = manifest.get("size_alignment", 1)
+        ranges = size_ranges(manifest)
+        sizes.update({(kind, index): tensor_bytes(spec, ranges, alignment) for index, spec in enumerate(specs)})
     calls = manifest["calls"]
     kernels = {call["kernel"] for call in calls}
     for position, dispatch in enumerate(manifest.get("dispatches", [])):
@@ -568,11 +580,17 @@ class SymbolicSizes:
 
     def __init__(self, manifest: dict):
         self.ranges = {item["name"]: (item["min"], item["max"]) for item in manifest.get("sizes", ())}
+        self.alignment = manifest.get("size_alignment", 1)
         self.input_dims = [self._dims(item["shape"]) for item in manifest["inputs"]]
         self.output_dims = [self._dims(item["shape"]) for item in manifest["outputs"]]
 
     def __bool__(self) -> bool:
         return bool(self.ranges)
+
+    def layout(self, dims) -> tuple[int, ...]:
+        """The shape a tensor of these dims is laid out for: each symbolic dim's largest value, rounded up to the
+        manifest's size_alignment."""
+        return tuple(dim if isinstance(dim, int) else _aligned(dim.upper, self.alignment) for dim in dims)
 
     def _dims(self, shape: list) -> tuple:
         return tuple(d if isinstance(d, int) else parse_size(d, self.ranges) for d in shape)

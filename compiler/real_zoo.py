@@ -8,6 +8,7 @@ lower resolution, for the test suite). `export` writes a model as a user would, 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import os
 import shutil
@@ -627,6 +628,81 @@ def _cache_key(name: str, size: str, tokens: tuple[int, int] | None = None) -> s
 
 # The name of the symbolic sequence axis of a text model exported with `tokens` (what `--dim` then names)
 SEQUENCE = "seq"
+
+
+# The decoders that export_with_cache writes with their KV cache
+DECODERS = ("gpt2", "llama")
+
+
+def decoder_dims(tokens: int) -> dict:
+    """The dims to compile an export_with_cache export with, for prompts and caches of up to `tokens` tokens."""
+    return {"past": (0, tokens - 1), SEQUENCE: (1, tokens), "total": f"past+{SEQUENCE}"}
+
+
+def export_with_cache(name: str, size: str = "full", cache_dir: str | Path | None = None, tokens: int = 64) -> Path:
+    """A decoder exported with its KV cache, as optimum and torch.onnx.export write one for generation: inputs
+    input_ids [1, seq], attention_mask [1, total] and past_key_values.<layer>.<key|value> [1, kv heads, past, depth],
+    outputs logits and present.<layer>.<key|value> [1, kv heads, past + seq, depth]; seq in 1..tokens, past in
+    0..tokens - 1 (compile it with decoder_dims(tokens)). Cached as export is."""
+    if name not in DECODERS:
+        raise TesselError(f"{name} is not a decoder; export_with_cache takes {', '.join(DECODERS)}")
+    _model(name, size)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = folder / (_cache_key(name, size, (1, tokens)) + "-cache")
+    path = final / "model.onnx"
+    if path.is_file():
+        return path
+    torch = _libraries()["torch"]
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    model = build(name, size)
+    config = model.config
+    layers = config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    depth = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = cache_utils.DynamicCache(config=config)
+            for layer in range(layers):
+                cache.update(past[2 * layer], past[2 * layer + 1], layer)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+            present = [tensor for layer in out.past_key_values.layers for tensor in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    past_names = [f"past_key_values.{layer}.{kind}" for layer in range(layers) for kind in ("key", "value")]
+    outputs = ["logits", *(f"present.{layer}.{kind}" for layer in range(layers) for kind in ("key", "value"))]
+    generator = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(1, config.vocab_size, (1, 3), generator=generator)
+    mask = torch.ones((1, 8), dtype=torch.int64)
+    past = [torch.randn((1, heads, 5, depth), generator=generator) for _ in past_names]
+    sequence = torch.export.Dim(SEQUENCE, min=1, max=tokens)
+    cached = torch.export.Dim("past", min=0, max=tokens - 1)
+    total = torch.export.Dim("total", min=1, max=2 * tokens - 1)
+    dynamic = {"input_ids": {1: sequence}, "attention_mask": {1: total}, "past": tuple({2: cached} for _ in past_names)}
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-cache-", dir=folder))
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                WithCache(),
+                (ids, mask, *past),
+                str(staging / "model.onnx"),
+                input_names=["input_ids", "attention_mask", *past_names],
+                output_names=outputs,
+                dynamic_shapes=dynamic,
+            )
+        try:
+            staging.rename(final)
+        except OSError:
+            if not path.is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
 
 
 def export(

@@ -99,6 +99,17 @@ _CUDA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 # the stack where a static one would serialize the loop.
 STACK_BUFFER_BYTES = 64 * 1024
 
+# A symbolic dimension is laid out for its largest value rounded up to this many elements (docs/symbolic.md): a tile
+# of a few vectors then divides the layout, so a tile past the run's size needs no test in its vector loop (a cache of
+# past + seq rows, at most 63 + 64 = 127, is laid out for 128). The graph's shapes, the kernels' buffers and every
+# runtime's input and output slots use it.
+SIZE_LAYOUT_MULTIPLE = 16
+
+
+def size_capacity(largest: int) -> int:
+    """The layout extent of a symbolic dimension whose largest value is `largest`."""
+    return -(-largest // SIZE_LAYOUT_MULTIPLE) * SIZE_LAYOUT_MULTIPLE
+
 
 @dataclass(frozen=True)
 class Machine:

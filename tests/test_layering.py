@@ -37,6 +37,8 @@ ALLOWED = {
     "compiler.data": set(),
     # `tessel quantize`: ONNX in, ONNX out by onnxruntime's tools, beside the pipeline; the frontend checks the file
     "compiler.quantize": {"compiler.frontend"},
+    # the generate loop over a compiled decoder: named arrays in, tokens out, through the Module's run
+    "compiler.generate": set(),
 }
 # Drivers see every stage of compiler/ (the package itself is the public API: compiler/__init__.py).
 DRIVERS = {

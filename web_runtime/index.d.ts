@@ -121,6 +121,8 @@ export interface Manifest {
   code: string;
   /** A symbolic model's sizes, in the order of the run entry's last argument; absent for a static model. */
   sizes?: SizeSpec[];
+  /** A symbolic dim is laid out for its largest value rounded up to a multiple of this. */
+  size_alignment?: number;
   inputs: Array<TensorSpec & { device_dtype?: "int32" }>;
   outputs: Array<TensorSpec & { device_dtype?: "int32"; source: null | { region: "input" | "output" | "params"; index?: number; offset?: number } }>;
   params: { file: "params.bin"; bytes: number; layout: Array<TensorSpec & { shape: number[]; offset: number; nbytes: number }> };

@@ -774,6 +774,10 @@ function largestDim(dim, sizes) {
 /** The plan of a symbolic manifest, after checking its sizes and every dim against them; null for a static one. */
 function checkSizes(manifest) {
   const sizes = manifest.sizes || [];
+  const alignment = manifest.size_alignment ?? 1;
+  if (!Number.isSafeInteger(alignment) || alignment < 1 || alignment > 65536) {
+    invalid("size_alignment", "a whole number from 1 to 65536", alignment);
+  }
   const positions = new Map();
   sizes.forEach(({ name, min, max }, position) => {
     const where = `sizes[${position}]`;
@@ -793,7 +797,8 @@ function checkSizes(manifest) {
         }
         return parsed;
       });
-      const largest = dims.map((dim) => largestDim(dim, sizes));
+      // a symbolic dim is laid out for its largest value rounded up to manifest.size_alignment (compiler/target.py)
+      const largest = dims.map((dim) => (typeof dim === "number" ? dim : Math.ceil(largestDim(dim, sizes) / alignment) * alignment));
       return { dims, largest, bytes: tensorBytes({ ...spec, shape: largest }, `${key}[${position}]`) };
     });
   const plan = { sizes, inputs: tensors("inputs"), outputs: tensors("outputs") };

@@ -555,3 +555,26 @@ def _range(inputs, attrs, output_types):
 
 
 set_compute("Range", _range)
+
+
+def _size_values(inputs, attrs, output_types):
+    """The sizes a run is given, as int64 elements: each one's expression of the size vars, chosen by its flat index."""
+    values = [
+        te.as_expr(value, "int32").astype("int64") if not isinstance(value, int) else value for value in attrs["values"]
+    ]
+    shape = tuple(attrs["shape"])
+
+    def body(*index):
+        flat = _int(0)
+        for position, stride in zip(index, _strides(shape), strict=True):
+            flat = flat + position * stride
+        result = te.const(values[-1], "int64") if isinstance(values[-1], int) else values[-1]
+        for k in range(len(values) - 2, -1, -1):
+            value = te.const(values[k], "int64") if isinstance(values[k], int) else values[k]
+            result = te.select(flat == k, value, result)
+        return result
+
+    return [te.compute(shape, body, name="size_values", tag=tags.INJECTIVE)]
+
+
+set_compute("SizeValues", _size_values)

@@ -25,7 +25,7 @@ from compiler.graph.ir import DTYPES, Graph, GraphError, Node, TensorType, Value
 from compiler.graph.ops.common import normalize_axis
 from compiler.graph.ops.transform import shape_range
 from compiler.graph.registry import decompresses, get_op, is_registered, worth_folding
-from compiler.graph.sym import Sym, SymbolicSizeError, array_dtype, size_array
+from compiler.graph.sym import Sym, SymbolicSizeError, array_dtype, parse_size, size_array
 
 __all__ = [
     "OPSET_RANGE",
@@ -75,7 +75,8 @@ def load_onnx(
 
     `input_shapes` gives or overrides the shape of named graph inputs, which is how a model with a
     symbolic batch dimension is compiled for one concrete size. `dims` keeps named symbolic dimensions (the inputs'
-    `dim_param`s) symbolic instead, each within an inclusive range: {"seq": (1, 2048)} (compiler/graph/sym.py).
+    `dim_param`s) symbolic instead, each within an inclusive range: {"seq": (1, 2048)} (compiler/graph/sym.py), or
+    as an expression of the others: {"past": (0, 2047), "seq": (1, 2048), "total": "past+seq"}.
     """
     proto = _parse(model)
     _check_supported(proto.graph)
@@ -316,7 +317,12 @@ class _Importer:
         self.onnx_graph = onnx_graph
         self.opset = opset
         self.input_shapes = input_shapes
-        self.dims = {name: Sym.symbol(name, *bounds) for name, bounds in dims.items()}
+        ranges = {name: bounds for name, bounds in dims.items() if not isinstance(bounds, str)}
+        # a dim may be an expression of the others ("total": "past+seq", an attention mask's length)
+        self.dims = {
+            name: parse_size(bounds, ranges) if isinstance(bounds, str) else Sym.symbol(name, *bounds)
+            for name, bounds in dims.items()
+        }
         self.graph = Graph(name=onnx_graph.name or "graph")
         self.values: dict[str, Value] = {}
         # every name the ONNX graph uses, so that names made up here never collide with a later one
@@ -653,20 +659,27 @@ def parse_input_shapes(specs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def parse_dims(specs) -> dict[str, tuple[int, int]]:
-    """`["seq=1..2048", ...]` as {name: (low, high)} for `load_onnx(dims=...)`: symbolic dimensions kept symbolic within
-    an inclusive range; a ShapeError saying the expected form on anything else (the CLI's --dim)."""
-    dims: dict[str, tuple[int, int]] = {}
+def parse_dims(specs) -> dict[str, tuple[int, int] | str]:
+    """`["seq=1..2048", "total=past+seq", ...]` as {name: (low, high) or expression} for `load_onnx(dims=...)`: symbolic
+    dimensions kept symbolic within an inclusive range, or as an expression of the others; a ShapeError saying the
+    expected form on anything else (the CLI's --dim)."""
+    dims: dict[str, tuple[int, int] | str] = {}
     for spec in specs:
         name, equals, bounds = spec.partition("=")
         low, dots, high = bounds.partition("..")
         name = name.strip()
+        if equals and name and not dots and bounds.strip():
+            dims[name] = bounds.strip()  # an expression of the other dims, checked at import: total=past+seq
+            continue
         try:
             if not equals or not name or not dots:
                 raise ValueError
             low, high = int(low), int(high)
         except ValueError:
-            raise ShapeError(f"dim {spec!r} is not of the form NAME=LOW..HIGH; for example seq=1..2048") from None
+            raise ShapeError(
+                f"dim {spec!r} is not of the form NAME=LOW..HIGH or NAME=EXPRESSION; for example seq=1..2048 or "
+                "total=past+seq"
+            ) from None
         if not 0 <= low <= high or high > checks.INT64_MAX:
             raise ShapeError(f"dim {spec!r} has an empty or negative range; give 0 <= LOW <= HIGH")
         if name in dims:

@@ -15,7 +15,7 @@ import numpy as np
 
 from compiler.graph.printer import format_graph
 from compiler.graph.registry import get_op
-from compiler.graph.sym import Sym, upper
+from compiler.graph.sym import Sym, capacity
 
 INT64_MAX = (1 << 63) - 1
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
@@ -30,7 +30,7 @@ class GraphError(ValueError):
 @dataclass(frozen=True)
 class TensorType:
     """A shape's entries are ints or Syms (sizes known at run time, compiler/graph/sym.py). A symbolic tensor is
-    stored at `max_shape`, so `nbytes` is what that takes; `size` is the element count, symbolic too."""
+    laid out at `max_shape`, so `nbytes` is what that takes; `size` is the element count, symbolic too."""
 
     shape: tuple[int | Sym, ...]
     dtype: str
@@ -54,7 +54,8 @@ class TensorType:
 
     @property
     def max_shape(self) -> tuple[int, ...]:
-        return tuple(map(upper, self.shape))
+        """The shape the tensor is laid out for: each symbolic dim at its largest value, rounded up (Sym.capacity)."""
+        return tuple(map(capacity, self.shape))
 
     @property
     def nbytes(self) -> int:

@@ -21,8 +21,19 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from compiler.errors import ShapeError, SymbolicSizeError
+from compiler.target import size_capacity
 
-__all__ = ["Sym", "SymbolicSizeError", "array_dtype", "evaluate", "parse_size", "size_array", "symbols_of", "upper"]
+__all__ = [
+    "Sym",
+    "SymbolicSizeError",
+    "array_dtype",
+    "capacity",
+    "evaluate",
+    "parse_size",
+    "size_array",
+    "symbols_of",
+    "upper",
+]
 
 
 # the largest value a size may take: kernels read sizes as int32
@@ -108,7 +119,14 @@ class Sym:
     def _divided(self, other) -> Sym | int | None:
         """self / other when it is exact term by term (a polynomial times an int or a monomial), else None."""
         other = Sym._of(other)
-        if other is None or len(other.terms) != 1:
+        if other is None:
+            return None
+        if len(other.terms) > 1:
+            # a polynomial divides exactly only a whole multiple of itself here: 64*past+64*seq by 16*past+16*seq
+            monomial, coef = next(iter(other.terms.items()))
+            factor = self.terms.get(monomial, 0)
+            if factor % coef == 0 and self == (factor // coef) * other:
+                return factor // coef
             return None
         ((divisor, coef),) = other.terms.items()
         if coef == 0:
@@ -130,7 +148,7 @@ class Sym:
             return NotImplemented
         quotient = self._divided(other)
         if quotient is None and _PLANNING.get():
-            return self.upper // (other.upper if isinstance(other, Sym) else int(other))
+            return self.capacity // (other.capacity if isinstance(other, Sym) else int(other))
         if quotient is None:
             raise SymbolicSizeError(
                 f"{self} // {other} is not a whole polynomial in the sizes; Tessel divides a symbolic size only "
@@ -148,7 +166,7 @@ class Sym:
         if Sym._of(other) is None:
             return NotImplemented
         if self._divided(other) is None and _PLANNING.get():
-            return self.upper % (other.upper if isinstance(other, Sym) else int(other))
+            return self.capacity % (other.capacity if isinstance(other, Sym) else int(other))
         if self._divided(other) is None:
             raise SymbolicSizeError(f"{self} % {other} depends on the size's value; give it a multiple or a fixed size")
         return 0
@@ -184,8 +202,8 @@ class Sym:
 
     def _decide(self, other, op: str) -> bool:
         if _PLANNING.get():
-            value = self.upper
-            other = other.upper if isinstance(other, Sym) else int(other)
+            value = self.capacity
+            other = other.capacity if isinstance(other, Sym) else int(other)
             return {"lt": value < other, "le": value <= other, "gt": value > other, "ge": value >= other}[op]
         difference = self - other
         if not isinstance(difference, Sym):
@@ -229,7 +247,7 @@ class Sym:
 
     def __int__(self):
         if _PLANNING.get():
-            return self.upper
+            return self.capacity
         raise SymbolicSizeError(
             f"a fixed number is needed where the model has the symbolic size {self} ({self.describe_ranges()}); "
             "compile with a fixed size for it (--input-shape) instead of a range"
@@ -239,7 +257,7 @@ class Sym:
 
     def __bool__(self):
         if _PLANNING.get():
-            return self.upper != 0
+            return self.capacity != 0
         low, high = self.bounds()
         if low > 0 or high < 0:
             return True
@@ -259,6 +277,11 @@ class Sym:
     @property
     def upper(self) -> int:
         return self.bounds()[1]
+
+    @property
+    def capacity(self) -> int:
+        """The extent a dimension of this size is laid out for: its largest value, rounded up (size_capacity)."""
+        return size_capacity(self.upper)
 
     @property
     def names(self) -> list[str]:
@@ -290,8 +313,8 @@ _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("sym_planning",
 
 @contextlib.contextmanager
 def planning():
-    """Within the block, a Sym answers what needs a number (int(), an order, an inexact // or %) as its largest value
-    would: for schedule templates choosing tiles. That is safe there because they only choose: the loops run to the
+    """Within the block, a Sym answers what needs a number (int(), an order, an inexact // or %) as its layout extent
+    (its largest value, rounded up: `capacity`) would: for schedule templates choosing tiles. That is safe there because they only choose: the loops run to the
     run's sizes (as expressions of size vars), and lowering guards every split of a symbolic extent."""
     token = _PLANNING.set(True)
     try:
@@ -313,6 +336,11 @@ def is_static(dim) -> bool:
 def upper(dim) -> int:
     """A dimension's largest value: itself for an int."""
     return dim.upper if isinstance(dim, Sym) else int(dim)
+
+
+def capacity(dim) -> int:
+    """The extent a dimension is laid out for: an int itself, a Sym its largest value rounded up (size_capacity)."""
+    return dim.capacity if isinstance(dim, Sym) else int(dim)
 
 
 def evaluate(dim, values: Mapping[str, int]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from compiler.target import size_capacity
 from compiler.te.expr import (
     Binary,
     Call,
@@ -73,7 +74,7 @@ def _extent(value) -> Expr:
 
 
 def _upper(value) -> int:
-    """The largest value of an extent: itself, or the bound of a symbolic one (whose buffers are laid out for it)."""
+    """The extent an axis is laid out for: itself, or a symbolic one's largest value rounded up (size_capacity)."""
     if isinstance(value, Const):
         return int(value.value)
     if isinstance(value, int):
@@ -81,7 +82,7 @@ def _upper(value) -> int:
     high = bounds(_extent(value), {})[1]
     if high is None:
         raise TEError(f"the extent {value} has no upper bound; a symbolic size needs a range")
-    return high
+    return size_capacity(high)
 
 
 def _ceil_div(extent, divisor):
@@ -340,7 +341,9 @@ class _Lowering:
         mins, extents, clamp = [], [], []
         for dim, (extent, run_extent) in enumerate(zip(shape, self._extents(stage.op))):
             low_expr, size, needs_clamp = self._merge(boxes[dim], extent, self.var_extents(self._attach_chain(stage)))
-            if size == extent and not isinstance(run_extent, int) and isinstance(low_expr, Const) and not needs_clamp:
+            whole = size == extent and isinstance(low_expr, Const) and not needs_clamp
+            fixed_loop = stage.annotations.get(stage.op.axis[dim]) in ("vectorized", "unrolled")
+            if whole and not isinstance(run_extent, int) and not fixed_loop:
                 # the whole of a symbolic axis: computed to the run's size (its readers stop there), not the largest
                 size = run_extent
             mins.append(low_expr)
