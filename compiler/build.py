@@ -37,6 +37,7 @@ from compiler.bundle import (
 from compiler.errors import ModelError, ShapeError, TargetError, TesselError
 from compiler.frontend.onnx import external_data_files, load_onnx
 from compiler.generate import generate as generate_tokens
+from compiler.generate import stepper_for
 from compiler.graph.ir import Graph, Node
 from compiler.graph.sym import symbols_of
 from compiler.link import WASM_STACK_BYTES
@@ -677,8 +678,7 @@ class Module:
     def generate(self, input_ids, max_new_tokens: int, **options) -> np.ndarray:
         """The tokens a decoder with a KV cache generates after `input_ids`, at most `max_new_tokens`; `options`:
         temperature (0, greedy, by default), top_k, top_p, stop_token, seed, on_token (compiler/generate.py)."""
-        inputs = {spec.name: (spec.shape, spec.dtype) for spec in self.inputs}
-        return generate_tokens(self.run, inputs, self.output_names, input_ids, max_new_tokens, **options)
+        return generate_tokens(stepper_for(self), input_ids, max_new_tokens, **options)
 
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs of the right names, shapes and dtypes: standard normal floats, small integers, random bools."""

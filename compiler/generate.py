@@ -95,10 +95,37 @@ def check_options(max_new_tokens: int, temperature: float, top_k: int | None, to
         raise TesselError(f"top_p must lie in (0, 1], got {top_p!r}")
 
 
+class FeedStepper:
+    """One decode step at a time through any `run(feeds) -> {name: array}` (a Module's run, an onnxruntime session's):
+    the cache goes in as arrays and comes back as the present outputs, each step."""
+
+    def __init__(self, run: Callable[[dict], dict], inputs: dict[str, tuple], output_names: list[str]):
+        self.run, self.inputs = run, inputs
+        self.layout = cache_layout(list(inputs), output_names)
+        self.cache = {}
+        for past, _ in self.layout.pairs:
+            shape, dtype = inputs[past]
+            if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
+                raise TesselError(
+                    f"the cache input {past!r} has shape {list(shape)}; generate takes [1, heads, past, depth]"
+                )
+            self.cache[past] = np.zeros((1, shape[1], 0, shape[3]), dtype)
+
+    def step(self, ids: np.ndarray, length: int) -> np.ndarray:
+        """The logits of the last of `ids` (token ids after `length` cached ones), the cache then holding them too."""
+        feeds = {"input_ids": ids.astype(self.inputs["input_ids"][1])[None, :], **self.cache}
+        total = length + ids.size
+        if self.layout.has_mask:
+            feeds["attention_mask"] = np.ones((1, total), self.inputs["attention_mask"][1])
+        if self.layout.has_positions:
+            feeds["position_ids"] = np.arange(length, total, dtype=self.inputs["position_ids"][1])[None, :]
+        results = self.run(feeds)
+        self.cache = {past: results[present] for past, present in self.layout.pairs}
+        return results[self.layout.logits][0, -1]
+
+
 def generate(
-    run: Callable[[dict], dict],
-    inputs: dict[str, tuple],
-    output_names: list[str],
+    stepper,
     prompt,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -109,42 +136,74 @@ def generate(
     on_token: Callable[[int], object] | None = None,
 ) -> np.ndarray:
     """The tokens generated after `prompt` (a 1-D sequence of token ids, or [1, n]), at most `max_new_tokens`, ending
-    early after `stop_token`. `run` runs the model once on named arrays; `inputs` maps each input's name to its
-    (shape, dtype) as the model declares them, a cache's heads and depth read from them. `on_token(token)` is called
-    as each token is chosen (its return value is ignored)."""
+    early after `stop_token`: the prompt in one step (prefill), then one token a step. `stepper.step(ids, length)`
+    gives the last position's logits with `length` tokens cached (FeedStepper, or a Module's in-place one).
+    `on_token(token)` is called as each token is chosen (its return value is ignored)."""
     check_options(max_new_tokens, temperature, top_k, top_p)
-    layout = cache_layout(list(inputs), output_names)
     ids = np.asarray(prompt)
     if ids.ndim == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise ShapeError(f"the prompt must be a non-empty sequence of token ids, got an array of shape {ids.shape}")
     rng = np.random.default_rng(seed)
-    id_dtype = inputs["input_ids"][1]
-    cache = {}
-    for past, _ in layout.pairs:
-        shape, dtype = inputs[past]
-        if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
-            raise TesselError(
-                f"the cache input {past!r} has shape {list(shape)}; generate takes [1, heads, past, depth]"
-            )
-        cache[past] = np.zeros((1, shape[1], 0, shape[3]), dtype)
     tokens: list[int] = []
-    step_ids, length = ids.astype(id_dtype), 0
+    step_ids, length = ids, 0
     while len(tokens) < max_new_tokens:
-        feeds = {"input_ids": step_ids[None, :], **cache}
-        total = length + step_ids.size
-        if layout.has_mask:
-            feeds["attention_mask"] = np.ones((1, total), inputs["attention_mask"][1])
-        if layout.has_positions:
-            feeds["position_ids"] = np.arange(length, total, dtype=inputs["position_ids"][1])[None, :]
-        results = run(feeds)
-        token = choose_token(results[layout.logits][0, -1], temperature, top_k, top_p, rng)
+        token = choose_token(stepper.step(step_ids, length), temperature, top_k, top_p, rng)
         tokens.append(token)
         if on_token is not None:
             on_token(token)
         if token == stop_token:
             break
-        cache = {past: results[present] for past, present in layout.pairs}
-        step_ids, length = np.array([token], id_dtype), total
+        step_ids, length = np.array([token]), length + step_ids.size
     return np.array(tokens, np.int64)
+
+
+def stepper_for(module):
+    """A compiled decoder's steps: natively (a runtime that writes into given outputs) the cache kept in the runtime's
+    own buffers, InPlaceStepper; elsewhere through the Module's run, FeedStepper."""
+    if module.sizes and getattr(module.runtime, "writes_into_outputs", False):
+        return InPlaceStepper(module.runtime, module.inputs, module.outputs, module.sizes)
+    inputs = {spec.name: (spec.shape, spec.dtype) for spec in module.inputs}
+    return FeedStepper(module.run, inputs, module.output_names)
+
+
+class InPlaceStepper:
+    """A symbolic model's decode steps on buffers laid out once, through a runtime whose `run(inputs, sizes, outputs)`
+    writes into given output arrays (the native one): a step writes only the new token ids, the mask and the positions,
+    and after it each present output's rows are copied into its past input's buffer, in the runtime's own memory; only
+    the last position's logits are read. `sizes` is the bundle's SymbolicSizes; the specs are at their layout shapes."""
+
+    def __init__(self, runtime, input_specs, output_specs, sizes):
+        self.layout = cache_layout([spec.name for spec in input_specs], [spec.name for spec in output_specs])
+        self.runtime, self.sizes = runtime, sizes
+        self.names = [spec.name for spec in input_specs]
+        self.buffers = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in input_specs}
+        self.outputs = [np.zeros(spec.shape, spec.dtype) for spec in output_specs]
+        self.position = {spec.name: index for index, spec in enumerate(output_specs)}
+
+    def step(self, ids: np.ndarray, length: int) -> np.ndarray:
+        seq, total = ids.size, length + ids.size
+        shapes = {"input_ids": (1, seq), "attention_mask": (1, total), "position_ids": (1, seq)}
+        for past, _ in self.layout.pairs:
+            buffer = self.buffers[past]
+            shapes[past] = (1, buffer.shape[1], length, buffer.shape[3])
+        values = self.sizes.bind(self.names, [_Shaped(shapes[name]) for name in self.names])
+        self.buffers["input_ids"][0, :seq] = ids
+        if self.layout.has_mask:
+            self.buffers["attention_mask"][0, :total] = 1
+        if self.layout.has_positions:
+            self.buffers["position_ids"][0, :seq] = np.arange(length, total)
+        self.runtime.run(list(self.buffers.values()), self.sizes.argument(values), self.outputs)
+        for past, present in self.layout.pairs:
+            buffer = self.buffers[past]
+            rows = min(total, buffer.shape[2])  # past its range, the next step refuses the size by name
+            buffer[:, :, :rows] = self.outputs[self.position[present]][:, :, :rows]
+        return self.outputs[self.position[self.layout.logits]][0, seq - 1].copy()
+
+
+@dataclass(frozen=True)
+class _Shaped:
+    """What SymbolicSizes.bind reads of an input: its shape."""
+
+    shape: tuple

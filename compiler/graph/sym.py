@@ -82,7 +82,15 @@ class Sym:
             return None
         return Sym({(): int(value)}, {})
 
+    def _planned(self, other, operation):
+        """While a template plans (planning()), a Sym is the int of its layout extent, in every operation."""
+        if Sym._of(other) is None:
+            return NotImplemented
+        return operation(self.capacity, other.capacity if isinstance(other, Sym) else int(other))
+
     def __add__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, int.__add__)
         other = Sym._of(other)
         if other is None:
             return NotImplemented
@@ -94,17 +102,25 @@ class Sym:
     __radd__ = __add__
 
     def __neg__(self):
+        if _PLANNING.get():
+            return -self.capacity
         return Sym._make({monomial: -coef for monomial, coef in self.terms.items()}, self.ranges)
 
     def __sub__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, int.__sub__)
         other = Sym._of(other)
         return NotImplemented if other is None else self + (-other)
 
     def __rsub__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, lambda a, b: b - a)
         other = Sym._of(other)
         return NotImplemented if other is None else other + (-self)
 
     def __mul__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, int.__mul__)
         other = Sym._of(other)
         if other is None:
             return NotImplemented
@@ -121,6 +137,8 @@ class Sym:
         other = Sym._of(other)
         if other is None:
             return None
+        if not other.terms:
+            raise ZeroDivisionError("a size divided by zero")
         if len(other.terms) > 1:
             # a polynomial divides exactly only a whole multiple of itself here: 64*past+64*seq by 16*past+16*seq
             monomial, coef = next(iter(other.terms.items()))
@@ -144,11 +162,11 @@ class Sym:
         return Sym._make(terms, self.ranges)
 
     def __floordiv__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, int.__floordiv__)
         if Sym._of(other) is None:
             return NotImplemented
         quotient = self._divided(other)
-        if quotient is None and _PLANNING.get():
-            return self.capacity // (other.capacity if isinstance(other, Sym) else int(other))
         if quotient is None:
             raise SymbolicSizeError(
                 f"{self} // {other} is not a whole polynomial in the sizes; Tessel divides a symbolic size only "
@@ -157,21 +175,25 @@ class Sym:
         return quotient
 
     def __rfloordiv__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, lambda a, b: b // a)
         other = Sym._of(other)
         if other is None:
             return NotImplemented
         return other // self
 
     def __mod__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, int.__mod__)
         if Sym._of(other) is None:
             return NotImplemented
-        if self._divided(other) is None and _PLANNING.get():
-            return self.capacity % (other.capacity if isinstance(other, Sym) else int(other))
         if self._divided(other) is None:
             raise SymbolicSizeError(f"{self} % {other} depends on the size's value; give it a multiple or a fixed size")
         return 0
 
     def __rmod__(self, other):
+        if _PLANNING.get():
+            return self._planned(other, lambda a, b: b % a)
         other = Sym._of(other)
         return NotImplemented if other is None else other % self
 
@@ -313,8 +335,8 @@ _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("sym_planning",
 
 @contextlib.contextmanager
 def planning():
-    """Within the block, a Sym answers what needs a number (int(), an order, an inexact // or %) as its layout extent
-    (its largest value, rounded up: `capacity`) would: for schedule templates choosing tiles. That is safe there because they only choose: the loops run to the
+    """Within the block, a Sym is the int of its layout extent (its largest value, rounded up: `capacity`) in every
+    arithmetic operation, order, int() and truth test: for schedule templates choosing tiles. That is safe there because they only choose: the loops run to the
     run's sizes (as expressions of size vars), and lowering guards every split of a symbolic extent."""
     token = _PLANNING.set(True)
     try:

@@ -152,6 +152,9 @@ class NativeModel:
         self.output_types = [(tuple(spec.shape), np.dtype(spec.dtype)) for spec in outputs]
         self.arity: int | None = None
 
+    # run() writes into outputs it is given (a generate loop's, compiler/generate.py InPlaceStepper)
+    writes_into_outputs = True
+
     @property
     def num_threads(self) -> int:
         return self.library.num_threads
@@ -160,9 +163,13 @@ class NativeModel:
     def num_threads(self, count: int) -> None:
         self.library.num_threads = count
 
-    def run(self, inputs: list[np.ndarray], sizes: np.ndarray | None = None) -> list[np.ndarray]:
-        """`sizes`: the int32 values of a symbolic model's sizes, the entry's last argument."""
-        outputs = [np.empty(shape, dtype) for shape, dtype in self.output_types]
+    def run(
+        self, inputs: list[np.ndarray], sizes: np.ndarray | None = None, outputs: list[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """`sizes`: the int32 values of a symbolic model's sizes, the entry's last argument; `outputs`: arrays of the
+        outputs' shapes and dtypes to write into (a generate loop's, kept from step to step), else new ones."""
+        if outputs is None:
+            outputs = [np.empty(shape, dtype) for shape, dtype in self.output_types]
         extra = [] if sizes is None else [_address(sizes)]
         arity = len(inputs) + len(outputs) + 2 + len(extra)
         if self.arity != arity:

@@ -10,7 +10,7 @@ import pytest
 import compiler
 from compiler import real_zoo
 from compiler.errors import ShapeError, TesselError
-from compiler.generate import generate
+from compiler.generate import FeedStepper, generate
 
 TOKENS = 64
 
@@ -49,7 +49,7 @@ def test_generate_picks_onnxruntimes_tokens(decoder):
     module, session = decoder
     prompt = [5, 17, 300, 42]
     inputs = {spec.name: (spec.shape, spec.dtype) for spec in module.inputs}
-    want = generate(_session_run(session), inputs, module.output_names, prompt, 12)
+    want = generate(FeedStepper(_session_run(session), inputs, module.output_names), prompt, 12)
     seen = []
     got = module.generate(prompt, 12, on_token=seen.append)
     assert got.tolist() == want.tolist() == seen and len(got) == 12
