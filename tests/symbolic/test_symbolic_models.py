@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler import compile_model, load_module
 from compiler.bundle import BundleError
 from compiler.errors import RunError, ShapeError, TargetError
-from compiler.frontend.onnx import load_onnx
+from compiler.frontend.onnx import load_onnx, parse_dims
 
 HIGH = 40
 DIMS = {"seq": (1, HIGH)}
@@ -269,3 +269,21 @@ def test_a_concat_of_symbolic_parts_is_made_by_a_kernel():
     w = numpy_helper.to_array(weight)
     want = np.concatenate([x @ w, softmax], axis=1) @ w
     np.testing.assert_allclose(module.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_dims_parse_ranges_and_expressions():
+    assert parse_dims(["past=0..63", "seq=1..64", "total=past+seq"]) == {
+        "past": (0, 63),
+        "seq": (1, 64),
+        "total": "past+seq",
+    }
+    for bad, message in (("seq", "NAME=LOW..HIGH"), ("seq=5..2", "empty or negative"), ("seq=1..2", None)):
+        if message is None:
+            with pytest.raises(ShapeError, match="twice"):
+                parse_dims([bad, bad])
+        else:
+            with pytest.raises(ShapeError, match=message):
+                parse_dims([bad])
+    # an expression naming a size no range gives is refused at import, by name
+    with pytest.raises(ShapeError, match="names 'past'"):
+        load_onnx(MODEL, dims={"seq": "past+1"})
