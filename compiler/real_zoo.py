@@ -688,7 +688,7 @@ def export_with_cache(name: str, size: str = "full", cache_dir: str | Path | Non
     try:
         with torch.no_grad():
             torch.onnx.export(
-                WithCache(),
+                WithCache().eval(),
                 (ids, mask, *past),
                 str(staging / "model.onnx"),
                 input_names=["input_ids", "attention_mask", *past_names],

@@ -139,6 +139,37 @@ export interface WasmImport {
   shared?: boolean;
 }
 
+/** Token ids, as a prompt for `generate`: numbers or bigints (or [1, n]: one such row). */
+export type TokenIds =
+  | readonly (number | bigint)[]
+  | Int8Array
+  | Uint8Array
+  | Int16Array
+  | Uint16Array
+  | Int32Array
+  | Uint32Array
+  | BigInt64Array
+  | BigUint64Array;
+
+/** The options of `Model.generate`, as compiler/generate.py's (in camelCase). A wrong one rejects with a TesselError
+ * (code "options", field the option's name), as does an option of another name. */
+export interface GenerateOptions {
+  /** The most tokens to generate (a whole number >= 0); required. */
+  maxNewTokens: number;
+  /** 0 (the default) picks the most likely token (greedy); above 0, tokens are drawn from softmax(logits / temperature). */
+  temperature?: number;
+  /** Draw among the topK most likely tokens only (a whole number >= 1). */
+  topK?: number | null;
+  /** Then among the fewest most likely tokens whose probabilities reach topP, in (0, 1]. */
+  topP?: number | null;
+  /** End the run after this token (it is the last one returned). */
+  stopToken?: number | null;
+  /** Seeds the draws (SplitMix64; a whole number >= 0): the same seed draws the same tokens every call. Random when left out. */
+  seed?: number | null;
+  /** Called with each token as it is chosen; a promise it returns is awaited before the next step. */
+  onToken?: ((token: number) => unknown) | null;
+}
+
 /** A loaded bundle; make one with load(). */
 export class Model {
   private constructor();
@@ -159,6 +190,16 @@ export class Model {
   /** Run once. Rejects with a TesselError (code "input") naming a wrong, missing or unknown input, or for a symbolic
    * model an input whose dims put a size outside its range, have the wrong rank or disagree on a size. */
   run(feeds: Feeds): Promise<Record<string, Tensor>>;
+  /**
+   * The token ids a decoder exported with its KV cache (input_ids, past_key_values.* inputs, present.* and logits
+   * outputs) and compiled with symbolic sizes generates after `prompt`: the prompt in one run, then one token a run,
+   * the cache kept in wasm memory, yielding to the event loop between runs. Rejects with a TesselError: code
+   * "generate" for a model that cannot generate (field: what it lacks), "options" for a wrong option, "input" for a
+   * wrong prompt or when the prompt and the tokens outgrow the sizes the model was compiled for (the message names the
+   * size), "backend" on WebGPU (wasm only), "disposed". A `run` or another `generate` between two of its steps
+   * overwrites its cache: it then rejects with code "generate".
+   */
+  generate(prompt: TokenIds | readonly [TokenIds], options: GenerateOptions): Promise<number[]>;
   /** Make the backend's device state again, e.g. after a lost WebGPU device. */
   reload(): Promise<void>;
   /** Release the model's memory, workers and device; it cannot run afterwards. */
@@ -185,7 +226,8 @@ export type TesselErrorCode =
   | "input"
   | "run"
   | "disposed"
-  | "device";
+  | "device"
+  | "generate";
 
 /** The one error tessel.js throws for what a caller or a bundle got wrong. */
 export class TesselError extends Error {
@@ -212,6 +254,9 @@ export interface BundleSource {
  * sizes' values, in manifest.sizes order (inputs and results are then compact arrays of the run's shapes). */
 export interface Executor {
   run(inputs: TensorData[], sizes?: number[]): Promise<TensorData[]>;
+  /** One step of `Model.generate` (the wasm executor's): the logits of the last of `ids` after `past` cached tokens,
+   * the sizes' values bound; the cache stays in the executor between the steps of one `generation`. */
+  step?(request: { generation: number; ids: number[]; past: number; sizes: number[] }): Promise<Float32Array | Float64Array>;
   dispose(): void;
   reload?(): Promise<void>;
   variant?: WasmVariant;

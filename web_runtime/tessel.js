@@ -339,8 +339,8 @@ async function openSource(bundleUrl) {
 /**
  * The one error tessel.js throws for anything a caller or a bundle got wrong. `code` says which kind ("manifest",
  * "version", "file", "digest", "seal", "binding", "code", "memory", "backend", "options", "input", "run",
- * "disposed", "device"); `field` names the thing: a manifest field such as "outputs[0].shape", a file name, an
- * input name, an option. docs/web.md lists them.
+ * "disposed", "device", "generate"); `field` names the thing: a manifest field such as "outputs[0].shape", a file
+ * name, an input name, an option. docs/web.md lists them.
  */
 export class TesselError extends Error {
   constructor(code, field, message) {
@@ -872,31 +872,47 @@ function bindSizes(plan, inputs, shapes) {
   return values;
 }
 
-/** Copies the box `shape` between `compact` (bytes, row-major) and the first corner of the slot at `offset` laid out at
- * `largest` (that shape's strides): into the slot for an input (`inward`; the rest zeroed, so no run sees the last
- * one's leftovers), out of it for an output. Trailing axes the box spans whole are copied as one run. */
-function moveBox(buffer, offset, largest, shape, itemBytes, compact, inward) {
-  const slot = new Uint8Array(buffer, offset, elementCount(largest) * itemBytes);
+/** Calls visit(from, to, bytes) for each run of contiguous bytes of the box `shape` (in the first corner) between two
+ * layouts of it, `fromLargest` and `toLargest` (each that shape's strides; a compact array is laid out at `shape`):
+ * byte offsets from each layout's start. Trailing axes the box spans whole in both go as one run. */
+function boxRuns(shape, fromLargest, toLargest, itemBytes, visit) {
   let axis = shape.length - 1;
   let run = itemBytes;
-  while (axis >= 0 && shape[axis] === largest[axis]) run *= largest[axis--];
-  if (axis < 0) return inward ? slot.set(compact) : compact.set(slot);
-  if (inward) slot.fill(0);
-  const step = run * largest[axis]; // the bytes between two of the box's runs along axis - 1
+  while (axis >= 0 && shape[axis] === fromLargest[axis] && shape[axis] === toLargest[axis]) run *= shape[axis--];
+  if (axis < 0) return visit(0, 0, run);
+  // the bytes between two steps along each outer axis, in each layout
+  const strides = (largest) => {
+    const result = [];
+    for (let at = axis - 1, stride = run * largest[axis]; at >= 0; stride *= largest[at--]) result[at] = stride;
+    return result;
+  };
+  const [fromStrides, toStrides] = [strides(fromLargest), strides(toLargest)];
   run *= shape[axis];
   const rows = elementCount(shape.slice(0, axis));
-  const strides = [];
-  for (let at = axis - 1, stride = step; at >= 0; stride *= largest[at--]) strides[at] = stride;
   const index = new Array(axis).fill(0);
-  for (let row = 0, place = 0; row < rows && run > 0; row++) {
-    if (inward) slot.set(compact.subarray(row * run, (row + 1) * run), place);
-    else compact.set(slot.subarray(place, place + run), row * run);
+  for (let row = 0, from = 0, to = 0; row < rows && run > 0; row++) {
+    visit(from, to, run);
     for (let at = axis - 1; at >= 0; at--) {
-      place += strides[at];
+      from += fromStrides[at];
+      to += toStrides[at];
       if (++index[at] < shape[at]) break;
-      place -= strides[at] * shape[at];
+      from -= fromStrides[at] * shape[at];
+      to -= toStrides[at] * shape[at];
       index[at] = 0;
     }
+  }
+}
+
+/** Copies the box `shape` between `compact` (bytes, row-major) and the first corner of the slot at `offset` laid out at
+ * `largest` (that shape's strides): into the slot for an input (`inward`; the rest zeroed, so no run sees the last
+ * one's leftovers), out of it for an output. */
+function moveBox(buffer, offset, largest, shape, itemBytes, compact, inward) {
+  const slot = new Uint8Array(buffer, offset, elementCount(largest) * itemBytes);
+  if (inward) {
+    if (shape.some((size, axis) => size !== largest[axis])) slot.fill(0);
+    boxRuns(shape, shape, largest, itemBytes, (from, to, bytes) => slot.set(compact.subarray(from, from + bytes), to));
+  } else {
+    boxRuns(shape, largest, shape, itemBytes, (from, to, bytes) => compact.set(slot.subarray(from, from + bytes), to));
   }
 }
 
@@ -1230,22 +1246,33 @@ class WasmExecutor {
 
   /** A run's outputs, returned only once params.bin has been checked against the manifest's digest; `sizes`: a
    * symbolic model's values (bindSizes). */
-  async run(arrays, sizes) {
+  run(arrays, sizes) {
+    return this.afterParams(() => (this.plan ? this.runSized(arrays, sizes) : this.runNow(arrays)));
+  }
+
+  /** One step of generate (Model.generate): the logits of the last of `ids`, with `past` tokens cached (stepNow). */
+  step(request) {
+    return this.afterParams(() => this.stepNow(request));
+  }
+
+  /** What `work` (a run) gives, once params.bin has been checked; done again if params.bin was read again meanwhile. */
+  async afterParams(work) {
     const epoch = this.paramsEpoch;
     let results, failure;
     try {
-      results = this.plan ? this.runSized(arrays, sizes) : this.runNow(arrays);
+      results = work();
     } catch (error) {
       failure = error;
     }
     await this.paramsChecked; // damaged params explain a failed run first
-    if (epoch !== this.paramsEpoch) return this.run(arrays, sizes); // params.bin was read again meanwhile
+    if (epoch !== this.paramsEpoch) return this.afterParams(work); // params.bin was read again meanwhile
     if (failure) throw failure;
     return results;
   }
 
   runNow(arrays) {
     const { inputs, outputs } = this.manifest;
+    this.cache = null;
     arrays.forEach((array, position) => {
       new Uint8Array(this.memory.buffer, this.inputOffsets[position], byteSize(inputs[position])).set(
         new Uint8Array(array.buffer, array.byteOffset, array.byteLength),
@@ -1274,16 +1301,9 @@ class WasmExecutor {
   runSized(arrays, sizes) {
     const { plan, manifest } = this;
     const { buffer } = this.memory;
-    arrays.forEach((array, position) => {
-      const { dims, largest } = plan.inputs[position];
-      const shape = dims.map((dim) => dimValue(dim, sizes));
-      moveBox(buffer, this.inputOffsets[position], largest, shape, array.BYTES_PER_ELEMENT, bytesOf(array), true);
-    });
-    new Int32Array(buffer, this.sizesOffset, sizes.length).set(sizes);
-    if (this.workers.length > 0 && this.wakePool) this.wakePool();
-    const { inputOffsets, outputOffsets, paramsOffset, arenaOffset, sizesOffset } = this;
-    const failed = this.entry(...inputOffsets, ...outputOffsets, paramsOffset, arenaOffset, sizesOffset);
-    if (failed) fail("run", manifest.calls[failed - 1]?.group ?? null, describeFailure(manifest, failed));
+    this.writeInputs(arrays, sizes);
+    this.enter(sizes);
+    const { outputOffsets, paramsOffset } = this;
     const results = manifest.outputs.map((spec, position) => {
       const { dims, largest } = plan.outputs[position];
       const shape = dims.map((dim) => dimValue(dim, sizes));
@@ -1305,6 +1325,83 @@ class WasmExecutor {
       else results[position] = copyAs(Type, (from.region === "input" ? arrays : results)[from.index]);
     });
     return results;
+  }
+
+  /** A symbolic model's inputs, compact arrays in manifest order, each into the first corner of its slot; an input
+   * left out (a hole or undefined) keeps what its slot holds. */
+  writeInputs(arrays, sizes) {
+    const { plan } = this;
+    const { buffer } = this.memory;
+    arrays.forEach((array, position) => {
+      if (!array) return;
+      const { dims, largest } = plan.inputs[position];
+      const shape = dims.map((dim) => dimValue(dim, sizes));
+      moveBox(buffer, this.inputOffsets[position], largest, shape, array.BYTES_PER_ELEMENT, bytesOf(array), true);
+    });
+  }
+
+  /** A symbolic model's run on what its slots hold, the sizes' values written for the entry: outputs stay in place. */
+  enter(sizes) {
+    const { manifest, inputOffsets, outputOffsets, paramsOffset, arenaOffset, sizesOffset } = this;
+    this.cache = null; // a run overwrites the outputs that a generate's next step reads its cache from
+    new Int32Array(this.memory.buffer, sizesOffset, sizes.length).set(sizes);
+    if (this.workers.length > 0 && this.wakePool) this.wakePool();
+    const failed = this.entry(...inputOffsets, ...outputOffsets, paramsOffset, arenaOffset, sizesOffset);
+    if (failed) fail("run", manifest.calls[failed - 1]?.group ?? null, describeFailure(manifest, failed));
+  }
+
+  /** A step of generate with the cache kept in wasm memory. `ids`: the token ids of this step (the prompt, then one),
+   * after `past` cached ones; `sizes`: their values (bindSizes); `generation`: whose cache the last step left. Before
+   * the run, each present output's rows 0..past (the last step's cache and its tokens) are copied into its past
+   * input's slot inside the memory (copyWithin: no byte of the cache goes through JavaScript); the token ids, the
+   * mask and the positions are written into theirs; only the logits of the last position are read out. */
+  stepNow({ generation, ids, past, sizes }) {
+    const { plan, manifest } = this;
+    const layout = cacheLayout(manifest);
+    const { buffer } = this.memory;
+    const total = past + ids.length;
+    const arrays = [];
+    if (past > 0) {
+      if (!(this.cache && this.cache.generation === generation && this.cache.rows >= past)) {
+        fail(
+          "generate",
+          null,
+          "the cache of this generate was overwritten: the model ran (run, or another generate) between two of its " +
+            "steps; await generate before running the model again",
+        );
+      }
+      const memory = new Uint8Array(buffer);
+      for (const [input, output] of layout.pairs) {
+        const shape = plan.inputs[input].dims.map((dim) => dimValue(dim, sizes));
+        const [from, to] = [this.outputOffsets[output], this.inputOffsets[input]];
+        const itemBytes = ITEM_BYTES[manifest.inputs[input].dtype];
+        boxRuns(shape, plan.outputs[output].largest, plan.inputs[input].largest, itemBytes, (source, target, bytes) =>
+          memory.copyWithin(to + target, from + source, from + source + bytes),
+        );
+      }
+    } else {
+      // the first step: an empty cache (its slots zeroed, as a run's inputs are)
+      for (const [input] of layout.pairs) arrays[input] = new TYPED_ARRAYS[manifest.inputs[input].dtype](0);
+    }
+    const dtypes = manifest.inputs.map((spec) => spec.dtype);
+    arrays[layout.ids] = typedValues(dtypes[layout.ids], ids.length, (at) => ids[at]);
+    if (layout.mask >= 0) arrays[layout.mask] = typedValues(dtypes[layout.mask], total, () => 1);
+    if (layout.positions >= 0) {
+      arrays[layout.positions] = typedValues(dtypes[layout.positions], ids.length, (at) => past + at);
+    }
+    this.writeInputs(arrays, sizes);
+    this.enter(sizes);
+    this.cache = { generation, rows: total };
+    // the last row of the logits [1, seq, vocabulary], in its slot at [1, largest seq, vocabulary]
+    const { dtype } = manifest.outputs[layout.logits];
+    const { dims, largest } = plan.outputs[layout.logits];
+    const rows = dimValue(dims[1], sizes);
+    if (!(rows >= 1 && rows <= largest[1])) {
+      fail("run", "logits", `the logits have ${rows} rows at these sizes; export the model again`);
+    }
+    const rowBytes = layout.vocabulary * ITEM_BYTES[dtype];
+    const row = copyOut(this.memory, this.outputOffsets[layout.logits] + (rows - 1) * rowBytes, rowBytes);
+    return dtype === "float16" ? float16BitsToFloat32(new Uint16Array(row)) : new RESULT_ARRAYS[dtype](row);
   }
 
   dispose() {
@@ -1767,6 +1864,269 @@ function cachedSource(source, manifest, mode) {
   return store ? new CachedSource(source, manifest, store, mode) : source;
 }
 
+// ---- generating text -----------------------------------------------------------------------------------
+//
+// model.generate(prompt, options) runs a decoder exported with its KV cache as compiler/generate.py does (issue 40
+// §2): the prompt in one run with an empty cache (past = 0), then one token a run, each run's present.* outputs the
+// next run's past_key_values.* inputs. The cache never leaves wasm memory: before a step, each present output's rows
+// are copied into its past input's slot inside the memory (WasmExecutor.stepNow), the step writes only the token ids,
+// the mask and the positions, and reads only the last position's logits. Model.generate chooses the tokens (here or on
+// the page of a worker-mode model, whose executor forwards each step), the executor runs the steps.
+
+const PAST_PREFIX = "past_key_values.";
+const PRESENT_PREFIX = "present.";
+const GENERATE_OPTIONS = ["maxNewTokens", "temperature", "topK", "topP", "stopToken", "seed", "onToken"];
+const LOGITS_DTYPES = ["float32", "float16", "float64"];
+
+// each manifest's cache layout (cacheLayout), once found
+const layouts = new WeakMap();
+
+/** Which inputs and outputs generate feeds, as positions in manifest order: {ids, mask, positions (-1: none), pairs
+ * ([past input, present output]), logits, vocabulary}. A model that lacks one is a TesselError (code "generate")
+ * saying what, in compiler/generate.py's cache_layout's words; so is one this runtime cannot step (fixed shapes, a
+ * cache not [1, heads, past, depth], a present output unlike its past input). */
+function cacheLayout(manifest) {
+  if (!layouts.has(manifest)) layouts.set(manifest, findCacheLayout(manifest));
+  return layouts.get(manifest);
+}
+
+function findCacheLayout(manifest) {
+  const inputs = manifest.inputs.map((spec) => spec.name);
+  const outputs = manifest.outputs.map((spec) => spec.name);
+  const ids = inputs.indexOf("input_ids");
+  if (ids < 0) {
+    fail(
+      "generate",
+      "input_ids",
+      `generate needs a model that takes input_ids; this one takes ${inputs.join(", ")}. Export the decoder with its ` +
+        "cache (past_key_values.* inputs, present.* outputs), as optimum or torch.onnx.export write it",
+    );
+  }
+  const logits = outputs.indexOf("logits");
+  if (logits < 0) fail("generate", "logits", `generate needs a model with a logits output; this one gives ${outputs.join(", ")}`);
+  const pairs = [];
+  inputs.forEach((name, input) => {
+    if (!name.startsWith(PAST_PREFIX)) return;
+    const present = PRESENT_PREFIX + name.slice(PAST_PREFIX.length);
+    const output = outputs.indexOf(present);
+    if (output < 0) fail("generate", name, `input "${name}" has no output "${present}" to take the next step's cache from`);
+    pairs.push([input, output]);
+  });
+  if (pairs.length === 0) {
+    fail(
+      "generate",
+      "past_key_values",
+      "generate needs a decoder exported with its cache (past_key_values.* inputs, present.* outputs); this model " +
+        "recomputes the whole prompt each step: export it with use_cache=True",
+    );
+  }
+  const known = new Set(["input_ids", "attention_mask", "position_ids", ...pairs.map(([input]) => inputs[input])]);
+  const unknown = inputs.filter((name) => !known.has(name)).sort(byCodePoint);
+  if (unknown.length) fail("generate", unknown[0], `generate does not know what to feed the inputs ${unknown.join(", ")}`);
+  if (!planOf(manifest)) {
+    fail(
+      "generate",
+      "sizes",
+      "generate needs a model compiled with symbolic sizes, its cache's from 0 (dims={\"past\": (0, 2047), \"seq\": " +
+        "(1, 2048), \"total\": \"past+seq\"}, docs/symbolic.md); this one's shapes are fixed, so its cache cannot grow",
+    );
+  }
+  for (const [input, output] of pairs) {
+    const [past, present] = [manifest.inputs[input], manifest.outputs[output]];
+    const [batch, heads, , depth] = past.shape;
+    if (past.shape.length !== 4 || batch !== 1 || typeof heads !== "number" || typeof depth !== "number") {
+      const shape = shapeText(past.shape);
+      fail("generate", past.name, `the cache input "${past.name}" has shape ${shape}; generate takes [1, heads, past, depth]`);
+    }
+    const [, presentHeads, , presentDepth] = present.shape;
+    const like = present.shape.length === 4 && presentHeads === heads && presentDepth === depth && present.dtype === past.dtype;
+    if (!like || present.source) {
+      fail(
+        "generate",
+        present.name,
+        `the output "${present.name}" (${present.dtype} ${shapeText(present.shape)}) is not the next step's ` +
+          `"${past.name}" (${past.dtype} ${shapeText(past.shape)}) with the step's rows: generate copies one into the other`,
+      );
+    }
+  }
+  const { shape, dtype, source } = manifest.outputs[logits];
+  if (shape.length !== 3 || shape[0] !== 1 || typeof shape[2] !== "number" || !LOGITS_DTYPES.includes(dtype) || source) {
+    const gives = `${dtype} ${shapeText(shape)}`;
+    fail("generate", "logits", `generate takes logits of shape [1, seq, vocabulary] (floats); this model gives ${gives}`);
+  }
+  const mask = inputs.indexOf("attention_mask");
+  const positions = inputs.indexOf("position_ids");
+  for (const position of [ids, mask, positions]) {
+    const spec = manifest.inputs[position];
+    const numbers = position === mask || /^u?int/.test(spec?.dtype);
+    if (spec && (spec.shape.length !== 2 || spec.shape[0] !== 1 || !numbers)) {
+      const takes = `${spec.dtype} ${shapeText(spec.shape)}`;
+      fail("generate", spec.name, `generate feeds "${spec.name}" as [1, n] integers; this model takes ${takes}`);
+    }
+  }
+  return { ids, mask, positions, pairs, logits, vocabulary: shape[2] };
+}
+
+/** Each input's dims in a step of `seq` token ids after `past` cached ones, in manifest order (for bindSizes). */
+function stepShapes(manifest, layout, seq, past) {
+  const shapes = [];
+  shapes[layout.ids] = [1, seq];
+  if (layout.mask >= 0) shapes[layout.mask] = [1, past + seq];
+  if (layout.positions >= 0) shapes[layout.positions] = [1, seq];
+  for (const [input] of layout.pairs) {
+    const [, heads, , depth] = manifest.inputs[input].shape;
+    shapes[input] = [1, heads, past, depth];
+  }
+  return shapes;
+}
+
+/** A typed array of `dtype`, as the executors store it (float16 as its bits), holding valueAt(0), ..., valueAt(length - 1). */
+function typedValues(dtype, length, valueAt) {
+  if (dtype === "float16") return float32ToFloat16Bits(Float32Array.from({ length }, (_, at) => valueAt(at)));
+  const Type = TYPED_ARRAYS[dtype];
+  const big = Type === BigInt64Array || Type === BigUint64Array;
+  return Type.from({ length }, (_, at) => (big ? BigInt(valueAt(at)) : valueAt(at)));
+}
+
+// how a value is named in an error: a number or string as written, anything else by its kind
+function shown(value) {
+  if (typeof value === "string") return JSON.stringify(value);
+  return typeof value === "object" || typeof value === "function" ? kindOf(value) : String(value);
+}
+
+/** generate's options after compiler/generate.py's check_options (with the same words, in camelCase) and the checks of
+ * what it leaves to Python (an unknown option, the seed, stopToken, onToken): a TesselError (code "options") naming
+ * the option. */
+function checkGenerateOptions(options) {
+  if (options === null || typeof options !== "object") {
+    fail("options", "maxNewTokens", `generate takes the options {${GENERATE_OPTIONS.join(", ")}}, got ${shown(options)}`);
+  }
+  for (const key of Object.keys(options)) {
+    if (!GENERATE_OPTIONS.includes(key)) fail("options", key, `unknown option "${key}"; generate takes ${GENERATE_OPTIONS.join(", ")}`);
+  }
+  const given = (value) => value !== undefined && value !== null;
+  const { maxNewTokens, temperature = 0, topK, topP, stopToken, seed, onToken } = options;
+  if (maxNewTokens === undefined) {
+    fail("options", "maxNewTokens", "generate needs maxNewTokens, the most tokens to generate (a whole number >= 0)");
+  }
+  if (!Number.isSafeInteger(maxNewTokens) || maxNewTokens < 0) {
+    fail("options", "maxNewTokens", `maxNewTokens must be a whole number >= 0, got ${shown(maxNewTokens)}`);
+  }
+  if (typeof temperature !== "number" || !(temperature >= 0)) {
+    fail("options", "temperature", `temperature must be >= 0 (0: greedy), got ${shown(temperature)}`);
+  }
+  if (given(topK) && (!Number.isSafeInteger(topK) || topK < 1)) {
+    fail("options", "topK", `topK must be a whole number >= 1, got ${shown(topK)}`);
+  }
+  if (given(topP) && (typeof topP !== "number" || !(topP > 0 && topP <= 1))) {
+    fail("options", "topP", `topP must lie in (0, 1], got ${shown(topP)}`);
+  }
+  if (given(stopToken) && !Number.isSafeInteger(stopToken)) {
+    fail("options", "stopToken", `stopToken must be a token id (a whole number), got ${shown(stopToken)}`);
+  }
+  if (given(seed) && (!Number.isSafeInteger(seed) || seed < 0)) {
+    fail("options", "seed", `seed must be a whole number >= 0, got ${shown(seed)}`);
+  }
+  if (given(onToken) && typeof onToken !== "function") {
+    fail("options", "onToken", `onToken must be a function, called with each token as it is chosen; got ${shown(onToken)}`);
+  }
+  const or = (value) => (given(value) ? value : undefined);
+  return { maxNewTokens, temperature, topK: or(topK), topP: or(topP), stopToken: or(stopToken), seed: or(seed), onToken: or(onToken) };
+}
+
+/** The prompt's token ids as numbers: an array or typed array of whole numbers (or [1, n]: one such row). */
+function promptIds(prompt) {
+  const row = Array.isArray(prompt) && prompt.length === 1 && (Array.isArray(prompt[0]) || ArrayBuffer.isView(prompt[0]));
+  const given = row ? prompt[0] : prompt;
+  const listed = Array.isArray(given) || (ArrayBuffer.isView(given) && !(given instanceof DataView));
+  const ids = listed ? Array.from(given, (value) => (typeof value === "bigint" ? Number(value) : value)) : [];
+  const bad = ids.findIndex((value) => !Number.isSafeInteger(value));
+  if (!listed || ids.length === 0 || bad >= 0) {
+    const got = !listed ? shown(prompt) : ids.length === 0 ? "an empty one" : `one holding ${shown(given[bad])} at ${bad}`;
+    fail("input", "prompt", `the prompt must be a non-empty array of token ids (whole numbers), got ${got}`);
+  }
+  return ids;
+}
+
+/** SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", 2014): a function giving
+ * numbers in [0, 1) of 53 random bits, the same ones for the same seed (a random seed where none is given). */
+function randomNumbers(seed) {
+  let state = BigInt(seed ?? Math.floor(Math.random() * 2 ** 53));
+  return () => {
+    state = BigInt.asUintN(64, state + 0x9e3779b97f4a7c15n);
+    let mixed = BigInt.asUintN(64, (state ^ (state >> 30n)) * 0xbf58476d1ce4e5b9n);
+    mixed = BigInt.asUintN(64, (mixed ^ (mixed >> 27n)) * 0x94d049bb133111ebn);
+    return Number((mixed ^ (mixed >> 31n)) >> 11n) / 2 ** 53;
+  };
+}
+
+/** The next token from one position's logits, as compiler/generate.py's choose_token: the most likely (the first of
+ * equals) at temperature 0; else drawn by `random` from the softmax of logits / temperature over the topK most likely
+ * tokens (those equal to the k-th kept too), then over the fewest, most likely first, whose probabilities reach topP. */
+function chooseToken(logits, temperature, topK, topP, random) {
+  const count = logits.length;
+  if (temperature === 0) {
+    let best = 0;
+    for (let token = 1; token < count; token++) if (logits[token] > logits[best]) best = token;
+    return best;
+  }
+  const scaled = Float64Array.from(logits, (value) => value / temperature);
+  if (topK !== undefined && topK < count) {
+    const threshold = Float64Array.from(scaled).sort()[count - topK];
+    for (let token = 0; token < count; token++) if (!(scaled[token] >= threshold)) scaled[token] = -Infinity;
+  }
+  const largest = scaled.reduce((high, value) => Math.max(high, value), -Infinity);
+  let probabilities = scaled.map((value) => Math.exp(value - largest));
+  const normalize = (values) => {
+    const sum = values.reduce((total, value) => total + value, 0);
+    return values.map((value) => value / sum);
+  };
+  probabilities = normalize(probabilities);
+  if (topP !== undefined && topP < 1) {
+    const order = [];
+    for (let token = 0; token < count; token++) if (probabilities[token] > 0) order.push(token);
+    order.sort((left, right) => probabilities[right] - probabilities[left] || left - right);
+    const kept = new Float64Array(count);
+    let cumulative = 0;
+    for (const token of order) {
+      kept[token] = probabilities[token];
+      cumulative += probabilities[token];
+      if (cumulative >= topP) break;
+    }
+    probabilities = normalize(kept);
+  }
+  const drawn = random();
+  let cumulative = 0;
+  let last = 0;
+  for (let token = 0; token < count; token++) {
+    if (!(probabilities[token] > 0)) continue;
+    cumulative += probabilities[token];
+    last = token;
+    if (drawn < cumulative) return token;
+  }
+  return last; // a sum rounded below the draw
+}
+
+/** Resolves in a later task, so that a page draws and handles its events between two steps of generate. */
+function nextTask() {
+  if (typeof globalThis.scheduler?.yield === "function") return globalThis.scheduler.yield();
+  if (typeof setImmediate === "function") return new Promise((resolve) => setImmediate(resolve));
+  if (typeof MessageChannel === "function") {
+    const { port1, port2 } = new MessageChannel();
+    return new Promise((resolve) => {
+      port1.onmessage = () => {
+        port1.close();
+        resolve();
+      };
+      port2.postMessage(null);
+    });
+  }
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}
+
+// numbers each generate, so that a step can tell that the cache it continues is its own
+let generations = 0;
+
 // ---- the model -----------------------------------------------------------------------------------------
 
 function describeSpec(spec) {
@@ -1819,6 +2179,54 @@ export class Model {
         { data: results[position], dims: [...spec.shape], dtype: spec.dtype },
       ]),
     );
+  }
+
+  /**
+   * The token ids (numbers) a decoder exported with its KV cache generates after `prompt` (token ids), at most
+   * options.maxNewTokens, as compiler/generate.py's generate: the prompt in one run, then one token a run, the cache
+   * kept in wasm memory. options: temperature (0, the default: greedy), topK, topP, stopToken (ends the run after it),
+   * seed (the same draws every call), onToken(token) (awaited as each token is chosen). The loop yields to the event
+   * loop between steps.
+   */
+  async generate(prompt, options) {
+    if (!this.executor) fail("disposed", null, "this model was disposed; load the bundle again");
+    if (typeof this.executor.step !== "function") {
+      const why =
+        this.backend === "webgpu"
+          ? "a decoder's cache needs symbolic sizes, which run on wasm only, and WebGPU runs fixed shapes"
+          : `the ${this.backend} backend's executor has no step()`;
+      fail("backend", this.backend, `generate runs on the wasm backend: ${why}; load the model with backend: "wasm"`);
+    }
+    const { manifest } = this;
+    const layout = cacheLayout(manifest);
+    const { maxNewTokens, temperature, topK, topP, stopToken, seed, onToken } = checkGenerateOptions(options);
+    const ids = promptIds(prompt);
+    const plan = planOf(manifest);
+    const random = temperature > 0 ? randomNumbers(seed) : null;
+    const generation = (generations += 1);
+    const tokens = [];
+    let [stepIds, past] = [ids, 0];
+    while (tokens.length < maxNewTokens) {
+      if (!this.executor) fail("disposed", null, "this model was disposed during generate; load the bundle again");
+      let sizes;
+      try {
+        sizes = bindSizes(plan, manifest.inputs, stepShapes(manifest, layout, stepIds.length, past));
+      } catch (error) {
+        if (past === 0 || !(error instanceof TesselError)) throw error;
+        const why = error.message.replace(/^tessel: /, "");
+        const cached = `caching ${past} tokens (the prompt's ${ids.length} and ${past - ids.length} generated)`;
+        const message = `generate stopped after ${tokens.length} new tokens: ${cached} is past the model's range: ${why}`;
+        throw new TesselError(error.code, error.field, message);
+      }
+      const logits = await this.executor.step({ generation, ids: stepIds, past, sizes });
+      const token = chooseToken(logits, temperature, topK, topP, random);
+      tokens.push(token);
+      if (onToken) await onToken(token);
+      if (token === stopToken) break;
+      [stepIds, past] = [[token], past + stepIds.length];
+      if (tokens.length < maxNewTokens) await nextTask();
+    }
+    return tokens;
   }
 
   /** Make the backend's device state again, e.g. after a lost WebGPU device (run rejects saying so). */
@@ -1931,8 +2339,9 @@ export async function load(bundleUrl, options = {}) {
 //
 // load(url, {worker: true}) starts this module as a module worker named WORKER_NAME, which loads the bundle itself
 // (its cache, threads and checks as on the page) and runs it; the page keeps a Model whose executor posts the checked
-// inputs (copied: the caller keeps them) and gets the outputs back transferred, not copied. Errors come back as
-// TesselError with their code and field. dispose() terminates the worker.
+// inputs (copied: the caller keeps them) and gets the outputs back transferred, not copied. generate chooses its tokens
+// on the page and posts each step (its ids, past and sizes), which gets the last logits row back: the cache stays in
+// the worker's wasm memory. Errors come back as TesselError with their code and field. dispose() terminates the worker.
 const WORKER_NAME = "tessel-runtime";
 
 function serveInWorker() {
@@ -1944,10 +2353,14 @@ function serveInWorker() {
         const onProgress = data.progress ? (progress) => postMessage({ id, progress }) : undefined;
         model = await load(data.bundle, { ...data.options, onProgress });
         const { manifest, backend, backendReason, variant } = model;
-        postMessage({ id, result: { manifest, backend, backendReason, variant } });
+        const steps = typeof model.executor.step === "function";
+        postMessage({ id, result: { manifest, backend, backendReason, variant, steps } });
       } else if (op === "run") {
         const results = await model.executor.run(data.arrays, data.sizes);
         postMessage({ id, result: results }, [...new Set(results.map((array) => array.buffer))]);
+      } else if (op === "step") {
+        const logits = await model.executor.step(data.request);
+        postMessage({ id, result: logits }, [logits.buffer]);
       } else {
         postMessage({ id, result: await model.reload() });
       }
@@ -2008,6 +2421,8 @@ async function loadInWorker(bundle, options) {
   const executor = {
     variant: info.variant,
     run: (arrays, sizes) => call("run", { arrays, sizes }),
+    // generate's steps: the tokens are chosen on the page, the cache stays in the worker's wasm memory
+    ...(info.steps ? { step: (request) => call("step", { request }) } : {}),
     reload: () => call("reload", {}),
     dispose() {
       worker.terminate();
