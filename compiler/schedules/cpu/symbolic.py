@@ -6,8 +6,9 @@ extent makes a fused loop of a run-time length), and its reduction axes inside, 
 that one stage reads (a MatMul under its epilogue, a softmax's max and sum) is computed inside that stage's parallel
 loop, for the row it needs, so no intermediate is laid out whole.
 
-The tiled templates (dense, attention) pick their tiles from fixed extents; a group with a symbolic extent takes
-this one until they learn ranges: docs/architecture.md, "Symbolic sizes".
+The dispatch's templates schedule a symbolic group first, planning its tiles for the sizes' layout extents
+(schedules/cpu/__init__.py, planning_sizes); this one takes the groups a template cannot plan (one that needs a fixed
+extent for its factoring, say): docs/symbolic.md, "Schedules".
 """
 
 from __future__ import annotations
