@@ -23,7 +23,7 @@ system-deps:
 	fi
 
 run: $(STAMP)
-	$(PY) -m compiler.cli serve --host 127.0.0.1 --port 8000 --prebuild digits,mobilenet_v2
+	$(PY) -m compiler.cli serve --host 127.0.0.1 --port 8000 --prebuild digits,mobilenet_v2,chars
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

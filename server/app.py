@@ -31,12 +31,14 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from compiler import zoo
 from compiler.backends import BACKENDS
+from compiler.data import train_chars
 from compiler.errors import TargetError, TesselError
 from compiler.frontend.onnx import parse_input_shapes as parse_onnx_input_shapes
 from compiler.tune.ray_runner import RayBuilder
 from compiler.tune.records import read_records
 from server.jobs import (
     FINISHED,
+    TEXT_MODEL,
     ImportRefused,
     Job,
     JobQueue,
@@ -44,6 +46,7 @@ from server.jobs import (
     bundle_key,
     default_workers,
     new_job_id,
+    text_model_job,
 )
 from server.ray_jobs import RayRunner
 from server.store import JOB_ID, Store
@@ -557,6 +560,26 @@ async def demo_route(request: Request) -> Response:
     return _page_file(state.static_dir, "demo.html", "demo page (static file)")
 
 
+async def text_model_route(request: Request) -> Response:
+    """The text model for /generate: its compile job (queued on the first request), its wasm bundle once the job is
+    done, and the characters its tokens stand for. A page following a job asks with ?job=<its id>, which is answered
+    with that job's failure rather than a new job; a request without it queues the model again after a failure."""
+    state = request.app.state
+    try:
+        job = text_model_job(state, retry=request.query_params.get("job") != state.text_model)
+    except QueueFull as exception:
+        return error(429, str(exception), headers={"Retry-After": "30"}, max_queue=state.queue.max_queue)
+    about, bundles = train_chars.load_vocabulary(), (job.result or {}).get("bundles", {})
+    body = {"name": TEXT_MODEL, "job": job.id, "state": job.state, "progress": round(job.progress, 4), "step": job.step}
+    body.update(url=f"/api/jobs/{job.id}", bundle=bundles["wasm"]["url"] if "wasm" in bundles else None)
+    body.update(error=job.error, vocabulary=about["vocabulary"], context=about["context"])
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+
+async def generate_page_route(request: Request) -> Response:
+    return _page_file(request.app.state.static_dir, "generate.html", "text generation page (static file)")
+
+
 def demo_fits(manifest: dict | None) -> bool:
     """Whether static/demo.js can drive the bundle: it draws 8x8 float32 pixels and reads 10 class scores."""
 
@@ -603,6 +626,9 @@ async def _prebuild(state, names: tuple[str, ...]) -> None:
     """Queue the zoo models the demo pages use, for wasm and (where registered) webgpu, so the demo's `auto` has both
     to choose from; a cached bundle makes this instant."""
     for name in names:
+        if name == TEXT_MODEL:
+            text_model_job(state)
+            continue
         data = await asyncio.to_thread(lambda name=name: zoo.build_model(name).SerializeToString())
         digest = hashlib.sha256(data).hexdigest()
         model = {"filename": f"{name}.onnx", "bytes": len(data), "sha256": digest}
@@ -613,10 +639,13 @@ async def _prebuild(state, names: tuple[str, ...]) -> None:
 
 
 def check_prebuild(names) -> tuple[str, ...]:
+    """Zoo model names, and TEXT_MODEL (the /generate page's model)."""
     names = tuple(names)
-    unknown = [name for name in names if name not in zoo.MODELS]
+    unknown = [name for name in names if name not in zoo.MODELS and name != TEXT_MODEL]
     if unknown:
-        raise TesselError(f"unknown zoo model {unknown[0]!r} to prebuild; choose from {', '.join(zoo.MODELS)}")
+        raise TesselError(
+            f"unknown zoo model {unknown[0]!r} to prebuild; choose from {', '.join((*zoo.MODELS, TEXT_MODEL))}"
+        )
     return names
 
 
@@ -656,6 +685,7 @@ def create_app(
         Route("/favicon.ico", favicon_route),
         Route("/api/targets", targets_route),
         Route("/api/zoo", zoo_route),
+        Route("/api/text-model", text_model_route),
         Route("/api/compile", compile_model_route, methods=["POST"]),
         Route("/api/jobs/{job_id}", job_route),
         Route("/api/jobs/{job_id}/events", job_events_route),
@@ -670,6 +700,7 @@ def create_app(
         Route("/runtime/{path:path}", runtime_route),
         Route("/static/{path:path}", static_route),
         Route("/demo/{bundle_id}", demo_route),
+        Route("/generate", generate_page_route),
     ]
     app = Starlette(
         routes=routes,
@@ -683,6 +714,7 @@ def create_app(
     app.state.static_dir = Path(static_dir)
     app.state.runtime_dir = Path(runtime_dir)
     app.state.prebuilt = {}
+    app.state.text_model = None  # the id of the job compiling TEXT_MODEL, once one is queued
     app.state.tuning = Sessions(store.uploads, RayBuilder if ray is not None else None)
     return app
 
@@ -718,7 +750,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prebuild",
         default="",
-        help="comma-separated zoo models to compile for wasm at start-up, e.g. digits,mobilenet_v2",
+        help="comma-separated zoo models to compile for wasm at start-up, e.g. digits,mobilenet_v2 "
+        "(and chars: the text generation demo's model, else compiled when /generate first asks)",
     )
     parser.add_argument("--max-upload-mb", type=float, default=256, help="largest accepted upload in MiB (default 256)")
     parser.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.build import EVERY_WASM_VARIANT, compile_model
+from compiler.data import train_chars
 from compiler.errors import ModelError, TargetError, TesselError, UnsupportedOpError
 from compiler.frontend.onnx import load_onnx
 from compiler.schedules.space import TuningWarning
@@ -54,10 +55,15 @@ def error_body(error: TesselError) -> dict:
 
 
 def bundle_key(
-    model_sha256: str, target: str, input_shapes: dict[str, list[int]], records_sha256: str | None = None
+    model_sha256: str,
+    target: str,
+    input_shapes: dict[str, list[int]],
+    records_sha256: str | None = None,
+    dims: dict | None = None,
 ) -> str:
     """The content address of a bundle: what decides its bytes (the model, the target, the options, the tuning log
-    uploaded with it, the compiler's version), so an identical upload finds the bundle already stored."""
+    uploaded with it, the symbolic sizes it is compiled for, the compiler's version), so an identical upload finds the
+    bundle already stored."""
     identity = {
         "model": model_sha256,
         "target": target,
@@ -68,7 +74,24 @@ def bundle_key(
         identity["options"] = TARGET_OPTIONS[target]
     if records_sha256 is not None:
         identity["tuning_records"] = records_sha256
+    if dims:
+        identity["dims"] = plain_dims(dims)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def plain_dims(dims: dict | None) -> dict | None:
+    """compile_model's `dims` ({name: (low, high) or an expression such as "past+seq"}) as JSON keeps them: ranges as
+    lists, names sorted; None for none."""
+    if not dims:
+        return None
+    return {name: value if isinstance(value, str) else list(value) for name, value in sorted(dims.items())}
+
+
+def compile_dims(dims: dict | None) -> dict | None:
+    """A job record's dims as compile_model takes them: ranges as (low, high) tuples."""
+    if not dims:
+        return None
+    return {name: value if isinstance(value, str) else tuple(value) for name, value in dims.items()}
 
 
 def job_key(builds: dict[str, str]) -> str:
@@ -86,6 +109,7 @@ class Job:
     input_shapes: dict[str, list[int]]
     model: dict
     records: dict | None = None  # the uploaded tuning log's bytes and sha256, when there is one
+    dims: dict | None = None  # symbolic sizes to compile with (a model the server itself queues, such as /generate's)
     state: str = QUEUED
     progress: float = 0.0
     step: str = ""
@@ -110,6 +134,7 @@ class Job:
             "input_shapes": self.input_shapes,
             "model": self.model,
             "records": self.records,
+            "dims": self.dims,
             "progress": self.progress,
             "step": self.step,
             "log": self.log,
@@ -123,7 +148,7 @@ class Job:
     @classmethod
     def from_record(cls, record: dict) -> Job:
         names = ("id", "builds", "input_shapes", "model", "state", "progress", "step", "log", "error", "result")
-        optional = ("records", "created", "started", "finished")
+        optional = ("records", "dims", "created", "started", "finished")
         return cls(**{name: record[name] for name in names}, **{name: record.get(name) for name in optional})
 
 
@@ -142,6 +167,7 @@ class CompileTask:
     input_shapes: dict[str, list[int]]
     max_extracted_bytes: int
     records_path: str | None = None
+    dims: dict | None = None
 
 
 def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
@@ -159,10 +185,12 @@ def bundle_summary(store: Store, bundle_id: str, reused: bool) -> dict:
     }
 
 
-def compile_build(model, target: str, input_shapes, records_path, progress, log, folder: Path) -> dict:
+def compile_build(model, target: str, input_shapes, records_path, progress, log, folder: Path, dims=None) -> dict:
     """Compile `model` for `target` and export the bundle into `folder`, its warnings to `log`: the build info
-    (target, compile seconds, when). What a local worker and a Ray task (server/ray_jobs.py) both run."""
+    (target, compile seconds, when). What a local worker and a Ray task (server/ray_jobs.py) both run. `dims`: symbolic
+    sizes, as a job record holds them (compile_model's dims, ranges as lists)."""
     started = time.perf_counter()
+    sizes = {"dims": compile_dims(dims)} if dims else {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TuningWarning)
         module = compile_model(
@@ -171,6 +199,7 @@ def compile_build(model, target: str, input_shapes, records_path, progress, log,
             input_shapes=input_shapes,
             tuning_records=records_path,
             progress=progress,
+            **sizes,
             **TARGET_OPTIONS.get(target, {}),
         )
     for warning in caught:
@@ -203,6 +232,7 @@ def _compile(task: CompileTask, send) -> dict:
                 progress,
                 lambda line: send(("log", line)),
                 staging / "bundle",
+                task.dims,
             )
             (staging / "bundle" / "build.json").write_text(json.dumps(info) + "\n")
             store.install_bundle(staging / "bundle", bundle_id)
@@ -554,6 +584,7 @@ class JobQueue:
             job.input_shapes,
             self.import_memory_bytes,
             str(self.store.records_path(job.id)) if job.records else None,
+            job.dims,
         )
         started = time.perf_counter()
         worker: Worker | None = None
@@ -623,3 +654,29 @@ def new_job_id() -> str:
 
 def default_workers() -> int:
     return os.cpu_count() or 1
+
+
+# The text generation demo's model (compiler/data/train_chars.py), which /generate runs: compiled for wasm with its
+# symbolic sizes through the job queue, when its page first asks for it or at start-up with --prebuild chars.
+TEXT_MODEL = "chars"
+
+
+def text_model_job(state, retry: bool = True) -> Job:
+    """The job compiling the text model for wasm: the one queued or done already, else a new one (after a failed one
+    too, if `retry`). A bundle stored from an earlier run finishes it at once. QueueFull when the queue has no room."""
+    job = state.queue.jobs.get(state.text_model) if state.text_model else None
+    if job is not None and (job.state != "failed" or not retry):
+        return job
+    data = train_chars.MODEL_PATH.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    dims = plain_dims(train_chars.dims())
+    model = {"filename": train_chars.MODEL_PATH.name, "bytes": len(data), "sha256": digest}
+    job = Job(new_job_id(), {"wasm": bundle_key(digest, "wasm", {}, dims=dims)}, {}, model, dims=dims)
+    state.store.upload_path(job.id).write_bytes(data)
+    try:
+        job = state.queue.submit(job)
+    except QueueFull:
+        state.store.upload_path(job.id).unlink(missing_ok=True)
+        raise
+    state.text_model = job.id
+    return job

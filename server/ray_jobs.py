@@ -64,7 +64,9 @@ def connect(address: str, **options) -> None:
 # ---- the task, on a Ray worker -------------------------------------------------------------------------
 
 
-def compile_task(model: bytes, builds, input_shapes: dict, max_extracted_bytes: int, records: bytes | None):
+def compile_task(
+    model: bytes, builds, input_shapes: dict, max_extracted_bytes: int, records: bytes | None, dims: dict | None = None
+):
     """A Ray generator task: compile `builds` ((target, bundle id) pairs) of the upload `model`, yielding
     ("log", line), ("progress", fraction, step), ("bundle", target, bundle id, {file name: bytes}, build info) for each
     bundle, or ("failed", error body) and nothing after it."""
@@ -85,7 +87,7 @@ def compile_task(model: bytes, builds, input_shapes: dict, max_extracted_bytes: 
                     where = Path(folder) / bundle_id
                     count = len(builds)
                     yield from _compile_one(
-                        opened, target, bundle_id, position, count, input_shapes, records_path, where
+                        opened, target, bundle_id, position, count, input_shapes, records_path, where, dims
                     )
         except TesselError as error:
             yield ("failed", error_body(error))
@@ -95,7 +97,7 @@ def compile_task(model: bytes, builds, input_shapes: dict, max_extracted_bytes: 
             yield ("failed", {"message": message, "status": 500})
 
 
-def _compile_one(model, target, bundle_id, position, count, input_shapes, records_path, folder: Path):
+def _compile_one(model, target, bundle_id, position, count, input_shapes, records_path, folder: Path, dims=None):
     """Compile one bundle in a thread, yielding its progress as it comes, then its files."""
     messages: queue.Queue = queue.Queue()
     shapes = {name: tuple(shape) for name, shape in input_shapes.items()} or None
@@ -109,7 +111,7 @@ def _compile_one(model, target, bundle_id, position, count, input_shapes, record
     def compile_() -> None:
         try:
             records = str(records_path) if records_path else None
-            messages.put(("exported", compile_build(model, target, shapes, records, progress, log, folder)))
+            messages.put(("exported", compile_build(model, target, shapes, records, progress, log, folder, dims)))
         except BaseException as error:  # noqa: BLE001 - handed to the generator, which raises it
             messages.put(("raised", error))
 
@@ -179,7 +181,7 @@ class RayWorker:
         model = ray.put(Path(task.model_path).read_bytes())
         records = Path(task.records_path).read_bytes() if task.records_path else None
         self.generator = self.runner.remote.remote(
-            model, tuple(missing), task.input_shapes, task.max_extracted_bytes, records
+            model, tuple(missing), task.input_shapes, task.max_extracted_bytes, records, task.dims
         )
 
     async def _next(self):

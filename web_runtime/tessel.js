@@ -2107,9 +2107,10 @@ function chooseToken(logits, temperature, topK, topP, random) {
   return last; // a sum rounded below the draw
 }
 
-/** Resolves in a later task, so that a page draws and handles its events between two steps of generate. */
+/** Resolves in a later task, so that a page draws and handles its events between two steps of generate: a
+ * MessageChannel message in a page (scheduler.yield()'s continuation ran ahead of clicks and frames in Chromium, so a
+ * Stop button waited for the whole generation), setImmediate in Node. */
 function nextTask() {
-  if (typeof globalThis.scheduler?.yield === "function") return globalThis.scheduler.yield();
   if (typeof setImmediate === "function") return new Promise((resolve) => setImmediate(resolve));
   if (typeof MessageChannel === "function") {
     const { port1, port2 } = new MessageChannel();

@@ -76,7 +76,9 @@ def test_node_generate_matches_python(tmp_path):
         "logits": _write_array(tmp_path / "logits.bin", np.stack(recording.rows)),
         "sampledPrompt": SAMPLED_PROMPT,
         "tokens": TOKENS,
-        "noCache": str(compile_model(_no_cache_model(), target="wasm", dims={"seq": (1, 8)}).export(tmp_path / "no_cache")),
+        "noCache": str(
+            compile_model(_no_cache_model(), target="wasm", dims={"seq": (1, 8)}).export(tmp_path / "no_cache")
+        ),
         "static": str(compile_model(_relu_model(), target="wasm").export(tmp_path / "relu")),
     }
     run_node_tests(NODE_TEST, "TESSEL_GENERATE_CASES", cases, tmp_path, timeout=120)
