@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
+from onnx import TensorProto, helper
 
 from compiler import compile_model, zoo
 
@@ -60,3 +61,14 @@ def write_case(name: str, root: Path, wasm_variants: tuple[str, ...] = ()) -> di
             for output, result in zip(session.get_outputs(), results)
         },
     }
+
+
+def relu_model():
+    """A static one-op model (Relu over float32 [2, 3]): a bundle with no sizes and no cache."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

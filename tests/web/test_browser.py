@@ -62,11 +62,16 @@ def store_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(store_root):
     """The real app on 127.0.0.1, with the digits demo prebuilt, stopped when the module's tests end."""
-    import uvicorn
-
     from server.app import create_app
 
     app = create_app(store_root, max_workers=2, prebuild=("digits",))
+    yield from serve_app(app)
+
+
+def serve_app(app):
+    """Run `app` under uvicorn on a free port of 127.0.0.1, in a thread: yields its URL, stops it afterwards."""
+    import uvicorn
+
     port = _free_port()
     instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=instance.run, daemon=True)

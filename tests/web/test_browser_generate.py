@@ -6,7 +6,6 @@ Module.generate picks for the same prompt. Screenshots go to each test's pytest 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 
@@ -14,7 +13,7 @@ import pytest
 
 from compiler import compile_model
 from compiler.data import train_chars
-from tests.web.test_browser import _free_port, launch_chromium
+from tests.web.test_browser import launch_chromium, serve_app
 
 PROMPT = "The compiler "
 COMPILE_TIMEOUT_MS = 240_000
@@ -39,23 +38,10 @@ STOP_AFTER_FIVE = """() => new Promise((resolve) => {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The real app on 127.0.0.1 with nothing prebuilt: the page's first visit queues the text model."""
-    import uvicorn
-
     from server.app import create_app
 
     app = create_app(tmp_path_factory.mktemp("store"), max_workers=1)
-    port = _free_port()
-    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not instance.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("the Tessel app did not start under uvicorn within 30 s")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    instance.should_exit = True
-    thread.join(30)
+    yield from serve_app(app)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from node_helpers import _write_array, run_node_tests
+from node_helpers import _write_array, relu_model, run_node_tests
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model, real_zoo
@@ -49,16 +49,6 @@ def _no_cache_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _relu_model():
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_node_generate_matches_python(tmp_path):
     path = real_zoo.export_with_cache("gpt2", "small", tmp_path / "export", TOKENS)
     module = compile_model(str(path), target="wasm", dims=real_zoo.decoder_dims(TOKENS), wasm_variants=("threads",))
@@ -79,6 +69,6 @@ def test_node_generate_matches_python(tmp_path):
         "noCache": str(
             compile_model(_no_cache_model(), target="wasm", dims={"seq": (1, 8)}).export(tmp_path / "no_cache")
         ),
-        "static": str(compile_model(_relu_model(), target="wasm").export(tmp_path / "relu")),
+        "static": str(compile_model(relu_model(), target="wasm").export(tmp_path / "relu")),
     }
     run_node_tests(NODE_TEST, "TESSEL_GENERATE_CASES", cases, tmp_path, timeout=120)

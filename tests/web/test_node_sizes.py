@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime
-from node_helpers import _write_array, run_node_tests
+from node_helpers import _write_array, relu_model, run_node_tests
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import compile_model
@@ -56,16 +56,6 @@ def _model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _static_model():
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])],
-        "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_node_runtime_runs_symbolic_sizes(tmp_path):
     model = _model()
     module = compile_model(model, target="wasm", dims=DIMS, wasm_variants=("threads",))
@@ -96,6 +86,6 @@ def test_node_runtime_runs_symbolic_sizes(tmp_path):
                 "python": {name: _write_array(Path(f"{stem}.py.{name}.bin"), array) for name, array in python.items()},
             }
         )
-    static = compile_model(_static_model(), target="wasm").export(tmp_path / "static")
+    static = compile_model(relu_model(), target="wasm").export(tmp_path / "static")
     cases = {"bundle": str(bundle), "static": str(static), "runs": runs, "scratch": str(tmp_path / "scratch")}
     run_node_tests(NODE_TEST, "TESSEL_SIZES_CASES", cases, tmp_path, timeout=120)
