@@ -411,10 +411,12 @@ def _check_indexable(graph: Graph) -> None:
         if "body" in node.attrs:
             values += node.attrs["body"].values()
     for value in values:
-        if value.type.size > INDEX_LIMIT:
+        elements = math.prod(value.type.max_shape)  # a symbolic tensor's as it is laid out, at its largest
+        if elements > INDEX_LIMIT:
             raise ShapeError(
-                f"tensor {value.name!r} ({value.type}) has {value.type.size:,} elements; Tessel's kernels index "
-                f"with 32-bit integers, so a tensor holds at most {INDEX_LIMIT:,}: compile with smaller input shapes"
+                f"tensor {value.name!r} ({value.type}) has {elements:,} elements; Tessel's kernels index "
+                f"with 32-bit integers, so a tensor holds at most {INDEX_LIMIT:,}: compile with smaller input shapes "
+                "(or narrower --dim ranges)"
             )
 
 

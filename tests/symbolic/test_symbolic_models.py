@@ -287,3 +287,8 @@ def test_dims_parse_ranges_and_expressions():
     # an expression naming a size no range gives is refused at import, by name
     with pytest.raises(ShapeError, match="names 'past'"):
         load_onnx(MODEL, dims={"seq": "past+1"})
+
+
+def test_a_range_past_32_bit_indexing_is_refused_before_lowering():
+    with pytest.raises(ShapeError, match=r"'causal' \(bool\[seq,seq\]\) has 10,000,000,000 elements.*narrower --dim"):
+        compile_model(MODEL, target="llvm", dims={"seq": (1, 100_000)})
