@@ -85,6 +85,13 @@ def _upper(value) -> int:
     return size_capacity(high)
 
 
+def _loop_extent(value):
+    """A loop's extent as lowering keeps it: an int, or an expression of size vars (a Sym converted)."""
+    if isinstance(value, Const):
+        return value.value
+    return value if isinstance(value, int) else _extent(value)
+
+
 def _ceil_div(extent, divisor):
     if isinstance(extent, int) and isinstance(divisor, int):
         return -(-extent // divisor)
@@ -156,7 +163,8 @@ class _Lowering:
         return self.schedule[tensor]
 
     def _static_shape(self, op) -> tuple[int, ...]:
-        """The shape a tensor's buffer is laid out for: a symbolic dimension at its largest (the size vars' ranges)."""
+        """The shape a tensor's buffer is laid out for: a symbolic dimension at its largest over the size vars' ranges,
+        rounded up (_upper)."""
         shape = []
         for extent in op.shape:
             if isinstance(extent, Const):
@@ -176,10 +184,7 @@ class _Lowering:
     @staticmethod
     def _extents(op) -> list:
         """The tensor's dimensions as loops run them: ints, or expressions of size vars."""
-        return [
-            extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
-            for extent in op.shape
-        ]
+        return [_loop_extent(extent) for extent in op.shape]
 
     def body(self, stage: Stage) -> Expr:
         """The stage's compute body with every inlined producer substituted."""
@@ -225,9 +230,7 @@ class _Lowering:
             low, extent = iv.dom
             if not isinstance(low, int):
                 raise TEError(f"lower {self.name}: reduce axis {iv.name} of stage {stage.name} has a symbolic start")
-            iter_extents[iv] = (
-                extent.value if isinstance(extent, Const) else extent if isinstance(extent, int) else _extent(extent)
-            )
+            iter_extents[iv] = _loop_extent(extent)
         geometry = _Geometry(mins, extents, iter_extents, {})
         divides: dict[IterVar, bool] = {}
         for relation in stage.relations:
