@@ -13,7 +13,7 @@ from compiler import te
 from compiler.errors import UnsupportedOpError
 from compiler.graph.ir import Node
 from compiler.graph.registry import Pattern, get_op
-from compiler.graph.sym import Sym, planning, set_expr_converter, symbols_of
+from compiler.graph.sym import Sym, planning, set_expr_converter
 from compiler.te.tensor import ComputeOp
 
 
@@ -56,20 +56,6 @@ set_expr_converter(size_expr)
 
 # for the schedules (which see TE, not the graph): symbolic extents answered at their largest while a template chooses
 planning_sizes = planning
-
-
-def group_sizes(node: Node) -> list[str]:
-    """The names of the symbolic sizes a fused node uses, sorted."""
-    names: set[str] = set()
-    for value in [*node.inputs, *node.outputs, *node.attrs["body"].values()]:
-        if value is not None:
-            names.update(symbols_of(value.type.shape))
-    for member in node.attrs["body"].nodes:
-        for attr in member.attrs.values():
-            for item in attr if isinstance(attr, tuple | list) else (attr,):
-                if isinstance(item, Sym):
-                    names.update(item.ranges)
-    return sorted(names)
 
 
 def group_to_te(node: Node) -> GroupTE:
