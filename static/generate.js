@@ -34,8 +34,8 @@ function setState(state, status) {
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // A task of its own after the ones already queued: onToken waits for it, so that clicks (Stop) and drawing run
-// between two characters. (Chromium runs the continuation of tessel.js's scheduler.yield() between steps ahead of
-// input events and timers, so a click waited until the whole generate was done.)
+// between two characters whatever the runtime's yield between steps does (a scheduler.yield() continuation ran ahead
+// of input events and timers in Chromium, so a click waited until the whole generate was done).
 const channel = new MessageChannel();
 const waiting = [];
 channel.port1.onmessage = () => waiting.shift()();
