@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import re
 from collections.abc import Callable, Mapping
@@ -42,6 +43,24 @@ SIZE_LIMIT = (1 << 31) - 1
 Monomial = tuple[str, ...]  # the names multiplied, sorted, with repeats; () is the constant term
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+
+
+def _planned_as(operation: Callable[[int, int], int]):
+    """An operator that, while a template plans (planning()), is `operation` on the ints of the operands' layout
+    extents (a Sym's capacity), and the polynomial operation otherwise."""
+
+    def decorate(method):
+        @functools.wraps(method)
+        def operator(self, other):
+            if not _PLANNING.get():
+                return method(self, other)
+            if Sym._of(other) is None:
+                return NotImplemented
+            return operation(self.capacity, other.capacity if isinstance(other, Sym) else int(other))
+
+        return operator
+
+    return decorate
 
 
 class Sym:
@@ -82,15 +101,8 @@ class Sym:
             return None
         return Sym({(): int(value)}, {})
 
-    def _planned(self, other, operation):
-        """While a template plans (planning()), a Sym is the int of its layout extent, in every operation."""
-        if Sym._of(other) is None:
-            return NotImplemented
-        return operation(self.capacity, other.capacity if isinstance(other, Sym) else int(other))
-
+    @_planned_as(int.__add__)
     def __add__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, int.__add__)
         other = Sym._of(other)
         if other is None:
             return NotImplemented
@@ -106,21 +118,18 @@ class Sym:
             return -self.capacity
         return Sym._make({monomial: -coef for monomial, coef in self.terms.items()}, self.ranges)
 
+    @_planned_as(int.__sub__)
     def __sub__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, int.__sub__)
         other = Sym._of(other)
         return NotImplemented if other is None else self + (-other)
 
+    @_planned_as(lambda a, b: b - a)
     def __rsub__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, lambda a, b: b - a)
         other = Sym._of(other)
         return NotImplemented if other is None else other + (-self)
 
+    @_planned_as(int.__mul__)
     def __mul__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, int.__mul__)
         other = Sym._of(other)
         if other is None:
             return NotImplemented
@@ -147,8 +156,6 @@ class Sym:
                 return factor // coef
             return None
         ((divisor, coef),) = other.terms.items()
-        if coef == 0:
-            raise ZeroDivisionError("a size divided by zero")
         terms = {}
         for monomial, value in self.terms.items():
             rest = list(monomial)
@@ -161,9 +168,8 @@ class Sym:
             terms[tuple(rest)] = value // coef
         return Sym._make(terms, self.ranges)
 
+    @_planned_as(int.__floordiv__)
     def __floordiv__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, int.__floordiv__)
         if Sym._of(other) is None:
             return NotImplemented
         quotient = self._divided(other)
@@ -174,26 +180,23 @@ class Sym:
             )
         return quotient
 
+    @_planned_as(lambda a, b: b // a)
     def __rfloordiv__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, lambda a, b: b // a)
         other = Sym._of(other)
         if other is None:
             return NotImplemented
         return other // self
 
+    @_planned_as(int.__mod__)
     def __mod__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, int.__mod__)
         if Sym._of(other) is None:
             return NotImplemented
         if self._divided(other) is None:
             raise SymbolicSizeError(f"{self} % {other} depends on the size's value; give it a multiple or a fixed size")
         return 0
 
+    @_planned_as(lambda a, b: b % a)
     def __rmod__(self, other):
-        if _PLANNING.get():
-            return self._planned(other, lambda a, b: b % a)
         other = Sym._of(other)
         return NotImplemented if other is None else other % self
 
