@@ -83,30 +83,33 @@ def _reshaped(x: te.Tensor, shape, name: str) -> te.Tensor:
         return te.compute(shape, grouped, name=name, tag=tags.INJECTIVE)
 
     def body(*index):
-        flat = _int(0)
-        for position, stride in zip(index, _strides(shape), strict=True):
-            flat = flat + position * stride if stride != 1 else flat + position
-        source = []
-        for dim, stride in zip(x.shape, _strides(x.shape), strict=True):
-            part = flat // stride if stride != 1 else flat
-            source.append(part % dim if dim != 1 else _int(0))
-        return x[tuple(source)]
+        return x[tuple(_unravelled(_flat_index(index, shape), x.shape))]
 
     return te.compute(shape, body, name=name, tag=tags.INJECTIVE)
+
+
+def _flat_index(index, shape):
+    """The row-major offset of `index` in `shape`."""
+    flat = _int(0)
+    for position, stride in zip(index, _strides(shape), strict=True):
+        flat = flat + position * stride if stride != 1 else flat + position
+    return flat
+
+
+def _unravelled(flat, shape) -> list:
+    """The index in `shape` of the row-major offset `flat`."""
+    source = []
+    for dim, stride in zip(shape, _strides(shape), strict=True):
+        part = flat // stride if stride != 1 else flat
+        source.append(part % dim if dim != 1 else _int(0))
+    return source
 
 
 def _reshaped_index(index, shape, source_shape) -> list:
     """The indices into `source_shape` of the element at `index` of `shape`, two shapes of one size (a group)."""
     if tuple(shape) == tuple(source_shape):
         return list(index)
-    flat = _int(0)
-    for position, stride in zip(index, _strides(shape), strict=True):
-        flat = flat + position * stride if stride != 1 else flat + position
-    source = []
-    for dim, stride in zip(source_shape, _strides(source_shape), strict=True):
-        part = flat // stride if stride != 1 else flat
-        source.append(part % dim if dim != 1 else _int(0))
-    return source
+    return _unravelled(_flat_index(index, shape), source_shape)
 
 
 def _reshape_like(name: str):
@@ -565,9 +568,7 @@ def _size_values(inputs, attrs, output_types):
     shape = tuple(attrs["shape"])
 
     def body(*index):
-        flat = _int(0)
-        for position, stride in zip(index, _strides(shape), strict=True):
-            flat = flat + position * stride
+        flat = _flat_index(index, shape)
         result = te.const(values[-1], "int64") if isinstance(values[-1], int) else values[-1]
         for k in range(len(values) - 2, -1, -1):
             value = te.const(values[k], "int64") if isinstance(values[k], int) else values[k]
