@@ -25,7 +25,6 @@ from compiler.bundle import (
     WASM_FEATURES,
     BundleError,
     SymbolicSizes,
-    at_largest,
     binding_digest,
     check_manifest,
     check_seal,
@@ -657,9 +656,8 @@ class Module:
             )
         if not self.sizes:
             return self._named_outputs(arrays, self.runtime.run(arrays))
-        values = self.sizes.bind([spec.name for spec in self.inputs], arrays)
-        laid_out = [at_largest(array, spec.shape) for array, spec in zip(arrays, self.inputs)]
-        results = self.runtime.run(laid_out, self.sizes.argument(values))
+        values, laid_out, sizes = self.sizes.lay_out(self.inputs, arrays)
+        results = self.runtime.run(laid_out, sizes)
         return self._named_outputs(arrays, self.sizes.cut_outputs(results, values))
 
     def _named_outputs(self, arrays: list[np.ndarray], results: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -725,9 +723,8 @@ class Module:
             raise BundleError("this bundle's manifest has no kernel call arguments; export it again to profile it")
         values = None
         if self.sizes:
-            values = self.sizes.bind([spec.name for spec in self.inputs], arrays)
-            laid_out = [at_largest(array, spec.shape) for array, spec in zip(arrays, self.inputs)]
-            replayer = self.runtime.replay(laid_out, self.sizes.argument(values))
+            values, laid_out, sizes = self.sizes.lay_out(self.inputs, arrays)
+            replayer = self.runtime.replay(laid_out, sizes)
         else:
             replayer = self.runtime.replay(arrays)
         times = []

@@ -635,6 +635,13 @@ class SymbolicSizes:
                 )
         return values
 
+    def lay_out(self, specs, arrays: list) -> tuple[dict[str, int], list[np.ndarray], np.ndarray]:
+        """A run's sizes (bind), its inputs each at its layout shape (`specs`: the inputs' names and layout shapes) and
+        the run entry's sizes argument."""
+        values = self.bind([spec.name for spec in specs], arrays)
+        laid_out = [at_largest(array, spec.shape) for array, spec in zip(arrays, specs)]
+        return values, laid_out, self.argument(values)
+
     def argument(self, values: dict[str, int]) -> np.ndarray:
         """The run entry's sizes argument: int32, one per size in manifest order."""
         return np.array([values[name] for name in self.ranges], np.int32)

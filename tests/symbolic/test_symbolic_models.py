@@ -292,3 +292,12 @@ def test_dims_parse_ranges_and_expressions():
 def test_a_range_past_32_bit_indexing_is_refused_before_lowering():
     with pytest.raises(ShapeError, match=r"'causal' \(bool\[seq,seq\]\) has 10,000,000,000 elements.*narrower --dim"):
         compile_model(MODEL, target="llvm", dims={"seq": (1, 100_000)})
+
+
+def test_replay_and_profile_take_a_runs_sizes(reference):
+    module = compile_model(MODEL, target="llvm", dims=DIMS)
+    feeds = _feeds(9)
+    outputs, times = module.replay(feeds)
+    np.testing.assert_allclose(outputs["attended"], reference(feeds)["attended"], rtol=1e-4, atol=1e-5)
+    assert outputs["tail"].shape == (1, 10, 16) and len(times) == len(module.manifest["calls"])
+    assert all(entry["median_ms"] >= 0 for entry in module.profile(repeat=1, feeds=feeds))
