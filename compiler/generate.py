@@ -171,8 +171,9 @@ def stepper_for(module):
 class InPlaceStepper:
     """A symbolic model's decode steps on buffers laid out once, through a runtime whose `run(inputs, sizes, outputs)`
     writes into given output arrays (the native one): a step writes only the new token ids, the mask and the positions,
-    and after it each present output's rows are copied into its past input's buffer, in the runtime's own memory; only
-    the last position's logits are read. `sizes` is the bundle's SymbolicSizes; the specs are at their layout shapes."""
+    and before the next one each present output's new rows (the cache's contract: present = past, then the step's
+    rows) are copied into its past input's buffer, in the runtime's own memory; only the last position's logits are
+    read. `sizes` is the bundle's SymbolicSizes; the specs are at their layout shapes."""
 
     def __init__(self, runtime, input_specs, output_specs, sizes):
         self.layout = cache_layout([spec.name for spec in input_specs], [spec.name for spec in output_specs])
@@ -181,9 +182,15 @@ class InPlaceStepper:
         self.buffers = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in input_specs}
         self.outputs = [np.zeros(spec.shape, spec.dtype) for spec in output_specs]
         self.position = {spec.name: index for index, spec in enumerate(output_specs)}
+        self.cached = 0  # the rows every past buffer holds; the last step's present rows past them are still to copy
 
     def step(self, ids: np.ndarray, length: int) -> np.ndarray:
         seq, total = ids.size, length + ids.size
+        for past, present in self.layout.pairs:
+            buffer = self.buffers[past]
+            rows = min(length, buffer.shape[2])  # past its range, bind below refuses the size by name
+            buffer[:, :, self.cached : rows] = self.outputs[self.position[present]][:, :, self.cached : rows]
+        self.cached = length
         shapes = {"input_ids": (1, seq), "attention_mask": (1, total), "position_ids": (1, seq)}
         for past, _ in self.layout.pairs:
             buffer = self.buffers[past]
@@ -195,10 +202,6 @@ class InPlaceStepper:
         if self.layout.has_positions:
             self.buffers["position_ids"][0, :seq] = np.arange(length, total)
         self.runtime.run(list(self.buffers.values()), self.sizes.argument(values), self.outputs)
-        for past, present in self.layout.pairs:
-            buffer = self.buffers[past]
-            rows = min(total, buffer.shape[2])  # past its range, the next step refuses the size by name
-            buffer[:, :, :rows] = self.outputs[self.position[present]][:, :, :rows]
         return self.outputs[self.position[self.layout.logits]][0, seq - 1].copy()
 
 
