@@ -49,7 +49,7 @@ from compiler.tir.lower import SIZES_ARGUMENT, lower
 from compiler.tir.nodes import Buffer, KernelCall, PrimFunc, Seq
 from compiler.tir.printer import format_func
 from compiler.tune.records import load_records
-from compiler.tune.task import canonical, schedule_node, workload
+from compiler.tune.task import canonical, lower_node, workload
 from compiler.version import COMPILER_VERSION
 
 
@@ -299,8 +299,7 @@ def compile_model(
         if key not in kernels:
             progress(f"lowering {node.name}", 0.1 + 0.5 * step / max(1, len(fused.nodes)))
             name = f"kernel_{len(kernels)}"
-            group, schedule, cfg = schedule_node(node, target, records)
-            kernels[key] = lower(schedule, [*group.inputs, *group.outputs], name, list(sizes))
+            kernels[key], cfg = lower_node(node, target, records, name, list(sizes))
             ops = [member.op for member in node.attrs["body"].nodes]
             kernel_entries[key] = {"name": name, "ops": ops, "groups": [], "config": cfg.values or None}
         kernel_of.append(kernels[key].name)

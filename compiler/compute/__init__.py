@@ -3,7 +3,7 @@ named as in compiler/graph/ops/), the tags they give their stages (tags.py), and
 tensor expressions that the schedules (compiler/schedules/) take."""
 
 from compiler.compute import conv, dense, elementwise, norm, pool, quantize, reduce, resize, transform
-from compiler.compute.group import GroupTE, group_to_te, planning_sizes
+from compiler.compute.group import PLAN_LARGEST, PLAN_SMALLEST, GroupTE, group_to_te, planning_sizes
 
 __all__ = [
     "GroupTE",
@@ -11,6 +11,8 @@ __all__ = [
     "dense",
     "elementwise",
     "group_to_te",
+    "PLAN_LARGEST",
+    "PLAN_SMALLEST",
     "planning_sizes",
     "norm",
     "pool",

@@ -13,7 +13,7 @@ from compiler import te
 from compiler.errors import UnsupportedOpError
 from compiler.graph.ir import Node
 from compiler.graph.registry import Pattern, get_op
-from compiler.graph.sym import Sym, planning, set_expr_converter
+from compiler.graph.sym import LARGEST, SMALLEST, Sym, planning, set_expr_converter
 from compiler.te.tensor import ComputeOp
 
 
@@ -54,8 +54,10 @@ def size_expr(sym: Sym) -> te.Expr:
 
 set_expr_converter(size_expr)
 
-# for the schedules (which see TE, not the graph): symbolic extents answered at their largest while a template chooses
+# for the schedules (which see TE, not the graph): symbolic extents answered as ints while a template chooses, at
+# their largest (LARGEST) or smallest (SMALLEST) values
 planning_sizes = planning
+PLAN_LARGEST, PLAN_SMALLEST = LARGEST, SMALLEST
 
 
 def group_to_te(node: Node) -> GroupTE:

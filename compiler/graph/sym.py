@@ -47,7 +47,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 
 def _planned_as(operation: Callable[[int, int], int]):
     """An operator that, while a template plans (planning()), is `operation` on the ints of the operands' layout
-    extents (a Sym's capacity), and the polynomial operation otherwise."""
+    planned ints (Sym.planned), and the polynomial operation otherwise."""
 
     def decorate(method):
         @functools.wraps(method)
@@ -56,7 +56,7 @@ def _planned_as(operation: Callable[[int, int], int]):
                 return method(self, other)
             if Sym._of(other) is None:
                 return NotImplemented
-            return operation(self.capacity, other.capacity if isinstance(other, Sym) else int(other))
+            return operation(self.planned, other.planned if isinstance(other, Sym) else int(other))
 
         return operator
 
@@ -115,7 +115,7 @@ class Sym:
 
     def __neg__(self):
         if _PLANNING.get():
-            return -self.capacity
+            return -self.planned
         return Sym._make({monomial: -coef for monomial, coef in self.terms.items()}, self.ranges)
 
     @_planned_as(int.__sub__)
@@ -227,8 +227,8 @@ class Sym:
 
     def _decide(self, other, op: str) -> bool:
         if _PLANNING.get():
-            value = self.capacity
-            other = other.capacity if isinstance(other, Sym) else int(other)
+            value = self.planned
+            other = other.planned if isinstance(other, Sym) else int(other)
             return {"lt": value < other, "le": value <= other, "gt": value > other, "ge": value >= other}[op]
         difference = self - other
         if not isinstance(difference, Sym):
@@ -272,7 +272,7 @@ class Sym:
 
     def __int__(self):
         if _PLANNING.get():
-            return self.capacity
+            return self.planned
         raise SymbolicSizeError(
             f"a fixed number is needed where the model has the symbolic size {self} ({self.describe_ranges()}); "
             "compile with a fixed size for it (--input-shape) instead of a range"
@@ -282,7 +282,7 @@ class Sym:
 
     def __bool__(self):
         if _PLANNING.get():
-            return self.capacity != 0
+            return self.planned != 0
         low, high = self.bounds()
         if low > 0 or high < 0:
             return True
@@ -309,6 +309,14 @@ class Sym:
         return size_capacity(self.upper)
 
     @property
+    def planned(self) -> int:
+        """The int a template plans this size as (planning()): its capacity, or for a plan of the smallest sizes, its
+        value with every name at the least of its range (at least 1: a template plans no empty loop)."""
+        if _PLANNING.get() == SMALLEST:
+            return max(1, self.evaluate({name: low for name, (low, _) in self.ranges.items()}))
+        return self.capacity
+
+    @property
     def names(self) -> list[str]:
         return sorted(self.ranges)
 
@@ -333,15 +341,18 @@ class Sym:
 
 
 _TO_EXPR: Callable | None = None
-_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar("sym_planning", default=False)
+LARGEST, SMALLEST = "largest", "smallest"
+_PLANNING: contextvars.ContextVar[str | None] = contextvars.ContextVar("sym_planning", default=None)
 
 
 @contextlib.contextmanager
-def planning():
-    """Within the block, a Sym is the int of its layout extent (its largest value, rounded up: `capacity`) in every
-    arithmetic operation, order, int() and truth test: for schedule templates choosing tiles. That is safe there because they only choose: the loops run to the
-    run's sizes (as expressions of size vars), and lowering guards every split of a symbolic extent."""
-    token = _PLANNING.set(True)
+def planning(sizes: str = LARGEST):
+    """Within the block, a Sym is an int in every arithmetic operation, order, int() and truth test, for schedule
+    templates choosing tiles: with LARGEST its layout extent (its largest value, rounded up: `capacity`), with SMALLEST
+    its value at the least sizes (`planned`: a kernel's variant for a decode step's single row). That is safe there
+    because they only choose: the loops run to the run's sizes (as expressions of size vars), and lowering guards
+    every split of a symbolic extent."""
+    token = _PLANNING.set(sizes)
     try:
         yield
     finally:

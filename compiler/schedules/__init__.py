@@ -1,6 +1,7 @@
 """Schedule templates per target family: a fused group's tensor expressions in, a te.Schedule out, with named knobs
 that the tuner (compiler/tune/) can set; compiler.build lowers the result. FAMILIES names each family's module (it is
-imported on first use); each has `schedule_group(group, target, config)` and its `SPACE_VERSION`."""
+imported on first use); each has `schedule_group(group, target, config)`, `schedule_small_sizes(group, target, cfg)` (a
+symbolic group's variant for its smallest sizes, or None) and its `SPACE_VERSION`."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def templates(target: Target) -> ModuleType:
 def schedule_group(group, target: Target, config=None):
     """A schedule of `group` (a GroupTE) by its target's family's templates (see schedules/cpu/'s schedule_group)."""
     return templates(target).schedule_group(group, target, config)
+
+
+def schedule_small_sizes(group, target: Target, general):
+    """(schedule, cfg) of a symbolic group's variant for its smallest sizes beside the one `general` configured, or
+    None (see schedules/cpu/'s schedule_small_sizes)."""
+    return templates(target).schedule_small_sizes(group, target, general)
 
 
 def space_version(kind: str) -> int | None:

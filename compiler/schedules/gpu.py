@@ -114,6 +114,11 @@ def schedule_group(group, target: Target, config: ConfigSpace | Mapping | None =
     return run_template(partial(schedule_with, GPU_TEMPLATES, group, target), config)[0]
 
 
+def schedule_small_sizes(group, target: Target, general: ConfigSpace) -> None:
+    """No variants for small sizes: GPU targets compile static models only (compile_model refuses symbolic ones)."""
+    return None
+
+
 def _prepare(schedule: Schedule, anchor: te.Tensor | None, kind: str | None, target: Target) -> None:
     """Every injective stage inlined; an output that other stages also read recomputed by them."""
     inline_injective(schedule, set())
@@ -679,4 +684,12 @@ GPU_TEMPLATES = Templates(
     whole=((tags.WINOGRAD_GEMM, "winograd", _winograd),), anchored=TEMPLATES, prepare=_prepare, rest=_schedule_rest
 )
 
-__all__ = ["DEFAULTS", "SPACE_VERSION", "TARGET_DEFAULTS", "TEMPLATES", "fallback", "schedule_group"]
+__all__ = [
+    "DEFAULTS",
+    "SPACE_VERSION",
+    "TARGET_DEFAULTS",
+    "TEMPLATES",
+    "fallback",
+    "schedule_group",
+    "schedule_small_sizes",
+]

@@ -217,7 +217,7 @@ def _split_choices(extent: int, num_outputs: int, policy) -> tuple[str, tuple[tu
 def _extent(axis_or_extent) -> int:
     extent = axis_or_extent if isinstance(axis_or_extent, int) else getattr(axis_or_extent, "extent", None)
     if hasattr(extent, "__tensor_expr__"):
-        extent = int(extent)  # a symbolic size: its largest value while a template plans (planning_sizes)
+        extent = int(extent)  # a symbolic size: its planned int while a template plans (planning_sizes)
     if not isinstance(extent, int) or extent < 1:
         raise ValueError(f"a split needs a loop of constant positive extent, not {axis_or_extent!r}")
     return extent
@@ -267,7 +267,7 @@ class ConfigSpace:
         label, choices = _split_choices(extent, num_outputs, policy)
         knob = SplitSpace(extent, num_outputs, label, choices)
         if hasattr(default, "__tensor_expr__"):
-            default = int(default)  # a symbolic size: its largest value while a template plans (planning_sizes)
+            default = int(default)  # a symbolic size: its planned int while a template plans (planning_sizes)
         self._define(name, knob, 0 if default is None else knob.nearest(default))
 
     def define_knob(self, name: str, options: Sequence, default=None) -> None:

@@ -19,9 +19,11 @@ from compiler.graph.ir import Graph, Node, TensorType, Value
 from compiler.graph.registry import Pattern, get_op
 from compiler.graph.sym import Sym
 from compiler.passes.pipeline import optimize
-from compiler.schedules import space_version, templates
+from compiler.schedules import schedule_small_sizes, space_version, templates
 from compiler.schedules.space import ConfigSpace, run_template
 from compiler.target import Target
+from compiler.tir.lower import lower
+from compiler.tir.variants import by_smallest_sizes
 
 # Attribute arrays up to this many elements are written out in a task's workload; larger ones by their digest.
 LISTED_ELEMENTS = 64
@@ -147,6 +149,19 @@ def schedule_node(node: Node, target: Target, records: dict[str, dict] | None = 
         return group, schedule, cfg
     schedule, cfg = run_template(partial(templates(target).schedule_group, group, target), values)
     return group, schedule, cfg
+
+
+def lower_node(node: Node, target: Target, records: dict[str, dict] | None, name: str, sizes: list[str]):
+    """(kernel, cfg) of a fused node: its schedule (schedule_node) lowered, and for a symbolic group whose template
+    plans otherwise for the sizes' smallest values (schedule_small_sizes: a decode step's single row), both lowerings
+    in one kernel that picks at run time (tir/variants.py)."""
+    group, schedule, cfg = schedule_node(node, target, records)
+    arguments = [*group.inputs, *group.outputs]
+    func = lower(schedule, arguments, name, sizes)
+    small = schedule_small_sizes(group, target, cfg) if sizes else None
+    if small is not None:
+        func = by_smallest_sizes(func, lower(small[0], arguments, name, sizes))
+    return func, cfg
 
 
 def task_from_json(task: dict) -> Task | None:

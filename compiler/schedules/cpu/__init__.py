@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from functools import partial
 
 import compiler.te as te
-from compiler.compute import planning_sizes, tags
+from compiler.compute import PLAN_LARGEST, PLAN_SMALLEST, planning_sizes, tags
 from compiler.errors import SymbolicSizeError
 from compiler.schedules.cpu.attention import schedule_attention
 from compiler.schedules.cpu.blocked_conv import schedule_blocked_conv, schedule_transposed_conv
@@ -80,13 +80,19 @@ CPU_TEMPLATES = Templates(
 )
 
 
-def _schedule(group, target: Target, cfg: ConfigSpace) -> te.Schedule:
+# the templates whose register blocks tile a symbolic axis: planned for its largest value, a small one fills a block
+# with padding (a decode step's one row in a MatMulPacked's 6-row block streamed the weights 30 % slower)
+SMALL_SIZE_TEMPLATES = frozenset({tags.DENSE_PACKED})
+
+
+def _schedule(group, target: Target, cfg: ConfigSpace, sizes: str = PLAN_LARGEST) -> te.Schedule:
     """The dispatch's templates. A group with symbolic sizes takes them too, its templates choosing tiles for the
-    sizes' largest values (planning_sizes); where one cannot (it needs a fixed extent), the symbolic template."""
+    sizes' largest values (planning_sizes; or `sizes` PLAN_SMALLEST, the smallest); where one cannot (it needs a fixed
+    extent), the symbolic template."""
     if not is_symbolic(group):
         return schedule_with(CPU_TEMPLATES, group, target, cfg)
     try:
-        with planning_sizes():
+        with planning_sizes(sizes):
             return schedule_with(CPU_TEMPLATES, group, target, cfg)
     except (SymbolicSizeError, te.TEError, TypeError, AttributeError, ValueError):
         # a template that needs a fixed extent somewhere (a constant reduce for its factoring, an int's method): the
@@ -108,6 +114,20 @@ def schedule_group(group, target: Target, config: ConfigSpace | Mapping | None =
     return run_template(partial(_schedule, group, target), config)[0]
 
 
+def schedule_small_sizes(group, target: Target, general: ConfigSpace) -> tuple[te.Schedule, ConfigSpace] | None:
+    """A symbolic group's variant for its sizes' smallest values (a decode step's single row), beside the schedule
+    `general` configured, which plans for their largest: the variant's loops still run to the run's sizes, so it is
+    correct for every size, and the kernel picks it at run time when the sizes are the smallest (tir/lower.py,
+    by_smallest_sizes). None where the group's template is not one of SMALL_SIZE_TEMPLATES, or plans the same."""
+    if general.template not in SMALL_SIZE_TEMPLATES or not is_symbolic(group):
+        return None
+    cfg = ConfigSpace()
+    schedule = _schedule(group, target, cfg, PLAN_SMALLEST)
+    if cfg.template != general.template or cfg.current.to_json() == general.current.to_json():
+        return None
+    return schedule, cfg
+
+
 __all__ = [
     "DEFAULTS",
     "SPACE_VERSION",
@@ -117,6 +137,7 @@ __all__ = [
     "fallback",
     "lanes",
     "schedule_group",
+    "schedule_small_sizes",
     "tile_or_tail",
     "vector_factor",
     "vector_registers",

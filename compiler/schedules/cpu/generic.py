@@ -25,13 +25,19 @@ def _define_vector_lanes(cfg: ConfigSpace, kind: str, target: Target) -> int:
 
 
 def _schedule_injective(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
-    """Split the innermost axis by the vector width (when it divides), vectorize it, fuse the rest, parallel."""
+    """Split the innermost axis by the vector width (when it divides), vectorize it, fuse the rest, parallel. An axis
+    of a symbolic extent (but the outermost) ends the fused loop, itself and the axes inside it loops of their own: a
+    fused index is divided by the extents inside it, a run-time division per vector where one is symbolic (a decode
+    step's KV-cache concat, [1, heads, past + seq, 64], spent 12 % of the step dividing by past + seq)."""
     axes = list(stage.op.axis)
     if not axes:
         return
     axes[-1] = vectorize_innermost(
         stage, lanes(target, stage.op.dtype) * _define_vector_lanes(cfg, "injective", target)
     )
+    fused = next((position for position in range(1, len(axes)) if not isinstance(axes[position].extent, int)), None)
+    if fused is not None:
+        axes = axes[:fused]
     if len(axes) > 1:
         stage.parallel(stage.fuse(*axes))
     elif axes[0].extent > 1:
