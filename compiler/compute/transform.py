@@ -41,9 +41,16 @@ def _strides(shape) -> list[int]:
 
 def _reshape_groups(source, target) -> list[tuple[int, int, int, int]] | None:
     """A reshape as independent merges and splits: runs (source start, end, target start, end) of equal products,
-    each as short as can be, or None where none tile both shapes (never for a valid reshape)."""
+    each as short as can be, or None where none tile both shapes (never for a valid reshape). A dim of 1 on one side
+    only is a group of its own (an Unsqueeze's new axis), so it never joins a symbolic dim to its neighbours."""
     groups, i, j = [], 0, 0
     while i < len(source) or j < len(target):
+        unit_source = i < len(source) and _is_one(source[i])
+        unit_target = j < len(target) and _is_one(target[j])
+        if unit_source != unit_target:
+            groups.append((i, i + unit_source, j, j + unit_target))
+            i, j = i + unit_source, j + unit_target
+            continue
         start_i, start_j = i, j
         left = source[i] if i < len(source) else 1
         right = target[j] if j < len(target) else 1
@@ -62,6 +69,10 @@ def _reshape_groups(source, target) -> list[tuple[int, int, int, int]] | None:
                 return None
         groups.append((start_i, i, start_j, j))
     return groups
+
+
+def _is_one(dim) -> bool:
+    return isinstance(dim, int) and dim == 1
 
 
 def _reshaped(x: te.Tensor, shape, name: str) -> te.Tensor:

@@ -283,10 +283,31 @@ class _Simplifier(ScopedMutator):
     """Expressions and statements under the bounds `env` holds for the vars in scope; a statement that does nothing
     visits to None."""
 
+    def __init__(self, env: dict):
+        super().__init__(env)
+        # the run-time extent of each loop from 0 to a symbolic size: numeric bounds alone cannot show that the
+        # loop's var stays below that size
+        self.extents: dict[Var, Expr] = {}
+
     def generic_visit(self, node):
         if isinstance(node, Stmt):
             raise TypeError(f"simplify: unknown statement {type(node).__name__}")
         return super().generic_visit(node)
+
+    def below(self, a: Expr, b: Expr) -> bool:
+        """Whether a < b for every value of the vars, by the structure of a symbolic bound: a clamp
+        `max(min(x, b - 1), 0)`, a loop's var against its extent, a difference that is a negative constant."""
+        difference = Linear.of(a).plus(Linear.of(b), -1)
+        if not difference.terms:
+            return difference.const < 0
+        if isinstance(a, Binary) and a.op in ("min", "max"):
+            holds = self.below(a.a, b), self.below(a.b, b)
+            return any(holds) if a.op == "min" else all(holds)
+        if a in self.extents:
+            gap = Linear.of(self.extents[a]).plus(Linear.of(b), -1)
+            return not gap.terms and gap.const <= 0
+        a_high, b_low = bounds(a, self.env)[1], bounds(b, self.env)[0]
+        return a_high is not None and b_low is not None and a_high < b_low
 
     # ---- expressions
 
@@ -343,6 +364,8 @@ class _Simplifier(ScopedMutator):
             return None
         if isinstance(extent, Const) and extent.value == 1 and stmt.kind != ForKind.THREAD_BINDING:
             return self.visit(substitute_stmt(stmt.body, {stmt.var: low}))
+        if _is_zero(low) and not isinstance(extent, Const):
+            self.extents[stmt.var] = extent
         body = self.inside(stmt.var, loop_bounds(low, extent, self.env), stmt.body)
         if body is None:
             return None
@@ -427,6 +450,10 @@ class _Simplifier(ScopedMutator):
             return Binary(op, a, b)
         if op in ("floordiv", "floormod", "div") and isinstance(b, Const) and b.value > 0:
             return self.division(op, a, int(b.value), dtype)
+        low = bounds(a, self.env)[0]
+        if op in ("floordiv", "floormod", "div") and low is not None and low >= 0 and self.below(a, b):
+            # a run-time size divides a value already below it (a loop's var by its extent, a clamped row)
+            return a if op == "floormod" else _const(0, dtype)
         return Binary(op, a, b)
 
     def division(self, op: str, a: Expr, divisor: int, dtype: str) -> Expr:

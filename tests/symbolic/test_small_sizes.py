@@ -1,8 +1,8 @@
 """Kernels of a symbolic model at a decode step's sizes (issue 40 §2): a MatMulPacked planned for the largest sizes
 computes its rows in blocks (6 x 64 accumulators on AVX-512), so a single row would fill a block with padding; its
 kernel carries a variant planned for the smallest sizes, chosen at run time (schedule_small_sizes, tir/variants.py).
-A KV cache's concat along `past + seq` loops over that size instead of dividing a fused index by it. Both checked on
-the loop IR and against numpy at the smallest size and beside it."""
+A KV cache's concat along `past + seq`, and its repeat for grouped-query attention, loop over that size instead of
+dividing by it. Each checked on the loop IR and against numpy at the smallest sizes and beside them."""
 
 import numpy as np
 import pytest
@@ -69,13 +69,7 @@ def test_a_cache_concat_loops_over_its_symbolic_rows():
     func = _kernel(module, "Concat")
     parallel = [stmt for stmt in walk_stmts(func.body) if isinstance(stmt, For) and stmt.kind == ForKind.PARALLEL]
     assert [stmt.extent.value for stmt in parallel if isinstance(stmt.extent, Const)] == [4]
-    divisions = [
-        node
-        for stmt in walk_stmts(func.body)
-        for node in walk(stmt)
-        if isinstance(node, Binary) and node.op in ("floordiv", "div") and not isinstance(node.b, Const)
-    ]
-    assert not divisions
+    assert not _size_divisions(func)
     for past, seq in ((0, 1), (5, 1), (30, 4)):
         rng = np.random.default_rng(past + seq)
         feeds = {
@@ -84,6 +78,57 @@ def test_a_cache_concat_loops_over_its_symbolic_rows():
         }
         want = np.concatenate([feeds["past_rows"], feeds["rows"]], axis=2)
         np.testing.assert_array_equal(module.run(feeds)["all_rows"], want)
+
+
+def test_grouped_query_attention_repeats_its_cache_without_dividing_by_a_size():
+    """Llama's repeat_kv: the cache Unsqueezed, Expanded from 3 to 9 heads, Reshaped and transposed for Q K^T. The
+    Unsqueeze's new axis is a reshape group of its own, so the rows read straight through (it had joined them to the
+    head dim, and every lane divided by past + seq)."""
+    ints = {"axis": [2], "front": [0], "two": 2, "expanded": [1, 3, 3], "width": [64], "heads": [9]}
+    nodes = [
+        helper.make_node("Concat", ["past_k", "k"], ["all"], axis=2),
+        helper.make_node("Unsqueeze", ["all", "axis"], ["wide"]),
+        helper.make_node("Shape", ["all"], ["shape"]),
+        helper.make_node("Gather", ["shape", "two"], ["rows"]),
+        helper.make_node("Unsqueeze", ["rows", "front"], ["row_list"]),
+        helper.make_node("Concat", ["expanded", "row_list", "width"], ["expand_shape"], axis=0),
+        helper.make_node("Expand", ["wide", "expand_shape"], ["repeated"]),
+        helper.make_node("Concat", ["heads", "row_list", "width"], ["merged_shape"], axis=0),
+        helper.make_node("Reshape", ["repeated", "merged_shape"], ["merged"]),
+        helper.make_node("Transpose", ["merged"], ["kt"], perm=[0, 2, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "repeat_kv",
+        [
+            helper.make_tensor_value_info("past_k", TensorProto.FLOAT, [1, 3, "past", 64]),
+            helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 3, "seq", 64]),
+        ],
+        [helper.make_tensor_value_info("kt", TensorProto.FLOAT, [9, 64, "past+seq"])],
+        [numpy_helper.from_array(np.array(value, np.int64), name) for name, value in ints.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    module = compile_model(model, target="llvm", dims={"past": (0, 40), "seq": (1, 8)})
+    assert not _size_divisions(_kernel(module, "Concat"))
+    for past, seq in ((0, 3), (1, 1), (17, 1), (40, 8)):
+        rng = np.random.default_rng(past * 9 + seq)
+        feeds = {
+            "past_k": rng.standard_normal((1, 3, past, 64), np.float32),
+            "k": rng.standard_normal((1, 3, seq, 64), np.float32),
+        }
+        rows = np.concatenate([feeds["past_k"], feeds["k"]], axis=2)
+        want = np.repeat(rows, 3, axis=1).reshape(9, past + seq, 64).transpose(0, 2, 1)
+        np.testing.assert_array_equal(module.run(feeds)["kt"], want)
+
+
+def _size_divisions(func: PrimFunc) -> list:
+    """The divisions of `func` by a value known only at run time."""
+    return [
+        node
+        for stmt in walk_stmts(func.body)
+        for node in walk(stmt)
+        if isinstance(node, Binary) and node.op in ("floordiv", "floormod", "div") and not isinstance(node.b, Const)
+    ]
 
 
 def test_variants_must_share_arguments_and_read_sizes():

@@ -205,3 +205,23 @@ def test_a_reduction_step_that_adds_a_zero_product_is_dropped():
 
 def test_infinity_constants_survive():
     assert math.isinf(simplify(te.const(-math.inf) + 0.0).value)
+
+
+def test_a_run_time_size_dividing_a_value_below_it():
+    """A loop's var divided by the loop's symbolic extent, and a row clamped below a size, divided by that size (a
+    KV cache's concat, a reshape of [past + seq] rows): the division folds away, where numeric bounds cannot show it."""
+    past, seq = te.size_var("past", 0, 255), te.size_var("seq", 1, 256)
+    out = Buffer("out", (1024,), "int32")
+    row, wide = Var("row"), Var("wide")
+    clamped = Binary("max", Binary("min", row - past, seq - 1), te.const(0))
+    body = Seq(
+        (
+            Store(out, row, Binary("floormod", row, past + seq) + Binary("floordiv", row, past + seq)),
+            Store(out, row + 512, Binary("floormod", clamped, seq)),
+        )
+    )
+    loop = simplify(For(row, te.const(0), past + seq, ForKind.SERIAL, body))
+    assert "floormod" not in format_stmt(loop) and "/" not in format_stmt(loop)
+    # one row more than the size: its last value divides to 1, so the division stays
+    longer = simplify(For(wide, te.const(0), past + seq + 1, ForKind.SERIAL, Store(out, wide, wide % (past + seq))))
+    assert "floormod(wide, past + seq)" in format_stmt(longer)
