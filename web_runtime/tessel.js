@@ -1352,17 +1352,18 @@ class WasmExecutor {
 
   /** A step of generate with the cache kept in wasm memory. `ids`: the token ids of this step (the prompt, then one),
    * after `past` cached ones; `sizes`: their values (bindSizes); `generation`: whose cache the last step left. Before
-   * the run, each present output's rows 0..past (the last step's cache and its tokens) are copied into its past
-   * input's slot inside the memory (copyWithin: no byte of the cache goes through JavaScript); the token ids, the
-   * mask and the positions are written into theirs; only the logits of the last position are read out. */
+   * the run, each present output's rows that its past input's slot lacks (the last step's new ones: present = past
+   * followed by the step's rows, so the rows before them are there already) are copied into that slot inside the
+   * memory (copyWithin: no byte of the cache goes through JavaScript); the token ids, the mask and the positions are
+   * written into theirs; only the logits of the last position are read out. */
   stepNow({ generation, ids, past, sizes }) {
-    const { plan, manifest } = this;
+    const { plan, manifest, cache } = this;
     const layout = cacheLayout(manifest);
     const { buffer } = this.memory;
     const total = past + ids.length;
     const arrays = [];
     if (past > 0) {
-      if (!(this.cache && this.cache.generation === generation && this.cache.rows >= past)) {
+      if (!(cache && cache.generation === generation && cache.rows >= past)) {
         fail(
           "generate",
           null,
@@ -1372,10 +1373,13 @@ class WasmExecutor {
       }
       const memory = new Uint8Array(buffer);
       for (const [input, output] of layout.pairs) {
-        const shape = plan.inputs[input].dims.map((dim) => dimValue(dim, sizes));
-        const [from, to] = [this.outputOffsets[output], this.inputOffsets[input]];
+        // rows cache.cached..past of each head: a box of [1, heads, rows, depth] whose first row is cache.cached's
+        const [, heads, , depth] = manifest.inputs[input].shape;
         const itemBytes = ITEM_BYTES[manifest.inputs[input].dtype];
-        boxRuns(shape, plan.outputs[output].largest, plan.inputs[input].largest, itemBytes, (source, target, bytes) =>
+        const from = this.outputOffsets[output] + cache.cached * depth * itemBytes;
+        const to = this.inputOffsets[input] + cache.cached * depth * itemBytes;
+        const rows = [1, heads, past - cache.cached, depth];
+        boxRuns(rows, plan.outputs[output].largest, plan.inputs[input].largest, itemBytes, (source, target, bytes) =>
           memory.copyWithin(to + target, from + source, from + source + bytes),
         );
       }
@@ -1391,7 +1395,7 @@ class WasmExecutor {
     }
     this.writeInputs(arrays, sizes);
     this.enter(sizes);
-    this.cache = { generation, rows: total };
+    this.cache = { generation, rows: total, cached: past }; // rows: the present outputs', cached: the past slots'
     // the last row of the logits [1, seq, vocabulary], in its slot at [1, largest seq, vocabulary]
     const { dtype } = manifest.outputs[layout.logits];
     const { dims, largest } = plan.outputs[layout.logits];
@@ -1869,9 +1873,9 @@ function cachedSource(source, manifest, mode) {
 // model.generate(prompt, options) runs a decoder exported with its KV cache as compiler/generate.py does (issue 40
 // §2): the prompt in one run with an empty cache (past = 0), then one token a run, each run's present.* outputs the
 // next run's past_key_values.* inputs. The cache never leaves wasm memory: before a step, each present output's rows
-// are copied into its past input's slot inside the memory (WasmExecutor.stepNow), the step writes only the token ids,
-// the mask and the positions, and reads only the last position's logits. Model.generate chooses the tokens (here or on
-// the page of a worker-mode model, whose executor forwards each step), the executor runs the steps.
+// the last step added are copied into its past input's slot inside the memory (WasmExecutor.stepNow), the step writes
+// only the token ids, the mask and the positions, and reads only the last position's logits. Model.generate chooses the
+// tokens (here or on the page of a worker-mode model, whose executor forwards each step), the executor runs the steps.
 
 const PAST_PREFIX = "past_key_values.";
 const PRESENT_PREFIX = "present.";

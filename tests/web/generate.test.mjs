@@ -1,9 +1,9 @@
 // tessel.js's model.generate on GPT-2 (small, random weights) exported with its KV cache and compiled for wasm with
 // symbolic past (0..63) and seq (1..64): greedy tokens equal Python's Module.generate, each step's logits row equals
-// Python's bit for bit, and per step only that row is copied out of the wasm memory while the cache moves inside it;
-// on 2 threads too; stop tokens, seeded sampling, onToken awaited and the loop yielding, a cache past its range, bad
-// options and prompts, models without a cache, a run between steps, dispose and WebGPU. Run by
-// tests/web/test_node_generate.py, which passes TESSEL_GENERATE_CASES.
+// Python's bit for bit, and per step only that row is copied out of the wasm memory while only the cache rows the step
+// before added move inside it; on 2 threads too; stop tokens, seeded sampling, onToken awaited and the loop yielding, a
+// cache past its range, bad options and prompts, models without a cache, a run between steps, dispose and WebGPU. Run
+// by tests/web/test_node_generate.py, which passes TESSEL_GENERATE_CASES.
 
 import assert from "node:assert/strict";
 import { readFile } from "node:fs/promises";
@@ -66,7 +66,7 @@ function watch(memory) {
 
 describe("generate follows Python's loop", () => {
   for (const threads of [1, 2]) {
-    test(`greedy on ${threads} thread(s): Python's tokens and logits rows; per step only that row leaves the memory, the cache moves inside it`, async () => {
+    test(`greedy on ${threads} thread(s): Python's tokens and logits rows; per step only that row leaves the memory, the new cache rows move inside it`, async () => {
       const model = await tessel.load(bundle, { threads });
       assert.equal(model.variant.threads, threads);
       const rows = await readRows(cases.logits);
@@ -97,8 +97,12 @@ describe("generate follows Python's loop", () => {
         assert.deepEqual(Array.from(step.reads[0]), Array.from(rows[index]), `step ${index}: the logits row, bit for bit as Python's`);
         // the ids and the mask (int64s) and the sizes (int32s) go in; no cache does
         assert.equal(step.written, 8 * (seq + past + seq) + 4 * model.sizes.length, `step ${index}: bytes written into memory`);
-        assert.equal(step.within, cachePerToken * past, `step ${index}: the past rows moved within the memory`);
+        // only the rows the step before added move: the prompt's before the first decode step, then one token's
+        const added = index === 0 ? 0 : index === 1 ? prompt.length : 1;
+        assert.equal(step.within, cachePerToken * added, `step ${index}: the new past rows moved within the memory`);
       });
+      assert.equal(watcher.steps.length, N + 1);
+      assert.deepEqual(watcher.steps[N], { read: 0, reads: [], written: 0, within: 0 }, "nothing after the last step");
       model.dispose();
     });
   }

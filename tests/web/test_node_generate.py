@@ -1,9 +1,10 @@
 """tessel.js's model.generate in Node on GPT-2 (real_zoo's small size, random weights) exported with its KV cache and
 compiled once for wasm with symbolic past and sequence sizes (real_zoo.decoder_dims(64)), with a threaded variant:
 greedy tokens equal Python's Module.generate token for token, and each step's logits row equals the one Python's loop
-picks from, bit for bit; per step only that row leaves the wasm memory, and the cache moves inside it; a stop token,
-seeded sampling, onToken (awaited, the loop yielding between steps), a cache past its range, bad options and prompts,
-models without a cache, a run between two steps, dispose and WebGPU. tests/web/generate.test.mjs holds the cases."""
+picks from, bit for bit; per step only that row leaves the wasm memory, and only the cache rows the step before added
+move inside it; a stop token, seeded sampling, onToken (awaited, the loop yielding between steps), a cache past its
+range, bad options and prompts, models without a cache, a run between two steps, dispose and WebGPU.
+tests/web/generate.test.mjs holds the cases."""
 
 from __future__ import annotations
 
