@@ -454,7 +454,23 @@ class _Simplifier(ScopedMutator):
         if op in ("floordiv", "floormod", "div") and low is not None and low >= 0 and self.below(a, b):
             # a run-time size divides a value already below it (a loop's var by its extent, a clamped row)
             return a if op == "floormod" else _const(0, dtype)
+        count = self.quotient_count(a, b) if op in ("floordiv", "div") else None
+        if count is not None:
+            # a fused loop's outer index: below the outer loop's extent, which numeric bounds cannot show (a tile
+            # loop of (seq + 3) / 4 fused with 96 panels: the panel's column guard stayed in the vector loop)
+            return Binary("min", Binary(op, a, b), _const(count - 1, dtype))
         return Binary(op, a, b)
+
+    def quotient_count(self, a: Expr, b: Expr) -> int | None:
+        """k where `a` is a loop's var over [0, k * b) for a run-time `b`: a // b is then below k."""
+        if a not in self.extents:
+            return None
+        extent, divisor = Linear.of(self.extents[a]), Linear.of(b)
+        if extent.const or divisor.const or len(extent.terms) != 1 or len(divisor.terms) != 1:
+            return None
+        ((key, (_, count)),) = extent.terms.items()
+        ((divisor_key, (_, unit)),) = divisor.terms.items()
+        return count if key == divisor_key and unit == 1 and count > 0 else None
 
     def division(self, op: str, a: Expr, divisor: int, dtype: str) -> Expr:
         if divisor == 1:

@@ -225,3 +225,25 @@ def test_a_run_time_size_dividing_a_value_below_it():
     # one row more than the size: its last value divides to 1, so the division stays
     longer = simplify(For(wide, te.const(0), past + seq + 1, ForKind.SERIAL, Store(out, wide, wide % (past + seq))))
     assert "floormod(wide, past + seq)" in format_stmt(longer)
+
+
+def test_a_fused_loops_outer_index_stays_below_its_count():
+    """A loop over (seq + 3) / 4 row tiles fused with 96 panels: the panel index, fused // tiles, is below 96, so the
+    panel's column guard folds (it stayed in the vector loop of a symbolic wasm dense, 4x slower)."""
+    seq = te.size_var("seq", 1, 256)
+    tiles = (seq + 3) // 4
+    fused, lane = Var("fused"), Var("lane")
+    out = Buffer("out", (768,), "float32")
+    panel = Binary("floordiv", fused, tiles)
+    store = Store(out, panel * 8 + lane, te.const(1.0))
+    guarded = IfThen(Compare("lt", panel * 8 + lane, te.const(768)), store)
+    loop = For(
+        fused, te.const(0), tiles * 96, ForKind.SERIAL, For(lane, te.const(0), te.const(8), ForKind.SERIAL, guarded)
+    )
+    text = format_stmt(simplify(loop))
+    assert "if" not in text and "out[(min(floordiv(fused, (seq + 3) / 4), 95)*8) + lane] = 1.0f" in text
+    # 97 tiles' worth of loop: the index may reach 96, and the guard stays
+    longer = For(
+        fused, te.const(0), tiles * 97, ForKind.SERIAL, For(lane, te.const(0), te.const(8), ForKind.SERIAL, guarded)
+    )
+    assert "if" in format_stmt(simplify(longer))
