@@ -187,8 +187,24 @@ def code_files() -> dict[str, str]:
 # ---- llvm and wasm: one LLVM module, linked into a shared library or a wasm module -----------------------------
 
 
-def _llvm_sources(compiled) -> dict[str, str]:
-    return {"ll": compiled.ll, "asm": compiled.asm}
+class _LlvmSources(Mapping):
+    """A compiled LLVM module's texts by kind: "ll", and "asm", emitted when first read (CompiledModule.asm)."""
+
+    KINDS = ("ll", "asm")
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __getitem__(self, kind: str) -> str:
+        if kind not in self.KINDS:
+            raise KeyError(kind)
+        return getattr(self.compiled, kind)
+
+    def __iter__(self):
+        return iter(self.KINDS)
+
+    def __len__(self) -> int:
+        return len(self.KINDS)
 
 
 def _link_shared(compiled, exports: list[str]) -> bytes:
@@ -211,14 +227,14 @@ def _wasm_memory(library: bytes, manifest: dict) -> dict:
 
 def _llvm_kernel(link, func: PrimFunc, target: Target) -> KernelCode:
     compiled = compile_funcs([func], target)
-    return KernelCode(link(compiled, [func.name]), _llvm_sources(compiled), compiled)
+    return KernelCode(link(compiled, [func.name]), _LlvmSources(compiled), compiled)
 
 
 def _llvm_model(link, additions, kernels: list[PrimFunc], run: PrimFunc, manifest: dict, target: Target) -> ModelCode:
     compiled = compile_funcs([*kernels, run], target, {BINDING_SYMBOL: binding_digest(manifest)})
     # Kernels are exported beside the entry so Module.profile can call them one at a time.
     library = link(compiled, [run.name, BINDING_SYMBOL, *(func.name for func in kernels)])
-    return ModelCode(library, additions(library, manifest), _llvm_sources(compiled), compiled)
+    return ModelCode(library, additions(library, manifest), _LlvmSources(compiled), compiled)
 
 
 def _native_kernel_runtime(library: bytes, target: Target, num_threads: int | None):

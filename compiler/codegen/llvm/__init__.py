@@ -7,6 +7,7 @@ threaded wasm; link.py links them) when tir/work.py says they do enough work, ma
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -72,12 +73,18 @@ def generate_module(funcs: list[PrimFunc], target: Target, texts: dict[str, str]
 
 @dataclass(frozen=True)
 class CompiledModule:
-    """Optimised LLVM IR text, assembly text and object code of one module for `target`."""
+    """Optimised LLVM IR text and object code of one module for `target`; its assembly text on demand."""
 
     target: Target
     ll: str
-    asm: str
     object: bytes
+
+    @functools.cached_property
+    def asm(self) -> str:
+        """The assembly, emitted from the optimised IR when first read: emitted with every compile, it took as long
+        as the object code itself (9.5 of a Llama-class decoder's 20 s of wasm code generation), for a text that
+        only `source("asm")` and the tests of instructions read."""
+        return target_machine(self.target).emit_assembly(llvm.parse_assembly(self.ll))
 
 
 _initialized = False
@@ -118,7 +125,7 @@ def compile_module(module: ir.Module, target: Target) -> CompiledModule:
     tuning.slp_vectorization = True
     passes = llvm.create_pass_builder(machine, tuning)
     passes.getModulePassManager().run(parsed, passes)
-    return CompiledModule(target, str(parsed), machine.emit_assembly(parsed), machine.emit_object(parsed))
+    return CompiledModule(target, str(parsed), machine.emit_object(parsed))
 
 
 def compile_funcs(funcs: list[PrimFunc], target: Target, texts: dict[str, str] | None = None) -> CompiledModule:
