@@ -48,7 +48,7 @@ _RESERVED = frozenset(
     register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while bool
     true false half uchar ushort uint ulong kernel global local constant private read_only write_only image2d_t
     sampler_t event_t size_t threadIdx blockIdx blockDim gridDim warpSize min max exp log sqrt rsqrt tanh erf floor
-    ceil rint fabs pow barrier new delete class this template typename namespace operator asm""".split()
+    ceil rint fabs pow sin cos sinf cosf barrier new delete class this template typename namespace operator asm""".split()
 )
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _NARROW_INTS = ("int8", "uint8", "int16")

@@ -19,6 +19,8 @@ _MATH = {
     "rsqrt": ("rsqrtf", "rsqrt"),
     "tanh": ("tanhf", "tanh"),
     "erf": ("erff", "erf"),
+    "sin": ("sinf", "sin"),
+    "cos": ("cosf", "cos"),
     "floor": ("floorf", "floor"),
     "ceil": ("ceilf", "ceil"),
     "round": ("rintf", "rint"),

@@ -19,6 +19,8 @@ _MATH = {
         "rsqrt": "rsqrt",
         "tanh": "tanh",
         "erf": "erf",
+        "sin": "sin",
+        "cos": "cos",
         "floor": "floor",
         "ceil": "ceil",
         "round": "rint",

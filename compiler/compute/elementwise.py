@@ -135,35 +135,15 @@ def _reciprocal(x):
     return (Const(1.0, "float64") / x.astype("float64")).astype(x.dtype)
 
 
-# Cody-Waite split of pi/2: k * _HALF_PI_HIGH is exact for the k a float32 argument reaches in practice
-_HALF_PI_HIGH = 1.5703125
-_HALF_PI_MIDDLE = 4.837512969970703125e-4
-_HALF_PI_LOW = 7.54978995489188216e-8
-_SIN_POLY = (-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1)
-_COS_POLY = (2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2)
+def _sin_cos(name: str):
+    """sin or cos (te's calls, expanded per use by tir/fast_math.py: computed in the compute, its operand was written
+    out at every read of it, and a rotary embedding's kernel grew to 0.9 MB of LLVM IR); float16 in float32."""
+    call = getattr(te, name)
 
+    def compute(x: Expr) -> Expr:
+        return call(x.astype("float32")).astype(x.dtype) if x.dtype == "float16" else call(x)
 
-def _polynomial(z: Expr, coefficients) -> Expr:
-    result = _number(coefficients[0], z)
-    for coefficient in coefficients[1:]:
-        result = result * z + _number(coefficient, z)
-    return result
-
-
-def _sin_cos(x: Expr, shift: int) -> Expr:
-    """sin(x) (shift 0) or cos(x) (shift 1, as sin(x + pi/2)): reduce to |r| <= pi/4 around a multiple
-    k of pi/2, then pick the sine or cosine polynomial and the sign by the quadrant k mod 4."""
-    wide = x.astype("float32") if x.dtype == "float16" else x
-    quadrant = te.round(wide * _number(2 / math.pi, wide))
-    reduced = wide - quadrant * _number(_HALF_PI_HIGH, wide)
-    reduced = reduced - quadrant * _number(_HALF_PI_MIDDLE, wide)
-    reduced = reduced - quadrant * _number(_HALF_PI_LOW, wide)
-    square = reduced * reduced
-    sine = reduced + reduced * square * _polynomial(square, _SIN_POLY)
-    cosine = _number(1, wide) - _number(0.5, wide) * square + square * square * _polynomial(square, _COS_POLY)
-    turn = (quadrant.astype("int32") + shift) % 4
-    value = te.select(Compare("eq", turn % 2, Const(0, "int32")), sine, cosine)
-    return te.select(turn >= 2, -value, value).astype(x.dtype)
+    return compute
 
 
 _UNARY: dict[str, ScalarFn] = {
@@ -182,8 +162,8 @@ _UNARY: dict[str, ScalarFn] = {
     "Round": te.round,
     "Sign": _sign,
     "Softsign": lambda x: x / (_number(1, x) + te.abs(x)),
-    "Sin": lambda x: _sin_cos(x, 0),
-    "Cos": lambda x: _sin_cos(x, 1),
+    "Sin": _sin_cos("sin"),
+    "Cos": _sin_cos("cos"),
     "Not": lambda x: Logical("not", (x,)),
     "Identity": lambda x: x,
     "IsNaN": is_nan,

@@ -1,8 +1,10 @@
 """Math intrinsics as loop-IR rewrites: a codegen hands its table of native functions to `expand_math` before it
-prints a kernel, and every call of erf, tanh, sigmoid or pow that the table lacks becomes arithmetic over the ones
-it has (exp, log, abs, floor), so every backend computes these to the same accuracy from one copy of the
-polynomials. exp and log are native everywhere: WGSL, OpenCL C and CUDA have them, and codegen/fast_math.py builds
-LLVM's from bits with the coefficients below."""
+prints a kernel, and every call of erf, tanh, sigmoid, pow, sin or cos that the table lacks becomes arithmetic over the
+ones it has (exp, log, abs, floor, round), so every backend computes these to the same accuracy from one copy of the
+polynomials (OpenCL C and CUDA take their own sin and cos). Each expansion binds its operand and intermediates once,
+per use: written into the computes instead, a rotary embedding's sin and cos repeated their operand at every read of
+it (one kernel of a Llama-class decoder: 0.9 MB of LLVM IR). exp and log are native everywhere: WGSL, OpenCL C and
+CUDA have them, and codegen/fast_math.py builds LLVM's from bits with the coefficients below."""
 
 from __future__ import annotations
 
@@ -139,7 +141,49 @@ def pow_(base: Expr, exponent: Expr) -> Expr:
     return _shared(base, lambda x: _shared(exponent, lambda y: build(x, y)))
 
 
-_EXPANSIONS = {"erf": erf, "tanh": tanh, "sigmoid": sigmoid, "pow": pow_}
+# sin and cos: Cody-Waite reduction by multiples k of pi/2 (k * HALF_PI_HIGH is exact for the k a float32 argument
+# reaches in practice) to |r| <= pi/4, then the sine or cosine polynomial of r and the sign by k mod 4
+HALF_PI_HIGH, HALF_PI_MIDDLE, HALF_PI_LOW = 1.5703125, 4.837512969970703125e-4, 7.54978995489188216e-8
+SIN_POLY = (-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1)
+COS_POLY = (2.443315711809948e-5, -1.388731625493765e-3, 4.166664568298827e-2)
+
+
+def _sin_cos(x: Expr, shift: int) -> Expr:
+    """sin(x) (shift 0) or cos(x) (shift 1, as sin(x + pi/2)), each intermediate bound once (_shared)."""
+    dtype = x.dtype
+
+    def reduce(x, quadrant):
+        reduced = x - quadrant * Const(HALF_PI_HIGH, dtype)
+        reduced = reduced - quadrant * Const(HALF_PI_MIDDLE, dtype)
+        return _shared(reduced - quadrant * Const(HALF_PI_LOW, dtype), lambda r: from_reduced(r, quadrant))
+
+    def from_reduced(r, quadrant):
+        def from_square(z):
+            sine = r + r * z * _poly(z, SIN_POLY)
+            cosine = Const(1.0, dtype) - Const(0.5, dtype) * z + z * z * _poly(z, COS_POLY)
+            turn = Binary("floormod", Cast("int32", quadrant) + Const(shift, "int32"), Const(4, "int32"))
+            return _shared(
+                turn,
+                lambda t: _shared(
+                    Select(Compare("eq", Binary("floormod", t, Const(2, "int32")), Const(0, "int32")), sine, cosine),
+                    lambda value: Select(t >= Const(2, "int32"), Const(0.0, dtype) - value, value),
+                ),
+            )
+
+        return _shared(r * r, from_square)
+
+    return _shared(x, lambda x: _shared(_call("round", x * Const(2 / math.pi, dtype)), lambda k: reduce(x, k)))
+
+
+def sin(x: Expr) -> Expr:
+    return _sin_cos(x, 0)
+
+
+def cos(x: Expr) -> Expr:
+    return _sin_cos(x, 1)
+
+
+_EXPANSIONS = {"erf": erf, "tanh": tanh, "sigmoid": sigmoid, "pow": pow_, "sin": sin, "cos": cos}
 
 
 def _native(name: str, dtype: str, native: Collection[str]) -> bool:
@@ -147,7 +191,7 @@ def _native(name: str, dtype: str, native: Collection[str]) -> bool:
 
 
 def expand_expr(expr: Expr, native: Collection[str]) -> Expr:
-    """`expr` with every float call of erf, tanh, sigmoid or pow that `native` lacks expanded. An entry of `native`
+    """`expr` with every float call of erf, tanh, sigmoid, pow, sin or cos that `native` lacks expanded. An entry of `native`
     is a function name (native for every dtype) or "name:dtype" (a C library's float64 erf, more accurate than these
     float32 polynomials). An integer pow is a float32 pow rounded to even, on every target."""
 
