@@ -20,7 +20,11 @@ While developing: --size small --prompt 16 --new 8 --repeat 1 --no-native"""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -36,13 +40,45 @@ import onnx
 sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import HERE, install_onnxruntime_web, print_table  # noqa: E402
+from common import HERE, install_onnxruntime_web, isolated_chromium, print_table  # noqa: E402
 from generate import PROMPT, TOKENS, TimedSteps  # noqa: E402
 
 from compiler import compile_model, real_zoo  # noqa: E402
 from compiler.generate import generate, stepper_for  # noqa: E402
 
 PAUSE_MS = 300  # idle after each generation, so neither runtime always follows the other's heat
+# generate_loop.mjs's measurement in a page: onnxruntime-web's wasm EP on the job's threads, fetching its external data
+# from the URLs the job gives; with job.webgpu also its WebGPU EP (its wasm side on one thread), the caches it outputs
+# left on the GPU for the next step
+PAGE = """async (job) => {
+  const tessel = await import("/web_runtime/tessel.js");
+  const { measure } = await import("/benchmarks/generate_loop.mjs");
+  const externalData = job.model.externalData.map(({ path, file }) => ({ path, data: file }));
+  const options = (providers, more) => async () => ({
+    executionProviders: providers, graphOptimizationLevel: "all", externalData, ...more,
+  });
+  const ort = await import("/ort/ort.wasm.min.mjs");
+  Object.assign(ort.env.wasm, { wasmPaths: "/ort/", numThreads: job.threads });
+  const rivals = [{ label: "onnxruntime_web", ort, options: options(["wasm"]) }];
+  if (job.webgpu) {
+    const gpu = await import("/ort/ort.webgpu.min.mjs");
+    Object.assign(gpu.env.wasm, { wasmPaths: "/ort/", numThreads: 1 });
+    const kept = Object.fromEntries(job.model.cache.map(({ present }) => [present, "gpu-buffer"]));
+    const label = "onnxruntime_web_webgpu";
+    rivals.push({ label, ort: gpu, options: options(["webgpu"], { preferredOutputLocation: kept }) });
+  }
+  const resident = async () => {
+    globalThis.gc();
+    return window.chromiumResident();
+  };
+  const report = await measure(tessel, job, rivals, resident);
+  const versions = { onnxruntime_web: ort.env.versions.web };
+  if (job.webgpu) {
+    const { vendor, architecture, description } = (await navigator.gpu.requestAdapter()).info;
+    versions.adapter = [vendor, architecture, description].filter(Boolean).join(" ");
+  }
+  return { versions, ...report };
+}"""
 
 
 def _external_data(path: Path) -> list[dict]:
@@ -90,17 +126,79 @@ def _native_generation(stepper, prompt, new: int) -> dict:
     }
 
 
-def _in_node(spec: dict, threads: int, prompts: list[list[int]], new: int, work: Path) -> dict:
-    job = work / f"{spec['name']}-{threads}.json"
-    job.write_text(
-        json.dumps({"model": spec, "threads": threads, "prompts": prompts, "newTokens": new, "pauseMs": PAUSE_MS})
-    )
+def _in_node(job: dict, work: Path) -> dict:
+    """generate_loop.mjs's report on `job` from a Node process of its own (generate_web.mjs)."""
+    name, threads = job["model"]["name"], job["threads"]
+    path = work / f"{name}-{threads}.json"
+    path.write_text(json.dumps(job))
     node = subprocess.run(
-        ["node", "--expose-gc", str(HERE / "generate_web.mjs"), str(job)], capture_output=True, text=True, cwd=HERE
+        ["node", "--expose-gc", str(HERE / "generate_web.mjs"), str(path)], capture_output=True, text=True, cwd=HERE
     )
     if node.returncode != 0:
-        raise SystemExit(f"generate_web.mjs failed ({spec['name']} on {threads} thread(s)):\n{node.stderr.strip()}")
+        raise SystemExit(f"generate_web.mjs failed ({name} on {threads} thread(s)):\n{node.stderr.strip()}")
     return json.loads(node.stdout)
+
+
+def _chromium_resident() -> int:
+    """The resident bytes of the Chromium processes this one started (through Playwright's driver), summed."""
+    parents, total = {}, 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                # the parent's pid is the second field after the command name, which may hold spaces
+                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    ours, grown = {os.getpid()}, True
+    while grown:
+        found = {pid for pid, parent in parents.items() if parent in ours} - ours
+        ours |= found
+        grown = bool(found)
+    for pid in ours:
+        with contextlib.suppress(OSError):
+            if (Path("/proc") / str(pid) / "comm").read_text().strip() == "chromium":
+                status = (Path("/proc") / str(pid) / "status").read_text()
+                total += int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) * 1024
+    return total
+
+
+@contextlib.contextmanager
+def _in_chromium(work: Path, webgpu: bool):
+    """Yields a function giving generate_loop.mjs's report on a job from a fresh page of one headless Chromium
+    (onnxruntime-web fixes its thread count once per page), the bundle, .onnx and external data served from where
+    they lie (the external data fetched by onnxruntime-web from its URL)."""
+    site = work / "site"
+    for folder in ("benchmarks", "bundles", "models"):
+        (site / folder).mkdir(parents=True)
+    (site / "benchmarks" / "generate_loop.mjs").symlink_to(HERE / "generate_loop.mjs")
+    args = ("--js-flags=--expose-gc", *(("--enable-unsafe-webgpu",) if webgpu else ()))
+    with isolated_chromium(site, args) as (browser, url):
+
+        def run(job: dict) -> dict:
+            spec = job["model"]
+            name, onnx_path = spec["name"], Path(spec["onnx"])
+            for link, target in ((site / "bundles" / name, spec["bundle"]), (site / "models" / name, onnx_path.parent)):
+                if not link.exists():
+                    link.symlink_to(target)
+            served = {
+                **spec,
+                "bundle": f"/bundles/{name}/",
+                "onnx": f"/models/{name}/{onnx_path.name}",
+                "externalData": [
+                    {"path": entry["path"], "file": f"/models/{name}/{entry['path']}"} for entry in spec["externalData"]
+                ],
+            }
+            page = browser.new_page()
+            try:
+                page.expose_function("chromiumResident", _chromium_resident)
+                page.goto(url)
+                report = page.evaluate(PAGE, {**job, "model": served})
+            except Exception as error:  # the page's error, e.g. tokens that differ
+                raise SystemExit(f"the Chromium page failed ({name} on {job['threads']} thread(s)):\n{error}") from None
+            finally:
+                page.close()
+            report["versions"]["chromium"] = browser.version
+            return report
+
+        yield run
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -113,8 +211,8 @@ def _summary(runs: list[dict]) -> dict:
     }
 
 
-def benchmark(name: str, arguments, work: Path) -> list[dict]:
-    """One row per thread count for the decoder `name`."""
+def benchmark(name: str, arguments, work: Path, run_job) -> list[dict]:
+    """One row per thread count for the decoder `name`, `run_job(job)` giving generate_loop.mjs's report."""
     path = real_zoo.export_with_cache(name, arguments.size, arguments.cache, TOKENS)
     dims = real_zoo.decoder_dims(TOKENS)
     started = time.perf_counter()
@@ -133,7 +231,10 @@ def benchmark(name: str, arguments, work: Path) -> list[dict]:
             runs = [_native_generation(stepper_for(native), prompt, arguments.new) for prompt in prompts]
             row["native"] = _summary(runs)
             row["native_tokens"] = [run["tokens"] for run in runs]
-        report = _in_node(spec, threads, prompts, arguments.new, work)
+        job = {"model": spec, "threads": threads, "prompts": prompts, "newTokens": arguments.new, "pauseMs": PAUSE_MS}
+        # WebGPU's EP runs its kernels on the adapter whatever the thread count: one page's worth of it is enough
+        job["webgpu"] = arguments.ort_webgpu and threads == arguments.threads[0]
+        report = run_job(job)
         row.update(versions=report["versions"], variant=report["variant"], memory=report["memory"])
         for label, runs in report["runs"].items():
             row[label] = _summary(runs)
@@ -160,18 +261,35 @@ def main() -> None:
         "--native", action=argparse.BooleanOptionalAction, default=True, help="also time Tessel's llvm build"
     )
     parser.add_argument("--cache", type=Path, help="the export cache (default ~/.cache/tessel/real)")
+    parser.add_argument(
+        "--browser", choices=("chromium",), help="run both runtimes in a headless Chromium page instead of Node"
+    )
+    parser.add_argument(
+        "--ort-webgpu",
+        action="store_true",
+        help="with --browser chromium, also onnxruntime-web's WebGPU EP in the first thread count's page",
+    )
     arguments = parser.parse_args()
+    if arguments.ort_webgpu and not arguments.browser:
+        parser.error("--ort-webgpu runs in the page: it needs --browser chromium")
     if arguments.prompt < 1 or arguments.new < 1 or arguments.prompt + arguments.new > TOKENS:
         parser.error(f"--prompt and --new must be at least 1 and hold together in the cache's {TOKENS} tokens")
     if min(arguments.threads) < 1:
         parser.error("--threads takes counts of at least 1")
     install_onnxruntime_web()
     with tempfile.TemporaryDirectory(prefix="tessel-generate-web-") as folder:
-        rows = [row for name in arguments.models for row in benchmark(name, arguments, Path(folder))]
+        work = Path(folder)
+        with (
+            _in_chromium(work, arguments.ort_webgpu)
+            if arguments.browser
+            else contextlib.nullcontext(functools.partial(_in_node, work=work))
+        ) as run_job:
+            rows = [row for name in arguments.models for row in benchmark(name, arguments, work, run_job)]
     table = []
     for row in rows:
         ours, theirs, memory = row["tessel"], row["onnxruntime_web"], row["memory"]
-        native = row.get("native")
+        native, gpu = row.get("native"), row.get("onnxruntime_web_webgpu")
+        grown = [memory[label] for label in ("tessel", "onnxruntime_web", "onnxruntime_web_webgpu") if label in memory]
         table.append(
             [
                 row["model"],
@@ -182,14 +300,26 @@ def main() -> None:
                 f"{ours['tokens_per_s'] / native['tokens_per_s']:.2f} of {native['tokens_per_s']:.2f}"
                 if native
                 else "-",
-                f"{memory['tessel'] / 2**20:.0f} / {memory['onnxruntime_web'] / 2**20:.0f} MB",
+                " / ".join(f"{value / 2**20:.0f}" for value in grown) + " MB",
                 f"{row['compile_s']:.0f} s",
+                *(
+                    [
+                        f"{gpu['prefill_ms']:.1f} ({ours['prefill_ms'] / gpu['prefill_ms']:.2f}), "
+                        f"{gpu['tokens_per_s']:.2f} ({ours['tokens_per_s'] / gpu['tokens_per_s']:.2f})"
+                        if gpu
+                        else "-"
+                    ]
+                    if arguments.ort_webgpu
+                    else []
+                ),
             ]
         )
     versions = rows[0]["versions"]
+    host = f"Chromium {versions['chromium']}" if arguments.browser else f"Node {versions['node']}"
+    adapter = f" (WebGPU adapter: {versions['adapter']})" if arguments.ort_webgpu else ""
     print(
         f"prompt {arguments.prompt} tokens, {arguments.new} new tokens greedy, cache range {TOKENS}, "
-        f"{arguments.repeat} prompts; Node {versions['node']}, onnxruntime-web {versions['onnxruntime_web']}; "
+        f"{arguments.repeat} prompts; {host}, onnxruntime-web {versions['onnxruntime_web']}{adapter}; "
         "Tessel / onnxruntime-web"
     )
     print_table(
@@ -200,8 +330,13 @@ def main() -> None:
             "first token ms (ratio)",
             "decode tokens/s (ratio)",
             "wasm decode / native tokens/s",
-            "Node RSS grown: Tessel / ort-web",
+            f"{host.split()[0]} RSS grown: Tessel / ort-web" + (" / ort-web WebGPU" if arguments.ort_webgpu else ""),
             "wasm compile",
+            *(
+                ["ort-web WebGPU: prefill ms (Tessel's ratio), decode tokens/s (Tessel's ratio)"]
+                if arguments.ort_webgpu
+                else []
+            ),
         ],
         table,
     )
