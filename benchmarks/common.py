@@ -1,12 +1,14 @@
 """What benchmarks/cpu.py, ops.py, wasm.py and zoo.py share: the work a model does (multiply-add FLOPs counted by
 compiler.zoo.model_flops, the least bytes it must move), this machine's measured FMA peak and copy bandwidth, the
-onnxruntime session they are timed against, interleaved timing natively and in Node against onnxruntime-web,
-statistics and tables. Nothing here is part of the compiler; the numbers go to docs/benchmarks.md."""
+onnxruntime session they are timed against, interleaved timing natively and in Node against onnxruntime-web, a
+cross-origin isolated headless Chromium for the same in a page (wasm.py, generate_web.py), statistics and tables. Nothing here is part of the compiler; the numbers go to docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import http.server
 import json
 import os
 import shutil
@@ -326,6 +328,49 @@ def install_onnxruntime_web() -> None:
         raise SystemExit("the wasm benchmarks need Node 20 and npm on the PATH to install onnxruntime-web")
     command = "ci" if (HERE / "package-lock.json").is_file() else "install"
     subprocess.run(["npm", command, "--prefix", str(HERE), "--no-audit", "--no-fund"], check=True)
+
+
+class _IsolatedHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files, streamed from disk, with the headers that make a page cross-origin isolated (wasm threads need
+    them)."""
+
+    def end_headers(self):
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+    def guess_type(self, path):
+        return "text/javascript" if str(path).endswith((".mjs", ".js")) else super().guess_type(path)
+
+    def log_message(self, *arguments):
+        return None
+
+
+@contextlib.contextmanager
+def isolated_chromium(root: Path, args: tuple[str, ...] = ()):
+    """Yields a headless Chromium (Debian's chromium through Playwright, with `args` added) and the URL of an empty
+    page served with `root` from a local server, cross-origin isolated. `root` gets links to tessel.js's folder
+    (/web_runtime/) and onnxruntime-web's builds (/ort/); what else it holds, or links to, is served as it lies."""
+    from playwright.sync_api import sync_playwright
+
+    install_onnxruntime_web()
+    (root / "web_runtime").symlink_to(HERE.parent / "web_runtime")
+    (root / "ort").symlink_to(HERE / "node_modules" / "onnxruntime-web" / "dist")
+    (root / "index.html").write_text("<!doctype html><title>Tessel benchmark</title>")
+    handler = functools.partial(_IsolatedHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=shutil.which("chromium"), headless=True, args=["--headless=new", "--no-sandbox", *args]
+            )
+            try:
+                yield browser, f"http://127.0.0.1:{server.server_port}/index.html"
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
 
 
 def run_in_node(

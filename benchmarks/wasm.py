@@ -14,12 +14,9 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
-import functools
-import http.server
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +24,9 @@ import onnx
 import onnxruntime as ort
 from common import (
     DEFAULT_MODELS,
-    HERE,
     WARMUP,
     check_close,
-    install_onnxruntime_web,
+    isolated_chromium,
     print_slowest,
     print_table,
     ratio,
@@ -48,7 +44,6 @@ from compiler.build import EVERY_WASM_VARIANT
 # Node 20's V8 has relaxed SIMD behind this flag (Chrome has it from 114 on)
 NODE_FLAGS = ("--experimental-wasm-relaxed-simd",)
 UNUSUAL = "unusual_shapes"
-ROOT = HERE.parent
 
 
 def unusual_model() -> onnx.ModelProto:
@@ -146,47 +141,17 @@ BROWSER_ORT = """async ({model, input, dims, threads, warmup}) => {
 }"""
 
 
-class _IsolatedHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with the headers that make a page cross-origin isolated (wasm threads need them)."""
-
-    def end_headers(self):
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        super().end_headers()
-
-    def guess_type(self, path):
-        return "text/javascript" if str(path).endswith((".mjs", ".js")) else super().guess_type(path)
-
-    def log_message(self, *arguments):
-        return None
-
-
 def run_in_chromium(entries, sides, repeat: int, threads: int) -> dict:
     """Each bundle's Tessel sides timed in one headless Chromium page, interleaved round by round with
     onnxruntime-web at 1 and at `threads` threads in pages of their own (the witness of what two threads gave any
     runtime in the same seconds); {name: {times, worst, variants, ort: {count: times}}}."""
-    from playwright.sync_api import sync_playwright
-
-    install_onnxruntime_web()
     root = Path(tempfile.mkdtemp(prefix="tessel-wasm-browser-"))
-    shutil.copytree(ROOT / "web_runtime", root / "web_runtime")
-    (root / "ort").mkdir()
-    for file in ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm"):
-        shutil.copy(HERE / "node_modules" / "onnxruntime-web" / "dist" / file, root / "ort" / file)
-    (root / "index.html").write_text("<!doctype html><title>Tessel wasm benchmark</title>")
     for name, model, module, _ in entries:
         module.export(root / "bundles" / name)
         (root / f"{name}.onnx").write_bytes(model.SerializeToString())
-    handler = functools.partial(_IsolatedHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/index.html"
     results = {}
     try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=shutil.which("chromium"), headless=True, args=["--headless=new", "--no-sandbox"]
-            )
+        with isolated_chromium(root) as (browser, url):
             for name, _, module, feeds in entries:
                 array = np.ascontiguousarray(feeds[module.inputs[0].name], np.float32)
                 data = base64.b64encode(array.tobytes()).decode()
@@ -208,9 +173,7 @@ def run_in_chromium(entries, sides, repeat: int, threads: int) -> dict:
                     page.close()
                 results[name]["times"] = [list(side) for side in zip(*rounds.pop("tessel"))]
                 results[name]["ort"] = {count: [times[0] for times in rounds[count]] for count in rounds}
-            browser.close()
     finally:
-        server.shutdown()
         shutil.rmtree(root, ignore_errors=True)
     return results
 
