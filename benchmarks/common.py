@@ -1,7 +1,8 @@
 """What benchmarks/cpu.py, ops.py, wasm.py and zoo.py share: the work a model does (multiply-add FLOPs counted by
 compiler.zoo.model_flops, the least bytes it must move), this machine's measured FMA peak and copy bandwidth, the
 onnxruntime session they are timed against, interleaved timing natively and in Node against onnxruntime-web, a
-cross-origin isolated headless Chromium for the same in a page (wasm.py, generate_web.py), statistics and tables. Nothing here is part of the compiler; the numbers go to docs/benchmarks.md."""
+cross-origin isolated headless Chromium for the same in a page (wasm.py, generate_web.py), statistics and tables.
+Nothing here is part of the compiler; the numbers go to docs/benchmarks.md."""
 
 from __future__ import annotations
 
