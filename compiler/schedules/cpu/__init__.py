@@ -116,9 +116,9 @@ def schedule_group(group, target: Target, config: ConfigSpace | Mapping | None =
 
 def schedule_small_sizes(group, target: Target, general: ConfigSpace) -> tuple[te.Schedule, ConfigSpace] | None:
     """A symbolic group's variant for its sizes' smallest values (a decode step's single row), beside the schedule
-    `general` configured, which plans for their largest: the variant's loops still run to the run's sizes, so it is
-    correct for every size, and the kernel picks it at run time when the sizes are the smallest (tir/lower.py,
-    by_smallest_sizes). None where the group's template is not one of SMALL_SIZE_TEMPLATES, or plans the same."""
+    `general` configured, which plans for their largest; the kernel runs it when the sizes it reads are at their
+    smallest (tir/variants.by_smallest_sizes). None where the group's template is not one of SMALL_SIZE_TEMPLATES,
+    or plans the same."""
     if general.template not in SMALL_SIZE_TEMPLATES or not is_symbolic(group):
         return None
     cfg = ConfigSpace()
