@@ -86,30 +86,6 @@ def serve_app(app):
     thread.join(30)
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    """A headless chromium with a fresh profile; the test fails (it does not skip) when chromium is missing."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        context = launch_chromium(
-            playwright, tmp_path_factory.mktemp("chromium-profile"), viewport={"width": 1100, "height": 900}
-        )
-        yield context
-        context.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A new tab whose uncaught script errors fail the test."""
-    tab = browser.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    yield tab
-    tab.close()
-    assert not errors, f"the page threw: {errors}"
-
-
 @pytest.fixture
 def screenshots(tmp_path) -> Path:
     """Where a test saves its screenshots: tmp_path/screenshots."""

@@ -13,7 +13,7 @@ import pytest
 
 from compiler import compile_model
 from compiler.data import train_chars
-from tests.web.test_browser import launch_chromium, serve_app
+from tests.web.test_browser import serve_app
 
 PROMPT = "The compiler "
 COMPILE_TIMEOUT_MS = 240_000
@@ -42,29 +42,6 @@ def server(tmp_path_factory):
 
     app = create_app(tmp_path_factory.mktemp("store"), max_workers=1)
     yield from serve_app(app)
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        context = launch_chromium(
-            playwright, tmp_path_factory.mktemp("chromium-profile"), viewport={"width": 1100, "height": 900}
-        )
-        yield context
-        context.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A new tab whose uncaught script errors fail the test."""
-    tab = browser.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    yield tab
-    tab.close()
-    assert not errors, f"the page threw: {errors}"
 
 
 @pytest.fixture(scope="module")
