@@ -3,6 +3,9 @@ region) is cut at every iteration where one of those tests starts or stops holdi
 vars, so each piece knows which tests it can drop: the interior runs without them, and a border keeps only its
 own side's (a row of two tiles, each a border, becomes two pieces with one test each).
 
+A serial loop of a run-time extent (a symbolic size's row tiles) is cut at the same constant cuts, each piece running
+to the lesser of its cut and the loop's end.
+
 A parallel loop is one job of the thread pool, so it is not cut: its body branches instead, on the value of the term
 of its var that the tests read (a fused loop's row), each branch knowing that term's range (a blocked conv's task
 then reads its padding in place without a test in its interior rows).
@@ -52,12 +55,37 @@ class _Partition(ScopedMutator):
             starts = [first, *_cuts(stmt, first, last, self.env), last + 1]
             if len(starts) > 2:
                 return Seq(tuple(self.loop(stmt, start, stop - 1) for start, stop in zip(starts, starts[1:])))
+        if stmt.var in self.loop_vars and stmt.kind == ForKind.SERIAL and isinstance(low, Const):
+            pieces = self.symbolic_pieces(stmt)
+            if pieces is not None:
+                return pieces
         if stmt.var in self.loop_vars and stmt.kind == ForKind.PARALLEL:
             env = {**self.env, stmt.var: loop_bounds(low, extent, self.env)}
             body = _branches(stmt.var, stmt.body, env)
             if body is not stmt.body:
                 stmt = For(stmt.var, low, extent, stmt.kind, body, stmt.thread_tag)
         return self.loop(stmt, None, None)
+
+    def symbolic_pieces(self, stmt: For) -> Stmt | None:
+        """A loop of a run-time extent (a symbolic size's row tiles) cut at its tests' constant cuts, each piece
+        running from its start to the lesser of its cut and the loop's end (none past the end): the interior tiles of
+        a tile loop over `(seq + 5) / 6` test nothing, only the tiles past the last full one of the layout do."""
+        first = int(stmt.min.value)
+        last = loop_bounds(stmt.min, stmt.extent, self.env)[1]
+        if last is None:
+            return None
+        cuts = _cuts(stmt, first, last, self.env)
+        if not cuts:
+            return None
+        dtype = stmt.min.dtype
+        end = Binary("add", stmt.min, stmt.extent)
+        pieces = []
+        for start, stop in zip([first, *cuts], [*cuts, None]):
+            upper = end if stop is None else Binary("min", Const(stop, dtype), end)
+            count = Binary("max", Binary("sub", upper, Const(start, dtype)), Const(0, dtype))
+            body = self.inside(stmt.var, (start, last if stop is None else stop - 1), stmt.body)
+            pieces.append(For(stmt.var, Const(start, dtype), count, stmt.kind, body, stmt.thread_tag))
+        return Seq(tuple(pieces))
 
     def loop(self, stmt: For, start: int | None, stop: int | None) -> For:
         """`stmt` over [start, stop] (its own range when None), its body partitioned in turn."""

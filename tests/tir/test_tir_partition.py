@@ -8,10 +8,13 @@ import compiler.te as te
 from compiler.build import build
 from compiler.compute.support import pad
 from compiler.te import TEError
+from compiler.te.expr import Compare
 from compiler.te.tensor import walk
 from compiler.tir.lower import lower
-from compiler.tir.nodes import For, Store, walk_stmts
-from compiler.tir.printer import format_func
+from compiler.tir.nodes import Buffer, For, ForKind, IfThen, PrimFunc, Store, walk_stmts
+from compiler.tir.partition import partition_loops
+from compiler.tir.printer import format_func, format_stmt
+from compiler.tir.simplify import simplify
 
 TARGETS = ["llvm", "wasm"]
 RNG = np.random.default_rng(0)
@@ -192,3 +195,27 @@ def test_a_vectorized_loop_is_not_partitioned():
     schedule[b].partition(b.op.axis[0])
     with pytest.raises(TEError, match="it is partitioned"):
         schedule[b].vectorize(b.op.axis[0])
+
+
+def test_a_loop_of_a_run_time_extent_is_cut_at_its_constant_cuts():
+    """Row tiles of 6 over `(seq + 5) / 6`, laid out for 256 rows (not a multiple of 6): the tiles before the 42nd
+    test nothing, and a last piece, from 42 to the loop's end, keeps the row test (it stayed in every tile, inside
+    the multiply-add loop of a symbolic dense whose rows run serially in its panel's task)."""
+    seq = te.size_var("seq", 1, 256)
+    tile, row = te.expr.Var("tile"), te.expr.Var("row")
+    out = Buffer("out", (256,), "float32")
+    index = tile * 6 + row
+    body = For(
+        row,
+        te.const(0),
+        te.const(6),
+        ForKind.UNROLLED,
+        IfThen(Compare("lt", index, te.const(256)), Store(out, index, te.const(1.0))),
+    )
+    loop = For(tile, te.const(0), (seq + 5) // 6, ForKind.SERIAL, body)
+    func = simplify(partition_loops(PrimFunc("k", [out], loop), {tile}))
+    first, second = [stmt for stmt in walk_stmts(func.body) if isinstance(stmt, For) and stmt.var is tile]
+    assert format_stmt(first).splitlines()[0] == "for (tile: int32, 0, min(42, (seq + 5) / 6)) {"
+    assert not any(isinstance(stmt, IfThen) for stmt in walk_stmts(first))
+    assert first.min.value == 0 and second.min.value == 42
+    assert any(isinstance(stmt, IfThen) for stmt in walk_stmts(second))
