@@ -55,13 +55,21 @@ class TimedSteps:
         return logits
 
 
-def _generation(stepper, prompt, new: int) -> tuple[list[int], float, float, list[float]]:
-    """(tokens, prefill ms, time to first token ms, decode step seconds) of one greedy generation."""
+def timed_generation(stepper, prompt, new: int) -> dict:
+    """One greedy generation, timed: its tokens, prefill ms (the first step), time to first token ms (the call to the
+    first token chosen), each decode step's seconds, and decode ms from the first token to the last (as
+    generate_web.mjs times tessel.js, where only the tokens are seen)."""
     timed = TimedSteps(stepper)
-    first: list[float] = []
+    chosen: list[float] = []
     started = time.perf_counter()
-    tokens = generate(timed, prompt, new, on_token=lambda _: first.append(time.perf_counter()))
-    return tokens.tolist(), timed.times[0] * 1000, (first[0] - started) * 1000, timed.times[1:]
+    tokens = generate(timed, prompt, new, on_token=lambda _: chosen.append(time.perf_counter()))
+    return {
+        "tokens": tokens.tolist(),
+        "prefill_ms": timed.times[0] * 1000,
+        "ttft_ms": (chosen[0] - started) * 1000,
+        "steps": timed.times[1:],
+        "decode_ms": (chosen[-1] - chosen[0]) * 1000,
+    }
 
 
 def _memory(module) -> tuple[int, int]:
@@ -118,22 +126,23 @@ def benchmark(name: str, threads: int, repeat: int, new: int, cache_dir, weights
             ("onnxruntime", lambda: FeedStepper(ort_run, inputs, names)),
         ]
         for label, make in steppers if len(results["tessel"]) % 2 == 0 else steppers[::-1]:
-            results[label].append(_generation(make(), prompt, new))
+            results[label].append(timed_generation(make(), prompt, new))
     for ours, theirs in zip(results["tessel"], results["onnxruntime"], strict=True):
-        if ours[0] == theirs[0]:
+        ours, theirs = ours["tokens"], theirs["tokens"]
+        if ours == theirs:
             continue
-        first = next(position for position, (a, b) in enumerate(zip(ours[0], theirs[0])) if a != b)
+        first = next(position for position, (a, b) in enumerate(zip(ours, theirs)) if a != b)
         if weights != "int8":
-            raise SystemExit(f"{name}: Tessel's token {first} is {ours[0][first]}, onnxruntime's {theirs[0][first]}")
+            raise SystemExit(f"{name}: Tessel's token {first} is {ours[first]}, onnxruntime's {theirs[first]}")
         # dynamic int8 quantizes each step's activations by their range, so float rounding a step apart can move one
         # level and, greedy, a near tie: the runs then go on through other tokens, as many steps of the same sizes
-        print(f"{name}: the int8 runs agree on {first} of {len(ours[0])} tokens, then differ (a near tie)", flush=True)
+        print(f"{name}: the int8 runs agree on {first} of {len(ours)} tokens, then differ (a near tie)", flush=True)
     row = {"model": name, "threads": threads or default_num_threads(), "compile_s": compile_s}
     for label, runs in results.items():
-        steps = [step for run in runs for step in run[3]]
+        steps = [step for run in runs for step in run["steps"]]
         row[label] = {
-            "prefill_ms": statistics.median(run[1] for run in runs),
-            "ttft_ms": statistics.median(run[2] for run in runs),
+            "prefill_ms": statistics.median(run["prefill_ms"] for run in runs),
+            "ttft_ms": statistics.median(run["ttft_ms"] for run in runs),
             "tokens_per_s": len(steps) / sum(steps),
         }
     row["memory"] = _memory(module)

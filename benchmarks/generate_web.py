@@ -48,10 +48,10 @@ sys.path.append(sys.path.pop(0))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import HERE, install_onnxruntime_web, isolated_chromium, print_table  # noqa: E402
-from generate import PROMPT, TOKENS, TimedSteps  # noqa: E402
+from generate import PROMPT, TOKENS, timed_generation  # noqa: E402
 
 from compiler import compile_model, real_zoo  # noqa: E402
-from compiler.generate import generate, stepper_for  # noqa: E402
+from compiler.generate import stepper_for  # noqa: E402
 
 PAUSE_MS = 300  # idle after each generation, so neither runtime always follows the other's heat
 # generate_loop.mjs's measurement in a page: onnxruntime-web's wasm EP on the job's threads, fetching its external data
@@ -116,20 +116,6 @@ def _model_spec(name: str, path: Path, module, bundle: Path) -> dict:
         "mask": dtypes.get("attention_mask"),
         "positions": dtypes.get("position_ids"),
         "cache": cache,
-    }
-
-
-def _native_generation(stepper, prompt, new: int) -> dict:
-    """One greedy generation through compiler.generate's loop, timed as generate_web.mjs times tessel.js's."""
-    timed = TimedSteps(stepper)
-    times: list[float] = []
-    started = time.perf_counter()
-    tokens = generate(timed, prompt, new, on_token=lambda _: times.append(time.perf_counter()))
-    return {
-        "tokens": tokens.tolist(),
-        "prefill_ms": timed.times[0] * 1000,
-        "ttft_ms": (times[0] - started) * 1000,
-        "decode_ms": (times[-1] - times[0]) * 1000,
     }
 
 
@@ -235,7 +221,7 @@ def benchmark(name: str, arguments, work: Path, run_job) -> list[dict]:
         row = {"model": name, "threads": threads, "compile_s": compile_s}
         if native is not None:
             native.num_threads = threads
-            runs = [_native_generation(stepper_for(native), prompt, arguments.new) for prompt in prompts]
+            runs = [timed_generation(stepper_for(native), prompt, arguments.new) for prompt in prompts]
             row["native"] = _summary(runs)
             row["native_tokens"] = [run["tokens"] for run in runs]
         job = {"model": spec, "threads": threads, "prompts": prompts, "newTokens": arguments.new, "pauseMs": PAUSE_MS}
