@@ -28,7 +28,7 @@ def _schedule_injective(stage: Stage, target: Target, cfg: ConfigSpace) -> None:
     """Split the innermost axis by the vector width (when it divides), vectorize it, fuse the rest, parallel. An axis
     of a symbolic extent (but the outermost) ends the fused loop, itself and the axes inside it loops of their own: a
     fused index is divided by the extents inside it, a run-time division per vector where one is symbolic (a decode
-    step's KV-cache concat, [1, heads, past + seq, 64], spent 12 % of the step dividing by past + seq)."""
+    step's KV-cache concat, [1, heads, past + seq, 64], took 8 % of a perf profile of GPT-2 decoding, dividing by past + seq)."""
     axes = list(stage.op.axis)
     if not axes:
         return
